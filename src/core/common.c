@@ -1,0 +1,50 @@
+// common.c — error reporting, checked allocation, clock.
+#include "common.h"
+#include <stdarg.h>
+#include <time.h>
+
+static _Thread_local char g_last_error[512];
+
+void lm_set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    va_end(ap);
+}
+
+const char *lm_last_error(void) { return g_last_error[0] ? g_last_error : "unknown error"; }
+
+void lm_die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("linmoe: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+void *lm_malloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) lm_die("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *lm_realloc(void *p, size_t bytes) {
+    void *q = realloc(p, bytes ? bytes : 1);
+    if (!q) lm_die("out of memory reallocating %zu bytes", bytes);
+    return q;
+}
+
+char *lm_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = lm_malloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+double lm_time_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

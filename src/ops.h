@@ -1,0 +1,211 @@
+// ops.h — the op interface: every computation the model performs, as forward /
+// backward pairs with their tensor shapes. The model code (src/model/) calls ops
+// only through an lm_ops table and never touches tensor memory itself, so the same
+// model definition runs on the CPU backend (src/cpu/, the fp32 source of truth) and
+// the CUDA backend (src/cuda/).
+//
+// Conventions (all ops):
+// - Tensors are row-major; shapes are given in comments as [dims]. Sequences are
+//   packed as [B, T, ...] = N = B·T rows.
+// - Backward ops ACCUMULATE (+=) into every gradient they produce, so branches and
+//   micro-batches add up without extra copies. Any gradient pointer may be NULL when
+//   that gradient is not needed.
+// - Integer tensors (tokens, expert indices, row maps) are int32 in backend memory.
+// - Nothing in an op reads or writes memory that its arguments do not name.
+#ifndef LM_OPS_H
+#define LM_OPS_H
+#include "core/common.h"
+
+#define LM_MAX_SOURCES (2 * LM_MAX_LAYERS + 2)
+
+enum { LM_GATE_BOUNDED = 0, LM_GATE_UNBOUNDED = 1 };
+enum { LM_ACT_SWIGLU = 0, LM_ACT_SITU = 1 };
+// KDA core forms. AUTO = chunked, factored diagonal blocks for the bounded gate and
+// per-position (exact exponent difference) diagonal blocks for the unbounded gate.
+enum { LM_KDA_AUTO = 0, LM_KDA_NAIVE = 1, LM_KDA_CHUNK_FACTORED = 2, LM_KDA_CHUNK_EXACT = 3 };
+
+// Arguments of the fused KDA op (SPEC §1.1): L2 norm of q and k per head
+// (x / sqrt(Σx² + 1e-6)), gate activation, β = sigmoid(beta_logit), and the delta-rule
+// recurrence with per-channel decay, state S [K, V] per (sequence, head) in fp32:
+//   S ← Diag(exp(g_t)) S;  r = v_t − Sᵀk_t;  S ← S + β_t k_t rᵀ;  o_t = Sᵀ(scale·q_t)
+// bounded gate:   g = lb · sigmoid(exp(A_log[h]) · (f + dt_bias[h,c]))
+// unbounded gate: g = −exp(A_log[h]) · softplus(f + dt_bias[h,c])
+typedef struct {
+    int B, T, H, K, V;
+    int gate_mode;                 // LM_GATE_*
+    real lb;                       // lower bound of g, in [-5, 0) (bounded mode)
+    int form;                      // LM_KDA_*
+    int chunk;                     // chunk length for the chunked forms: 16, 32 or 64
+    real scale;                    // applied to q, normally K^-1/2
+    // inputs
+    const real *q, *k;             // [B,T,H,K] before L2 normalisation
+    const real *v;                 // [B,T,H,V]
+    const real *f;                 // [B,T,H,K] raw gate input (before activation)
+    const real *beta_logit;        // [B,T,H]   before sigmoid
+    const real *A_log;             // [H]
+    const real *dt_bias;           // [H,K]
+    const real *S0;                // [B,H,K,V] initial state, NULL = zeros
+    // outputs
+    real *o;                       // [B,T,H,V]
+    real *S_out;                   // [B,H,K,V] final state, may be NULL (may equal S0)
+    // backward: upstream gradients (NULL = zero) and accumulated input gradients
+    const real *d_o;               // [B,T,H,V]
+    const real *dS_out;            // [B,H,K,V]
+    real *dq, *dk, *dv, *df, *dbeta_logit, *dA_log, *ddt_bias, *dS0;
+    // decode only: state pool [n_slots,H,K,V] updated in place; slots[b] picks the
+    // pool entry of sequence b (NULL = b)
+    real *state;
+    const int *slots;
+} lm_kda_args;
+
+// A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a
+// GPU backend can hand it to a kernel as a parameter.
+typedef struct { const real *p[LM_MAX_SOURCES]; int n; } lm_sources;
+typedef struct { real *p[LM_MAX_SOURCES]; int n; } lm_source_grads;
+
+typedef struct lm_ops {
+    const char *name;
+
+    // ---- memory (backend memory: host for cpu, device for cuda); sizes in bytes ----
+    void *(*alloc)(size_t bytes);                         // zero-filled
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(void *host_dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*zero)(void *p, size_t bytes);
+
+    // ---- elementwise over n elements ----
+    void (*add)(real *out, const real *a, const real *b, size_t n);   // out = a + b (out may alias)
+    void (*acc)(real *acc, const real *x, size_t n);                  // acc += x
+    void (*scale)(real *x, real s, size_t n);                         // x *= s
+    double (*sumsq)(const real *x, size_t n);                         // Σ x², fixed summation order
+    int (*all_finite)(const real *x, size_t n);                       // 1 if no NaN/Inf
+
+    // ---- embedding: out[N,C] = table[tokens[N]] ; table [Vocab, C] ----
+    void (*embed_fwd)(real *out, const int *tokens, const real *table, int N, int C);
+    void (*embed_bwd)(real *dtable, const int *tokens, const real *dout, int N, int C);
+
+    // ---- linear: out[N,OC] = inp[N,C] · W[OC,C]ᵀ + bias[OC] (bias may be NULL) ----
+    void (*matmul_fwd)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
+    void (*matmul_bwd)(real *dinp, real *dW, real *dbias, const real *dout, const real *inp,
+                       const real *W, int N, int C, int OC);
+
+    // ---- RMSNorm with gain: out = inp · rstd · gain, rstd[N] = (mean(inp²) + eps)^-1/2 ----
+    void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
+    void (*rmsnorm_bwd)(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
+                        const real *rstd, int N, int C);
+
+    // ---- headwise gated RMSNorm (KDA output): x, z, out [N, H·V]; w [V] shared by heads;
+    //      out = x · rstd_h · w ⊙ sigmoid(z), rstd [N·H] ----
+    void (*gated_rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *z, const real *w,
+                              int N, int H, int V, real eps);
+    void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
+                              const real *z, const real *w, const real *rstd, int N, int H, int V);
+
+    // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
+    void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n);
+    void (*sigmoid_gate_bwd)(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n);
+
+    // ---- GLU: h = act(g) ⊙ u, act = SiLU (LM_ACT_SWIGLU) or SiTU (LM_ACT_SITU, caps 4 and 25) ----
+    void (*glu_fwd)(real *h, const real *g, const real *u, size_t n, int act);
+    void (*glu_bwd)(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
+
+    // ---- causal depthwise conv of width W, no bias, then SiLU, over B sequences of T ----
+    //   inp, out [B,T,C]; w [C,W] (w[c][W-1] multiplies the current token);
+    //   cache [B,W-1,C]: the W-1 inputs before t = 0 (NULL = zeros)
+    void (*conv_silu_fwd)(real *out, const real *inp, const real *w, const real *cache,
+                          int B, int T, int C, int W);
+    void (*conv_silu_bwd)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                          const real *cache, int B, int T, int C, int W);
+    // cache ← the last W-1 inputs of [cache ++ inp] per sequence (for decode after prefill)
+    void (*conv_cache_update)(real *cache, const real *inp, int B, int T, int C, int W);
+
+    // ---- KDA (see lm_kda_args) ----
+    void (*kda_fwd)(const lm_kda_args *a);
+    void (*kda_bwd)(const lm_kda_args *a);       // recomputes what it needs from the inputs
+    void (*kda_decode)(const lm_kda_args *a);    // T = 1 step on a->state[a->slots[b]]
+
+    // ---- MLA ----
+    // per-head keys and values from the up-projected latent and the shared extra dims:
+    //   kv [N, H, Dn+Dv] (kv_b_proj output), kpe [N, De];
+    //   k [N, H, Dn+De] = [kv[..., :Dn], kpe], v [N, H, Dv] = kv[..., Dn:]
+    void (*mla_split_fwd)(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
+    void (*mla_split_bwd)(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
+    // causal softmax attention without positions, blockwise with online softmax:
+    //   q, k [B,T,H,Dqk], v [B,T,H,Dv], o [B,T,H,Dv]; lse [B,H,T] saved for backward
+    void (*attn_fwd)(real *o, real *lse, const real *q, const real *k, const real *v,
+                     int B, int T, int H, int Dqk, int Dv, real scale);
+    void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
+                     const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+
+    // ---- MoE ----
+    // router: s = sigmoid(z), z [N,E] router logits; selection = top-(k+1) of s + bias
+    //   (ties broken by the lower expert index); idx [N,k] the first k in descending
+    //   order; gate [N,k] = route_scale · s / Σ_selected s (renorm) or route_scale · s;
+    //   alpha [N] = the (k+1)-th largest biased score (the QB cutoff), s [N,E] saved.
+    //   The bias decides selection only and never enters gate values or gradients.
+    void (*moe_route_fwd)(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias,
+                          int N, int E, int k, real route_scale, int renorm);
+    void (*moe_route_bwd)(real *dz, const real *dgate, const real *s, const int *idx,
+                          int N, int E, int k, real route_scale, int renorm);
+    // dispatch plan, rows grouped by expert and, inside an expert, by token index:
+    //   counts [E] assignments routed to each expert (before any dropping);
+    //   offsets [E+1] row ranges after dropping (offsets[E] = rows used, ≤ N·k);
+    //   row_token [N·k] source token of each used row; slot_row [N·k] row of (token, slot), −1 if dropped.
+    //   capacity < 0: dropless; else each expert keeps its `capacity` highest-score tokens.
+    void (*moe_plan)(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx,
+                     const real *s, int N, int E, int k, int capacity);
+    // xp[r] = x[row_token[r]] for r < rows (rows read from offsets[E]); bwd: dx[row_token[r]] += dxp[r]
+    void (*moe_gather_fwd)(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
+    void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C);
+    // grouped GEMM: rows [offsets[e], offsets[e+1]) of inp [R,C] times W[e]ᵀ, W [E, OC, C] → out [R, OC].
+    // Offsets are read from backend memory (no host round trip).
+    void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+    void (*grouped_matmul_bwd)(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
+                               const int *offsets, int E, int C, int OC);
+    // combine: y[i] += Σ_slot gate[i,slot] · yp[slot_row[i,slot]] (dropped slots add nothing)
+    void (*moe_combine_fwd)(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
+    void (*moe_combine_bwd)(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,
+                            const int *slot_row, int N, int k, int C);
+    // QB statistics: hist [E, nbins] += counts of r_ij = alpha_i − s_ij in bins of width
+    //   `width` starting at `lo` (values outside go to the end bins)
+    void (*qb_hist_accum)(int *hist, const real *s, const real *alpha, real lo, real width,
+                          int N, int E, int nbins);
+    // auxiliary balance loss (Switch style) a·E·Σ_j f_j P_j with f_j = counts_j/(N·k),
+    //   P_j = mean_i s_ij / Σ_l s_il; returns the loss; bwd: dz += dloss · ∂loss/∂z
+    double (*moe_aux_fwd)(const real *s, const int *counts, int N, int E, int k, real coef);
+    void (*moe_aux_bwd)(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss);
+    // router z-loss coef · mean_i (logsumexp_j z_ij)²; bwd: dz += dloss · ∂loss/∂z
+    double (*moe_zloss_fwd)(const real *z, int N, int E, real coef);
+    void (*moe_zloss_bwd)(real *dz, const real *z, int N, int E, real coef, real dloss);
+
+    // ---- Block AttnRes mixer (SPEC §1.4), per token over sources u_0..u_{n-1} [N,C]:
+    //   s_j = ((γ⊙w) · u_j) · (mean(u_j²) + eps)^-1/2, α = softmax_j(s), out = Σ α_j u_j;
+    //   alpha [N, n] saved. n = 1 is the identity.
+    void (*attnres_fwd)(real *out, real *alpha, lm_sources src, const real *w, const real *gamma,
+                        int N, int C, real eps);
+    void (*attnres_bwd)(lm_source_grads dsrc, real *dw, real *dgamma, const real *dout, lm_sources src,
+                        const real *alpha, const real *w, const real *gamma, int N, int C, real eps);
+
+    // ---- loss: softmax cross-entropy, logits [N,V], targets [N] (< 0 = ignored) ----
+    //   losses [N] (0 where ignored), lse [N] saved
+    void (*xent_fwd)(real *losses, real *lse, const real *logits, const int *targets, int N, int V);
+    //   dlogits += dloss · (softmax − onehot) on counted rows
+    void (*xent_bwd)(real *dlogits, const real *logits, const real *lse, const int *targets,
+                     real dloss, int N, int V);
+
+    // ---- optimiser ----
+    // AdamW with decoupled weight decay; bc1 = 1 − β1^t, bc2 = 1 − β2^t
+    void (*adamw)(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2,
+                  real eps, real wd, real bc1, real bc2);
+    // Muon on `count` stacked matrices [rows, cols]: m = μm + g; u = g + μm (Nesterov);
+    //   O = NewtonSchulz5(u); p ← p − lr·(0.2·sqrt(max(rows,cols))·O + wd·p)
+    void (*muon)(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
+} lm_ops;
+
+extern const lm_ops lm_cpu_ops;
+#ifdef LM_CUDA
+extern const lm_ops lm_cuda_ops;
+#endif
+
+#endif
