@@ -12,7 +12,7 @@ void lm_layout_free(lm_layout *L) {
     memset(L, 0, sizeof *L);
 }
 
-int lm_layout_add(lm_layout *L, real **slot, unsigned flags, int ndim, const int64_t *shape,
+int lm_layout_add(lm_layout *L, void *slot, unsigned flags, int ndim, const int64_t *shape,
                   const char *name_fmt, ...) {
     LM_ASSERT(ndim >= 1 && ndim <= 4);
     if (L->n == L->cap) {
@@ -37,7 +37,8 @@ int lm_layout_add(lm_layout *L, real **slot, unsigned flags, int ndim, const int
     // 16-element alignment keeps every tensor 64-byte aligned for vector loads
     L->numel = (L->numel + 15) & ~(size_t)15;
     t->offset = L->numel;
-    L->numel += t->numel;
+    size_t storage = flags & LM_T_INT ? (t->numel * sizeof(int) + sizeof(real) - 1) / sizeof(real) : t->numel;
+    L->numel += storage;
     t->field = slot ? (const char *)slot - (const char *)L->owner : -1;
     return L->n++;
 }
@@ -46,8 +47,9 @@ void lm_layout_bind(const lm_layout *L, void *instance, real *base) {
     for (int i = 0; i < L->n; i++) {
         const lm_tensor_info *t = &L->t[i];
         if (t->field < 0) continue;
-        real **slot = (real **)((char *)instance + t->field);
-        *slot = base ? base + t->offset : NULL;
+        // memcpy: the field may be a real * or an int *
+        void *p = base ? (void *)(base + t->offset) : NULL;
+        memcpy((char *)instance + t->field, &p, sizeof p);
     }
 }
 

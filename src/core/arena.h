@@ -17,14 +17,15 @@ enum {
     LM_T_EXPERT  = 1u << 2,  // stacked routed-expert weight [E, ...]: only top_k/E of it is active
     LM_T_EMBED   = 1u << 3,  // input embedding table: a lookup, not counted as active compute
     LM_T_BUFFER  = 1u << 4,  // state, not a trained parameter (router balancing bias)
+    LM_T_INT     = 1u << 5,  // int32 elements (index tensors among activations)
 };
 
 typedef struct {
     char name[LM_NAME_MAX];
     int ndim;
     int64_t shape[4];
-    size_t offset;        // in elements from the start of the allocation
-    size_t numel;
+    size_t offset;        // in `real` elements from the start of the allocation
+    size_t numel;         // elements of the tensor's own type (int32 if LM_T_INT)
     unsigned flags;
     ptrdiff_t field;      // byte offset of the bound pointer field inside the owner struct, -1 if none
 } lm_tensor_info;
@@ -38,8 +39,9 @@ typedef struct {
 
 void lm_layout_init(lm_layout *L, const void *owner);
 void lm_layout_free(lm_layout *L);
-// Registers a tensor; `slot` is a field of `owner` (or NULL). Returns its index.
-int lm_layout_add(lm_layout *L, real **slot, unsigned flags, int ndim, const int64_t *shape,
+// Registers a tensor; `slot` is the address of a pointer field of `owner` (real * or,
+// with LM_T_INT, int *), or NULL. Returns its index.
+int lm_layout_add(lm_layout *L, void *slot, unsigned flags, int ndim, const int64_t *shape,
                   const char *name_fmt, ...) __attribute__((format(printf, 6, 7)));
 // Points every registered field of `instance` (same type as the owner) into `base`.
 void lm_layout_bind(const lm_layout *L, void *instance, real *base);

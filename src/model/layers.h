@@ -1,0 +1,96 @@
+// layers.h — the sublayers of one decoder layer (KDA mixer, MLA mixer, dense FFN,
+// MoE FFN) as forward/backward pairs over the op interface, with the activations
+// each one saves for its backward.
+//
+// Every sublayer is PreNorm: out = Sublayer(RMSNorm(x)). x [N, d] is the sublayer's
+// input (the residual stream, or the AttnRes mixer output), out [N, d] its output.
+// Backward adds ∂L/∂x into dx and parameter gradients into g (all accumulating).
+#ifndef LM_LAYERS_H
+#define LM_LAYERS_H
+#include "ops.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "model/balancer.h"
+
+// N = B·T tokens; shapes per field.
+typedef struct {
+    real *xn, *rstd;             // [N,d], [N]        normalised input
+    real *qp, *kp, *vp;          // [N,H·K]           projections before the short conv
+    real *q, *k, *v;             // [N,H·K]           after conv + SiLU (KDA op inputs)
+    real *fa, *f;                // [N,K], [N,H·K]    forget-gate input (low rank)
+    real *bl;                    // [N,H]             β logits
+    real *o;                     // [N,H·V]           KDA core output
+    real *ga, *gz;               // [N,K], [N,H·V]    output gate (low rank or full rank)
+    real *on, *on_rstd;          // [N,H·V], [N·H]    gated headwise RMSNorm output
+} lm_kda_acts;
+
+typedef struct {
+    real *xn, *rstd;             // [N,d], [N]
+    real *qa, *qa_rstd, *qan;    // [N,Rq], [N], [N,Rq]   low-rank q (q_lora_rank > 0)
+    real *q;                     // [N,Hm,Dn+De]
+    real *craw, *c_rstd, *c;     // [N,R], [N], [N,R]     latent before/after its RMSNorm
+    real *kpe;                   // [N,De]
+    real *kv;                    // [N,Hm,Dn+Dv]
+    real *k, *v;                 // [N,Hm,Dn+De], [N,Hm,Dv]
+    real *o, *lse;               // [N,Hm,Dv], [B,Hm,T]
+    real *z, *og;                // [N,Hm·Dv]         gate logits and gated output
+} lm_mla_acts;
+
+typedef struct {
+    real *xn, *rstd;             // [N,d], [N]
+    real *a, *b, *h;             // [N,F]             W1 x, W3 x, act(a)·b
+} lm_dense_acts;
+
+typedef struct {
+    real *xn, *rstd;             // [N,d], [N]
+    real *z, *s, *alpha, *gate;  // [N,E], [N,E], [N], [N,k]   router
+    int *idx;                    // [N,k]
+    int *counts, *offsets;       // [E], [E+1]
+    int *row_token, *slot_row;   // [N·k], [N·k]
+    real *xl;                    // [N,dl]            latent input (moe_latent_dim > 0)
+    real *xp;                    // [N·k,dl]          rows grouped by expert
+    real *ea, *eb, *eh;          // [N·k,F]
+    real *yp;                    // [N·k,dl]
+    real *y;                     // [N,dl]            combined routed output
+    real *un, *un_rstd;          // [N,dl], [N]       latent RMSNorm of y (moe_latent_dim > 0)
+    real *routed;                // [N,d]             routed branch in model width
+    real *sa, *sb, *sh;          // [N,Fs]            shared expert(s)
+    real *so;                    // [N,d]             shared branch output
+} lm_moe_acts;
+
+typedef struct {
+    lm_kda_acts kda;
+    lm_mla_acts mla;
+    lm_dense_acts dense;
+    lm_moe_acts moe;
+} lm_layer_acts;
+
+// Per-step context shared by the sublayers.
+typedef struct {
+    const lm_ops *ops;
+    const lm_config *c;
+    int B, T, N;
+    int training;                // updates balancing statistics
+    int capacity;                // per-expert capacity for this step, −1 = dropless
+    real aux_dloss;              // weight of this micro-batch's aux/z losses in the objective
+    double aux_loss;             // forward: sum of aux + z losses of the micro-batch (objective units)
+} lm_step_ctx;
+
+void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);
+
+void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out);
+void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_kda_acts *a,
+                      lm_kda_acts *da, const real *x, const real *dout, real *dx);
+void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out);
+void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,
+                      lm_mla_acts *da, const real *x, const real *dout, real *dx);
+void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out);
+void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
+                        lm_dense_acts *da, const real *x, const real *dout, real *dx);
+// bal may be NULL (no statistics, e.g. evaluation)
+void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal, lm_moe_acts *a, const real *x,
+                      real *out);
+void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_moe_acts *a,
+                      lm_moe_acts *da, const real *x, const real *dout, real *dx);
+
+#endif
