@@ -1,0 +1,58 @@
+// acts.c — the activation tensors each sublayer saves for its backward, registered
+// in the model's activation layout for a batch of B sequences of T tokens.
+#include "model/layers.h"
+
+#define ADD(field, flags, ...) \
+    lm_layout_add(L, &(field), (flags), LM_NDIM(__VA_ARGS__), LM_SHAPE(__VA_ARGS__), "layers.%d.%s", i, #field)
+
+void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L) {
+    const int64_t N = (int64_t)B * T, d = c->d_model;
+    if (!lm_layer_is_mla(c, i)) {
+        lm_kda_acts *k = &a->kda;
+        const int64_t H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
+        ADD(k->xn, 0, N, d); ADD(k->rstd, 0, N);
+        ADD(k->qp, 0, N, HK); ADD(k->kp, 0, N, HK); ADD(k->vp, 0, N, HK);
+        ADD(k->q, 0, N, HK); ADD(k->k, 0, N, HK); ADD(k->v, 0, N, HK);
+        ADD(k->fa, 0, N, K); ADD(k->f, 0, N, HK); ADD(k->bl, 0, N, H);
+        ADD(k->o, 0, N, HK);
+        if (!c->kda_full_rank_gate) ADD(k->ga, 0, N, K);
+        ADD(k->gz, 0, N, HK);
+        ADD(k->on, 0, N, HK); ADD(k->on_rstd, 0, N * H);
+    } else {
+        lm_mla_acts *m = &a->mla;
+        const int64_t Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c), Dn = c->qk_nope_dim, De = c->qk_extra_dim;
+        const int64_t Dv = c->v_head_dim, R = c->kv_lora_rank, Rq = c->q_lora_rank;
+        ADD(m->xn, 0, N, d); ADD(m->rstd, 0, N);
+        if (Rq > 0) { ADD(m->qa, 0, N, Rq); ADD(m->qa_rstd, 0, N); ADD(m->qan, 0, N, Rq); }
+        ADD(m->q, 0, N, Hm * Dqk);
+        ADD(m->craw, 0, N, R); ADD(m->c_rstd, 0, N); ADD(m->c, 0, N, R);
+        if (De > 0) ADD(m->kpe, 0, N, De);
+        ADD(m->kv, 0, N, Hm * (Dn + Dv));
+        ADD(m->k, 0, N, Hm * Dqk); ADD(m->v, 0, N, Hm * Dv);
+        ADD(m->o, 0, N, Hm * Dv); ADD(m->lse, 0, N * Hm);
+        if (c->mla_gated) { ADD(m->z, 0, N, Hm * Dv); ADD(m->og, 0, N, Hm * Dv); }
+    }
+    if (!lm_layer_is_moe(c, i)) {
+        lm_dense_acts *f = &a->dense;
+        const int64_t F = c->d_ff_dense;
+        ADD(f->xn, 0, N, d); ADD(f->rstd, 0, N);
+        ADD(f->a, 0, N, F); ADD(f->b, 0, N, F); ADD(f->h, 0, N, F);
+    } else {
+        lm_moe_acts *m = &a->moe;
+        const int64_t E = c->n_experts, k = c->top_k, F = c->d_ff_expert;
+        const int64_t dl = c->moe_latent_dim ? c->moe_latent_dim : d;
+        ADD(m->xn, 0, N, d); ADD(m->rstd, 0, N);
+        ADD(m->z, 0, N, E); ADD(m->s, 0, N, E); ADD(m->alpha, 0, N); ADD(m->gate, 0, N, k);
+        ADD(m->idx, LM_T_INT, N, k); ADD(m->counts, LM_T_INT, E); ADD(m->offsets, LM_T_INT, E + 1);
+        ADD(m->row_token, LM_T_INT, N * k); ADD(m->slot_row, LM_T_INT, N * k);
+        if (c->moe_latent_dim) ADD(m->xl, 0, N, dl);
+        ADD(m->xp, 0, N * k, dl);
+        ADD(m->ea, 0, N * k, F); ADD(m->eb, 0, N * k, F); ADD(m->eh, 0, N * k, F);
+        ADD(m->yp, 0, N * k, dl); ADD(m->y, 0, N, dl);
+        if (c->moe_latent_dim) { ADD(m->un, 0, N, dl); ADD(m->un_rstd, 0, N); ADD(m->routed, 0, N, d); }
+        if (c->n_shared > 0) {
+            const int64_t Fs = c->n_shared * F;
+            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs); ADD(m->so, 0, N, d);
+        }
+    }
+}

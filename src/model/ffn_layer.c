@@ -1,0 +1,116 @@
+// ffn_layer.c — the feed-forward sublayers (SPEC §1.3): a dense GLU for the first
+// layer(s), and the MoE everywhere else:
+//   xn = RMSNorm(x);  z = W_r xn (fp32);  s = sigmoid(z);  top-k of s + b (b: balancing bias)
+//   routed = Σ_{j∈top-k} gate_j · E_j(xn)      (dropless grouped GEMMs, or capacity-limited)
+//   out = routed + shared(xn)
+// With moe_latent_dim (Kimi K3): experts work on W_down xn and the combined routed sum
+// goes through RMSNorm and W_up back to d_model.
+#include "model/layers.h"
+
+void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    const int N = s->N, d = c->d_model, F = c->d_ff_dense;
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
+    o->matmul_fwd(a->a, a->xn, p->ffn_w1, NULL, N, d, F);
+    o->matmul_fwd(a->b, a->xn, p->ffn_w3, NULL, N, d, F);
+    o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act);
+    o->matmul_fwd(out, a->h, p->ffn_w2, NULL, N, F, d);
+}
+
+void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
+                        lm_dense_acts *da, const real *x, const real *dout, real *dx) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    const int N = s->N, d = c->d_model, F = c->d_ff_dense;
+    o->matmul_bwd(da->h, g->ffn_w2, NULL, dout, a->h, p->ffn_w2, N, F, d);
+    o->glu_bwd(da->a, da->b, da->h, a->a, a->b, (size_t)N * F, c->expert_act);
+    o->matmul_bwd(da->xn, g->ffn_w1, NULL, da->a, a->xn, p->ffn_w1, N, d, F);
+    o->matmul_bwd(da->xn, g->ffn_w3, NULL, da->b, a->xn, p->ffn_w3, N, d, F);
+    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
+}
+
+static int expert_width(const lm_config *c) { return c->moe_latent_dim ? c->moe_latent_dim : c->d_model; }
+
+void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal, lm_moe_acts *a, const real *x,
+                      real *out) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
+    const size_t rows = (size_t)N * k;
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
+    // router in fp32; the bias (a buffer updated only between steps) decides selection only
+    o->matmul_fwd(a->z, a->xn, p->router, NULL, N, d, E);
+    o->moe_route_fwd(a->idx, a->gate, a->s, a->alpha, a->z, p->route_bias, N, E, k, c->route_scale, 1);
+    o->moe_plan(a->counts, a->offsets, a->row_token, a->slot_row, a->idx, a->s, N, E, k, s->capacity);
+    if (s->training && bal) lm_balancer_observe(bal, o, a->s, a->alpha, a->counts, N);
+    const real *xin = a->xn;
+    if (c->moe_latent_dim) {
+        o->matmul_fwd(a->xl, a->xn, p->lat_down, NULL, N, d, dl);
+        xin = a->xl;
+    }
+    o->moe_gather_fwd(a->xp, xin, a->row_token, a->offsets, E, dl);
+    o->grouped_matmul_fwd(a->ea, a->xp, p->exp_w1, a->offsets, E, dl, F);
+    o->grouped_matmul_fwd(a->eb, a->xp, p->exp_w3, a->offsets, E, dl, F);
+    o->glu_fwd(a->eh, a->ea, a->eb, rows * F, c->expert_act);
+    o->grouped_matmul_fwd(a->yp, a->eh, p->exp_w2, a->offsets, E, F, dl);
+    o->zero(a->y, (size_t)N * dl * sizeof(real));
+    o->moe_combine_fwd(a->y, a->yp, a->gate, a->slot_row, N, k, dl);
+    const real *routed = a->y;
+    if (c->moe_latent_dim) {
+        o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps);
+        o->matmul_fwd(a->routed, a->un, p->lat_up, NULL, N, dl, d);
+        routed = a->routed;
+    }
+    if (c->n_shared > 0) {
+        const int Fs = c->n_shared * F;
+        o->matmul_fwd(a->sa, a->xn, p->sh_w1, NULL, N, d, Fs);
+        o->matmul_fwd(a->sb, a->xn, p->sh_w3, NULL, N, d, Fs);
+        o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
+        o->matmul_fwd(a->so, a->sh, p->sh_w2, NULL, N, Fs, d);
+        o->add(out, routed, a->so, (size_t)N * d);
+    } else {
+        o->copy(out, routed, (size_t)N * d * sizeof(real));
+    }
+    if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
+        s->aux_loss += s->aux_dloss * o->moe_aux_fwd(a->s, a->counts, N, E, k, c->aux_coef);
+    if (c->zloss_coef > 0) s->aux_loss += s->aux_dloss * o->moe_zloss_fwd(a->z, N, E, c->zloss_coef);
+}
+
+void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_moe_acts *a,
+                      lm_moe_acts *da, const real *x, const real *dout, real *dx) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
+    const size_t rows = (size_t)N * k;
+    if (c->n_shared > 0) {
+        const int Fs = c->n_shared * F;
+        o->matmul_bwd(da->sh, g->sh_w2, NULL, dout, a->sh, p->sh_w2, N, Fs, d);
+        o->glu_bwd(da->sa, da->sb, da->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
+        o->matmul_bwd(da->xn, g->sh_w1, NULL, da->sa, a->xn, p->sh_w1, N, d, Fs);
+        o->matmul_bwd(da->xn, g->sh_w3, NULL, da->sb, a->xn, p->sh_w3, N, d, Fs);
+    }
+    const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged
+    if (c->moe_latent_dim) {
+        o->matmul_bwd(da->un, g->lat_up, NULL, dout, a->un, p->lat_up, N, dl, d);
+        o->rmsnorm_bwd(da->y, g->lat_norm, da->un, a->y, p->lat_norm, a->un_rstd, N, dl);
+        dy = da->y;
+    }
+    o->moe_combine_bwd(da->yp, da->gate, dy, a->yp, a->gate, a->slot_row, N, k, dl);
+    o->grouped_matmul_bwd(da->eh, g->exp_w2, da->yp, a->eh, p->exp_w2, a->offsets, E, F, dl);
+    o->glu_bwd(da->ea, da->eb, da->eh, a->ea, a->eb, rows * F, c->expert_act);
+    o->grouped_matmul_bwd(da->xp, g->exp_w1, da->ea, a->xp, p->exp_w1, a->offsets, E, dl, F);
+    o->grouped_matmul_bwd(da->xp, g->exp_w3, da->eb, a->xp, p->exp_w3, a->offsets, E, dl, F);
+    if (c->moe_latent_dim) {
+        o->moe_gather_bwd(da->xl, da->xp, a->row_token, a->offsets, E, dl);
+        o->matmul_bwd(da->xn, g->lat_down, NULL, da->xl, a->xn, p->lat_down, N, d, dl);
+    } else {
+        o->moe_gather_bwd(da->xn, da->xp, a->row_token, a->offsets, E, dl);
+    }
+    o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
+    if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
+        o->moe_aux_bwd(da->z, a->s, a->counts, N, E, k, c->aux_coef, s->aux_dloss);
+    if (c->zloss_coef > 0) o->moe_zloss_bwd(da->z, a->z, N, E, c->zloss_coef, s->aux_dloss);
+    o->matmul_bwd(da->xn, g->router, NULL, da->z, a->xn, p->router, N, d, E);
+    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
+}

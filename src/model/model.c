@@ -1,0 +1,303 @@
+// model.c — the whole model on the op interface.
+//
+// The residual stream is a plan ("tape") built once from the config:
+//   prenorm: h ← h + Attn(h); h ← h + FFN(h)          (mixers are the identity)
+//   block  : every sublayer input is the AttnRes mix of [embedding, finished block
+//            sums…, current partial sum]; blocks close at layers i % S_b == 0
+//            (Kimi K3 semantics, reference/attnres.md §5)
+//   full   : every sublayer input is the AttnRes mix of [embedding, every earlier
+//            sublayer output]
+// and the final hidden state is, for block and full, one more mix before the final norm.
+// Forward runs the tape; backward runs it in reverse, each stream tensor owning a
+// gradient buffer that its consumers accumulate into.
+#include "model/model.h"
+
+// ----------------------------------------------------------------------------
+// plan
+
+static int new_stream(lm_model *m) {
+    LM_ASSERT(m->n_stream < LM_MAX_STREAM);
+    return m->n_stream++;
+}
+
+static void push(lm_model *m, lm_tape_op op) {
+    LM_ASSERT(m->n_tape < LM_MAX_TAPE);
+    m->tape[m->n_tape++] = op;
+}
+
+// Mixes `src` (n ids) into a new stream; with one source it is the identity and the
+// source id itself is returned (no tensor, no op).
+static int mix(lm_model *m, const int *src, int n, int layer, int which) {
+    if (n == 1) return src[0];
+    LM_ASSERT(m->n_mix < LM_MAX_MIX && n <= LM_MAX_SOURCES);
+    lm_mix_plan *p = &m->mix[m->n_mix];
+    p->n = n;
+    memcpy(p->src, src, n * sizeof(int));
+    p->layer = layer;
+    p->which = which;
+    int out = new_stream(m);
+    push(m, (lm_tape_op){.kind = LM_TP_MIX, .layer = layer, .out = out, .mix = m->n_mix++});
+    return out;
+}
+
+static int sublayer(lm_model *m, int kind, int layer, int in) {
+    int out = new_stream(m);
+    push(m, (lm_tape_op){.kind = kind, .layer = layer, .out = out, .in = {in, -1}});
+    return out;
+}
+
+static int add(lm_model *m, int a, int b) {
+    int out = new_stream(m);
+    push(m, (lm_tape_op){.kind = LM_TP_ADD, .layer = -1, .out = out, .in = {a, b}});
+    return out;
+}
+
+static void build_plan(lm_model *m) {
+    const lm_config *c = &m->cfg;
+    m->n_stream = m->n_tape = m->n_mix = 0;
+    int e = m->stream_embed = new_stream(m);
+    int src[LM_MAX_SOURCES], n = 0;        // committed sources (block) or all sources (full)
+    if (c->residual == LM_RES_FULL) {
+        src[n++] = e;
+        for (int i = 0; i < c->n_layers; i++) {
+            int x1 = mix(m, src, n, i, 0);
+            src[n++] = sublayer(m, LM_TP_ATTN, i, x1);
+            int x2 = mix(m, src, n, i, 1);
+            src[n++] = sublayer(m, LM_TP_FFN, i, x2);
+        }
+        m->stream_final = mix(m, src, n, -1, 0);
+        return;
+    }
+    // block and prenorm: P is the current partial sum (−1 = empty)
+    int P = e;
+    for (int i = 0; i < c->n_layers; i++) {
+        src[n] = P;
+        int x1 = mix(m, src, n + 1, i, 0);
+        if (c->residual == LM_RES_BLOCK && i % c->block_layers == 0) {
+            src[n++] = P;      // commit: the embedding at i = 0, else the finished block
+            P = -1;
+        }
+        int a = sublayer(m, LM_TP_ATTN, i, x1);
+        int hm = P < 0 ? a : add(m, P, a);
+        src[n] = hm;
+        int x2 = mix(m, src, n + 1, i, 1);
+        int f = sublayer(m, LM_TP_FFN, i, x2);
+        P = add(m, hm, f);
+    }
+    src[n] = P;
+    m->stream_final = mix(m, src, n + 1, -1, 0);
+}
+
+// ----------------------------------------------------------------------------
+// memory
+
+lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed) {
+    lm_model *m = lm_malloc(sizeof *m);
+    m->cfg = *c;
+    m->ops = ops;
+    lm_params_layout(&m->cfg, &m->params, &m->playout);
+    size_t bytes = m->playout.numel * sizeof(real);
+    m->params_mem = ops->alloc(bytes);
+    m->grads_mem = ops->alloc(bytes);
+    lm_layout_bind(&m->playout, &m->params, m->params_mem);
+    lm_layout_bind(&m->playout, &m->grads, m->grads_mem);
+    lm_params_tie(&m->cfg, &m->params);
+    lm_params_tie(&m->cfg, &m->grads);
+    real *host = lm_malloc(bytes);
+    lm_params_init(&m->cfg, &m->playout, host, seed);
+    ops->to_device(m->params_mem, host, bytes);
+    free(host);
+    build_plan(m);
+    for (int i = 0; i < c->n_layers; i++)
+        if (lm_layer_is_moe(c, i))
+            lm_balancer_init(&m->bal[i], ops, c->balance, c->n_experts, c->top_k, c->qb_bins, c->balance_rate,
+                             m->params.layer[i].route_bias);
+    return m;
+}
+
+void lm_model_free(lm_model *m) {
+    if (!m) return;
+    const lm_ops *o = m->ops;
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        if (lm_layer_is_moe(&m->cfg, i)) lm_balancer_free(&m->bal[i], o);
+    o->free(m->params_mem);
+    o->free(m->grads_mem);
+    if (m->acts_mem) { o->free(m->acts_mem); o->free(m->dacts_mem); }
+    lm_layout_free(&m->playout);
+    lm_layout_free(&m->alayout);
+    free(m);
+}
+
+void lm_model_reserve(lm_model *m, int B, int T) {
+    if (m->acts_mem && m->B == B && m->T == T) return;
+    const lm_ops *o = m->ops;
+    const lm_config *c = &m->cfg;
+    if (m->acts_mem) { o->free(m->acts_mem); o->free(m->dacts_mem); lm_layout_free(&m->alayout); }
+    lm_layout *L = &m->alayout;
+    lm_acts *a = &m->acts;
+    lm_layout_init(L, a);
+    const int64_t N = (int64_t)B * T, d = c->d_model;
+    for (int s = 0; s < m->n_stream; s++)
+        lm_layout_add(L, &a->stream[s], 0, 2, LM_SHAPE(N, d), "stream.%d", s);
+    for (int k = 0; k < m->n_mix; k++)
+        lm_layout_add(L, &a->alpha[k], 0, 2, LM_SHAPE(N, m->mix[k].n), "mix.%d.alpha", k);
+    for (int i = 0; i < c->n_layers; i++) lm_layer_acts_layout(c, i, B, T, &a->layer[i], L);
+    lm_layout_add(L, &a->fn, 0, 2, LM_SHAPE(N, d), "final_norm");
+    lm_layout_add(L, &a->fn_rstd, 0, 1, LM_SHAPE(N), "final_norm.rstd");
+    lm_layout_add(L, &a->logits, 0, 2, LM_SHAPE(N, c->vocab), "logits");
+    lm_layout_add(L, &a->losses, 0, 1, LM_SHAPE(N), "losses");
+    lm_layout_add(L, &a->lse, 0, 1, LM_SHAPE(N), "lse");
+    lm_layout_add(L, &a->tokens, LM_T_INT, 1, LM_SHAPE(N), "tokens");
+    lm_layout_add(L, &a->targets, LM_T_INT, 1, LM_SHAPE(N), "targets");
+    size_t bytes = L->numel * sizeof(real);
+    m->acts_mem = o->alloc(bytes);
+    m->dacts_mem = o->alloc(bytes);
+    lm_layout_bind(L, &m->acts, m->acts_mem);
+    lm_layout_bind(L, &m->dacts, m->dacts_mem);
+    m->B = B;
+    m->T = T;
+}
+
+// ----------------------------------------------------------------------------
+// forward
+
+static void mixer_params(const lm_model *m, const lm_mix_plan *p, const real **w, const real **g) {
+    if (p->layer < 0) { *w = m->params.res_out_w; *g = m->params.res_out_g; return; }
+    const lm_layer_params *lp = &m->params.layer[p->layer];
+    *w = p->which ? lp->res_ffn_w : lp->res_attn_w;
+    *g = p->which ? lp->res_ffn_g : lp->res_attn_g;
+}
+
+static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
+    lm_step_ctx *s = &m->ctx;
+    const lm_layer_params *p = &m->params.layer[op->layer];
+    lm_layer_acts *a = &m->acts.layer[op->layer];
+    const real *x = m->acts.stream[op->in[0]];
+    real *out = m->acts.stream[op->out];
+    if (op->kind == LM_TP_ATTN) {
+        if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_fwd(s, p, &a->mla, x, out);
+        else lm_kda_layer_fwd(s, p, &a->kda, x, out);
+    } else {
+        if (lm_layer_is_moe(&m->cfg, op->layer)) lm_moe_layer_fwd(s, p, &m->bal[op->layer], &a->moe, x, out);
+        else lm_dense_layer_fwd(s, p, &a->dense, x, out);
+    }
+}
+
+double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int B, int T, lm_fwd_opts opts) {
+    const lm_ops *o = m->ops;
+    const lm_config *c = &m->cfg;
+    lm_model_reserve(m, B, T);
+    const int N = B * T, d = c->d_model;
+    lm_acts *a = &m->acts;
+    m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
+                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight};
+    o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
+    o->embed_fwd(a->stream[m->stream_embed], a->tokens, m->params.embed, N, d);
+    for (int t = 0; t < m->n_tape; t++) {
+        const lm_tape_op *op = &m->tape[t];
+        switch (op->kind) {
+        case LM_TP_MIX: {
+            const lm_mix_plan *p = &m->mix[op->mix];
+            lm_sources src = {.n = p->n};
+            for (int j = 0; j < p->n; j++) src.p[j] = a->stream[p->src[j]];
+            const real *w, *g;
+            mixer_params(m, p, &w, &g);
+            o->attnres_fwd(a->stream[op->out], a->alpha[op->mix], src, w, g, N, d, c->norm_eps);
+        } break;
+        case LM_TP_ATTN:
+        case LM_TP_FFN: run_sublayer_fwd(m, op); break;
+        case LM_TP_ADD:
+            o->add(a->stream[op->out], a->stream[op->in[0]], a->stream[op->in[1]], (size_t)N * d);
+            break;
+        }
+    }
+    o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps);
+    o->matmul_fwd(a->logits, a->fn, m->params.lm_head, NULL, N, d, c->vocab);
+    m->last_count = 0;
+    m->last_ce_sum = 0;
+    if (!targets) return NAN;
+    o->to_device(a->targets, targets, (size_t)N * sizeof(int));
+    o->xent_fwd(a->losses, a->lse, a->logits, a->targets, N, c->vocab);
+    real *losses = lm_malloc((size_t)N * sizeof(real));
+    o->to_host(losses, a->losses, (size_t)N * sizeof(real));
+    for (int i = 0; i < N; i++)
+        if (targets[i] >= 0) { m->last_ce_sum += losses[i]; m->last_count++; }
+    free(losses);
+    return m->last_count ? m->last_ce_sum / m->last_count : NAN;
+}
+
+// ----------------------------------------------------------------------------
+// backward
+
+static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
+    lm_step_ctx *s = &m->ctx;
+    const lm_layer_params *p = &m->params.layer[op->layer];
+    lm_layer_params *g = &m->grads.layer[op->layer];
+    const lm_layer_acts *a = &m->acts.layer[op->layer];
+    lm_layer_acts *da = &m->dacts.layer[op->layer];
+    const real *x = m->acts.stream[op->in[0]];
+    const real *dout = m->dacts.stream[op->out];
+    real *dx = m->dacts.stream[op->in[0]];
+    if (op->kind == LM_TP_ATTN) {
+        if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_bwd(s, p, g, &a->mla, &da->mla, x, dout, dx);
+        else lm_kda_layer_bwd(s, p, g, &a->kda, &da->kda, x, dout, dx);
+    } else {
+        if (lm_layer_is_moe(&m->cfg, op->layer)) lm_moe_layer_bwd(s, p, g, &a->moe, &da->moe, x, dout, dx);
+        else lm_dense_layer_bwd(s, p, g, &a->dense, &da->dense, x, dout, dx);
+    }
+}
+
+void lm_model_backward(lm_model *m, real dloss) {
+    const lm_ops *o = m->ops;
+    const lm_config *c = &m->cfg;
+    const int N = m->ctx.N, d = c->d_model;
+    lm_acts *a = &m->acts, *da = &m->dacts;
+    o->zero(m->dacts_mem, m->alayout.numel * sizeof(real));
+    o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);
+    o->matmul_bwd(da->fn, m->grads.lm_head, NULL, da->logits, a->fn, m->params.lm_head, N, d, c->vocab);
+    o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
+                   m->params.final_norm, a->fn_rstd, N, d);
+    for (int t = m->n_tape - 1; t >= 0; t--) {
+        const lm_tape_op *op = &m->tape[t];
+        switch (op->kind) {
+        case LM_TP_MIX: {
+            const lm_mix_plan *p = &m->mix[op->mix];
+            lm_sources src = {.n = p->n};
+            lm_source_grads dsrc = {.n = p->n};
+            for (int j = 0; j < p->n; j++) {
+                src.p[j] = a->stream[p->src[j]];
+                dsrc.p[j] = da->stream[p->src[j]];
+            }
+            const real *w, *g;
+            mixer_params(m, p, &w, &g);
+            real *dw, *dg;
+            if (p->layer < 0) { dw = m->grads.res_out_w; dg = m->grads.res_out_g; }
+            else {
+                lm_layer_params *lg = &m->grads.layer[p->layer];
+                dw = p->which ? lg->res_ffn_w : lg->res_attn_w;
+                dg = p->which ? lg->res_ffn_g : lg->res_attn_g;
+            }
+            o->attnres_bwd(dsrc, dw, dg, da->stream[op->out], src, a->alpha[op->mix], w, g, N, d, c->norm_eps);
+        } break;
+        case LM_TP_ATTN:
+        case LM_TP_FFN: run_sublayer_bwd(m, op); break;
+        case LM_TP_ADD:
+            o->acc(da->stream[op->in[0]], da->stream[op->out], (size_t)N * d);
+            o->acc(da->stream[op->in[1]], da->stream[op->out], (size_t)N * d);
+            break;
+        }
+    }
+    o->embed_bwd(m->grads.embed, a->tokens, da->stream[m->stream_embed], N, d);
+}
+
+void lm_model_zero_grads(lm_model *m) { m->ops->zero(m->grads_mem, m->playout.numel * sizeof(real)); }
+
+void lm_model_get_params(const lm_model *m, real *host) {
+    m->ops->to_host(host, m->params_mem, m->playout.numel * sizeof(real));
+}
+void lm_model_set_params(lm_model *m, const real *host) {
+    m->ops->to_device(m->params_mem, host, m->playout.numel * sizeof(real));
+}
+void lm_model_get_grads(const lm_model *m, real *host) {
+    m->ops->to_host(host, m->grads_mem, m->playout.numel * sizeof(real));
+}

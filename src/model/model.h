@@ -1,0 +1,89 @@
+// model.h — the whole model: parameters, activations, the residual-stream plan
+// (PreNorm, Block AttnRes or Full AttnRes), forward and backward.
+//
+// Reading order for one token: model.c lm_model_forward (embedding → the tape of
+// mixers and sublayers → final norm → LM head → cross-entropy), then the sublayers
+// in kda_layer.c, mla_layer.c and ffn_layer.c.
+#ifndef LM_MODEL_H
+#define LM_MODEL_H
+#include "model/layers.h"
+
+#define LM_MAX_STREAM (6 * LM_MAX_LAYERS + 4)
+#define LM_MAX_MIX (2 * LM_MAX_LAYERS + 1)
+#define LM_MAX_TAPE (6 * LM_MAX_LAYERS + 4)
+
+// One step of the residual-stream plan. Stream tensors are [N, d] and numbered; the
+// plan is fixed by the config (it does not depend on data).
+enum { LM_TP_MIX, LM_TP_ATTN, LM_TP_FFN, LM_TP_ADD };
+typedef struct {
+    int kind;
+    int layer;        // decoder layer of a sublayer or mixer; −1 for the output mixer
+    int out;          // stream written
+    int in[2];        // ATTN/FFN read in[0]; ADD reads in[0] + in[1]
+    int mix;          // MIX: index into lm_model.mix
+} lm_tape_op;
+
+typedef struct {
+    int n;                          // number of sources
+    int src[LM_MAX_SOURCES];        // stream ids
+    int layer, which;               // parameters: layer's attn (0) / ffn (1) mixer, or output (layer −1)
+} lm_mix_plan;
+
+typedef struct {
+    real *stream[LM_MAX_STREAM];    // [N, d]
+    real *alpha[LM_MAX_MIX];        // [N, n_sources] AttnRes weights
+    lm_layer_acts layer[LM_MAX_LAYERS];
+    real *fn, *fn_rstd;             // [N, d], [N]   final RMSNorm
+    real *logits;                   // [N, Vocab]
+    real *losses, *lse;             // [N]
+    int *tokens, *targets;          // [N]
+} lm_acts;
+
+typedef struct lm_model {
+    lm_config cfg;
+    const lm_ops *ops;
+    lm_layout playout;              // parameters (names as in the safetensors file)
+    lm_params params, grads;
+    real *params_mem, *grads_mem;   // backend memory, playout.numel reals each
+    int B, T;                       // activation buffers are sized for B × T
+    lm_layout alayout;
+    lm_acts acts, dacts;            // activations and their gradients (same layout)
+    real *acts_mem, *dacts_mem;
+    // residual plan
+    int n_stream, n_tape, n_mix;
+    int stream_embed, stream_final;
+    lm_tape_op tape[LM_MAX_TAPE];
+    lm_mix_plan mix[LM_MAX_MIX];
+    // balancing state of each MoE layer
+    lm_balancer bal[LM_MAX_LAYERS];
+    // last forward
+    lm_step_ctx ctx;
+    double last_ce_sum;             // Σ cross-entropy over counted targets
+    long last_count;                // counted targets
+} lm_model;
+
+// Creates the model on a backend with freshly initialised parameters (seeded).
+lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed);
+void lm_model_free(lm_model *m);
+// (Re)allocates activations for batches of B sequences of T tokens.
+void lm_model_reserve(lm_model *m, int B, int T);
+
+typedef struct {
+    int training;                   // update balancing statistics
+    int capacity;                   // per-expert capacity, −1 = dropless
+    real aux_weight;                // weight of this micro-batch's aux/z losses (its share of the step)
+} lm_fwd_opts;
+
+// tokens, targets: host arrays [B·T]; targets < 0 are not counted; targets may be NULL
+// (logits only). Returns the mean cross-entropy over counted targets (NAN if none).
+double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int B, int T, lm_fwd_opts opts);
+// Accumulates parameter gradients of  dloss · Σ_counted CE + (aux losses of the forward)
+// into m->grads. Call after lm_model_forward on the same batch.
+void lm_model_backward(lm_model *m, real dloss);
+void lm_model_zero_grads(lm_model *m);
+// Host copies of parameters (for checkpoints and tests).
+void lm_model_get_params(const lm_model *m, real *host);
+void lm_model_set_params(lm_model *m, const real *host);
+void lm_model_get_grads(const lm_model *m, real *host);
+
+#endif
