@@ -133,10 +133,34 @@ typedef struct lm_ops {
     void (*mla_split_bwd)(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
     // causal softmax attention without positions, blockwise with online softmax:
     //   q, k [B,T,H,Dqk], v [B,T,H,Dv], o [B,T,H,Dv]; lse [B,H,T] saved for backward
+    //   o_t = Σ_{s≤t} softmax_s(scale·q_t·k_s) v_s per (b,h); lse_t = log Σ_{s≤t} exp(scale·q_t·k_s).
+    //   Backward recomputes the probabilities from lse (no T×T matrix is stored) and
+    //   accumulates dq, dk [B,T,H,Dqk], dv [B,T,H,Dv] (any may be NULL).
     void (*attn_fwd)(real *o, real *lse, const real *q, const real *k, const real *v,
                      int B, int T, int H, int Dqk, int Dv, real scale);
     void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                      const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+    // decode in the absorbed form over the latent cache (inference only, no backward).
+    // With kv_b_proj weight W_kvb [H·(Dn+Dv), R] (kv = c·W_kvbᵀ), head h's rows
+    // h·(Dn+Dv) … +Dn are W_uk_h [Dn,R] and the next Dv rows are W_uv_h [Dv,R]; since NoPE
+    // k_h = [W_uk_h c, kpe], q_h·k_h = (W_uk_hᵀ q_nope_h)·c + q_pe_h·kpe. So per step:
+    //   q_lat = head_matmul(q_nope [B,H,Dn], W_kvb, C=Dn, OC=R, stride (Dn+Dv)·R, transpose=1)
+    //   mla_decode(o_lat, q_lat, q_pe, c_cache, kpe_cache, lens, ...)
+    //   o     = head_matmul(o_lat [B,H,R], W_kvb + Dn·R, C=R, OC=Dv, stride (Dn+Dv)·R, transpose=0)
+    // which equals attn_fwd over k, v from mla_split (kv = c·W_kvbᵀ), at the last position.
+    //
+    // head_matmul: out [N,H,OC] (overwritten); inp [N,H,C]; head h uses the row-major slice
+    //   W_h = W + h·w_head_stride: transpose = 0: W_h [OC,C], out[:,h] = inp[:,h]·W_hᵀ;
+    //                              transpose = 1: W_h [C,OC], out[:,h] = inp[:,h]·W_h.
+    void (*head_matmul)(real *out, const real *inp, const real *W, int N, int H, int C, int OC,
+                        long w_head_stride, int transpose);
+    // mla_decode, per sequence b and head h, over the lens[b] valid cached tokens (the current
+    //   token included, written to the cache by the caller first; 0 ≤ lens[b] ≤ Tmax, 0 gives o_lat = 0):
+    //   score_t = scale·(q_lat·c_t + q_pe·kpe_t),  o_lat = Σ_{t<lens[b]} softmax_t(score) c_t
+    //   o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R] (latents after the latent RMSNorm);
+    //   kpe_cache [B,Tmax,De]; lens [B] int32 in backend memory; scale = (Dn+De)^-1/2 as in training
+    void (*mla_decode)(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
+                       const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
 
     // ---- MoE ----
     // router: s = sigmoid(z), z [N,E] router logits; selection = top-(k+1) of s + bias

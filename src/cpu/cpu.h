@@ -37,6 +37,8 @@ void cpu_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N,
 void cpu_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
 void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
 void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+void cpu_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
+void cpu_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
 void cpu_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);
 void cpu_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx, int N, int E, int k, real route_scale, int renorm);
 void cpu_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
