@@ -1,0 +1,310 @@
+// test_model.c — the whole model: configs and presets, parameter counts, every
+// parameter tensor's gradient against central differences on small hybrid models
+// (KDA + MLA + MoE + AttnRes), the w = 0 equivalence of Block/Full AttnRes with
+// PreNorm, and bitwise determinism.
+#include "harness.h"
+#include "cpu/cpu.h"
+#include "model/model.h"
+
+static const lm_ops *ops = &lm_cpu_ops;
+
+// ---------------------------------------------------------------------------
+// configs
+
+static void test_preset_param_counts(void **state) {
+    (void)state;
+    lm_config c;
+    double tot, act;
+    assert_int_equal(lm_config_preset(&c, "kimi-linear-48b-a3b"), LM_OK);
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_config_count_params(&c, &tot, &act);
+    printf("measured kimi-linear-48b-a3b: total %.4g, active %.4g\n", tot, act);
+    // released model card: 48B total / 3B active (our count: 49.1B / 3.1B, reference/kda.md §4)
+    assert_true(tot > 48.0e9 && tot < 49.5e9);
+    assert_true(act > 2.9e9 && act < 3.3e9);
+    assert_string_equal(c.layer_types, "KKKMKKKMKKKMKKKMKKKMKKKMKKM");   // MLA at 1-based 4,8,…,24,27
+    assert_int_equal(lm_config_preset(&c, "k3"), LM_OK);
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_config_count_params(&c, &tot, &act);
+    printf("measured k3: total %.4g, active %.4g\n", tot, act);
+    assert_true(tot > 2.7e12 && tot < 2.9e12);       // 2.78T
+    assert_true(act > 100e9 && act < 108e9);         // 104.2B
+    int mla = 0;
+    for (int i = 0; i < c.n_layers; i++) mla += lm_layer_is_mla(&c, i);
+    assert_int_equal(mla, 24);                        // 69 KDA + 24 MLA
+    assert_int_equal(lm_config_preset(&c, "small"), LM_OK);
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_config_count_params(&c, &tot, &act);
+    printf("measured small: total %.4g, active %.4g\n", tot, act);
+    assert_true(tot > 0.9e9 && tot < 1.2e9 && act > 1.2e8 && act < 1.8e8);
+    assert_int_equal(lm_config_preset(&c, "tiny"), LM_OK);
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    assert_string_equal(c.layer_types, "KKKM");
+    assert_int_equal(lm_config_preset(&c, "huge"), LM_ERR);
+    assert_non_null(strstr(lm_last_error(), "huge"));
+}
+
+// each bad setting must be rejected with a message that names the field
+static void expect_rejected(const char *key, const char *value, const char *field) {
+    lm_config c;
+    assert_int_equal(lm_config_preset(&c, "tiny"), LM_OK);
+    lm_status st = lm_config_set(&c, key, value);
+    if (st == LM_OK) st = lm_config_finalize(&c);
+    printf("rejected %s=%s: %s\n", key, value, lm_last_error());
+    assert_int_equal(st, LM_ERR);
+    assert_non_null(strstr(lm_last_error(), field));
+}
+
+static void test_invalid_configs(void **state) {
+    (void)state;
+    expect_rejected("top_k", "17", "top_k");
+    expect_rejected("gate_lb", "-6", "gate_lb");
+    expect_rejected("gate_lb", "0", "gate_lb");
+    expect_rejected("kda_chunk", "48", "kda_chunk");
+    expect_rejected("n_layers", "0", "n_layers");
+    expect_rejected("d_model", "abc", "d_model");
+    expect_rejected("balance", "magic", "balance");
+    expect_rejected("no_such_key", "1", "no_such_key");
+    expect_rejected("layer_types", "KKXM", "layer_types");
+    expect_rejected("layer_types", "KKM", "layer_types");
+    // heads that do not divide the width (head dim derived)
+    lm_config c;
+    lm_config_preset(&c, "tiny");
+    c.kda_head_dim = 0;
+    c.kda_heads = 3;
+    assert_int_equal(lm_config_finalize(&c), LM_ERR);
+    assert_non_null(strstr(lm_last_error(), "kda_heads"));
+    lm_config_preset(&c, "tiny");
+    c.gate_mode = LM_GATE_UNBOUNDED;
+    c.kda_form = LM_KDA_CHUNK_FACTORED;
+    assert_int_equal(lm_config_finalize(&c), LM_ERR);
+    assert_non_null(strstr(lm_last_error(), "kda_form"));
+}
+
+static void test_config_json_roundtrip(void **state) {
+    (void)state;
+    lm_config a, b;
+    lm_config_preset(&a, "k3");
+    assert_int_equal(lm_config_finalize(&a), LM_OK);
+    char *js = lm_config_to_json(&a);
+    memset(&b, 0, sizeof b);
+    assert_int_equal(lm_config_apply_json(&b, js), LM_OK);
+    assert_int_equal(lm_config_finalize(&b), LM_OK);
+    char *js2 = lm_config_to_json(&b);
+    assert_string_equal(js, js2);
+    assert_int_equal(lm_config_apply_json(&b, "{\"d_model\": 1.5}"), LM_ERR);
+    assert_int_equal(lm_config_apply_json(&b, "{\"gate_mode\": \"sideways\"}"), LM_ERR);
+    assert_int_equal(lm_config_apply_json(&b, "[1,2]"), LM_ERR);
+    assert_int_equal(lm_config_apply_json(&b, "{\"d_model\": 64"), LM_ERR);
+    free(js);
+    free(js2);
+}
+
+// ---------------------------------------------------------------------------
+// a small hybrid model with every component present
+
+static lm_config small_hybrid(const char *types) {
+    lm_config c;
+    lm_config_preset(&c, "tiny");
+    c.vocab = 23; c.d_model = 16; c.n_layers = (int)strlen(types);
+    snprintf(c.layer_types, sizeof c.layer_types, "%s", types);
+    c.kda_heads = 2; c.kda_head_dim = 8; c.kda_chunk = 16;
+    c.mla_heads = 2; c.kv_lora_rank = 8; c.qk_nope_dim = 6; c.qk_extra_dim = 4; c.v_head_dim = 5;
+    c.d_ff_dense = 24; c.n_experts = 6; c.top_k = 2; c.n_shared = 1; c.d_ff_expert = 8;
+    c.route_scale = 1.7;
+    c.block_layers = 2;
+    c.init_std = 0.3;     // large enough that every path carries signal in a 4-layer model
+    return c;
+}
+
+typedef struct {
+    lm_model *m;
+    int B, T;
+    int *tok, *tgt;
+} fd_ctx;
+
+static double fd_loss(void *p) {
+    fd_ctx *f = p;
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    double ce = lm_model_forward(f->m, f->tok, f->tgt, f->B, f->T, o);
+    return ce + f->m->ctx.aux_loss;
+}
+
+static void make_batch(int B, int T, int vocab, lm_rng *r, int **tok, int **tgt) {
+    *tok = lm_malloc((size_t)B * T * sizeof(int));
+    *tgt = lm_malloc((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) {
+        (*tok)[i] = (int)lm_rng_below(r, vocab);
+        (*tgt)[i] = i % 7 == 3 ? -1 : (int)lm_rng_below(r, vocab);   // some ignored targets
+    }
+}
+
+// Non-zero AttnRes queries and router biases so that every path is exercised.
+static void perturb_special(lm_model *m, lm_rng *r) {
+    for (int t = 0; t < m->playout.n; t++) {
+        const lm_tensor_info *ti = &m->playout.t[t];
+        real *x = m->params_mem + ti->offset;
+        if (strstr(ti->name, "res_proj") || (ti->flags & LM_T_BUFFER))
+            for (size_t i = 0; i < ti->numel; i++) x[i] = (real)(0.5 * lm_rng_normal(r));
+        if (strstr(ti->name, "res_norm"))
+            for (size_t i = 0; i < ti->numel; i++) x[i] = (real)(1 + 0.3 * lm_rng_normal(r));
+    }
+}
+
+static void gradcheck_model(lm_config c, const char *label, uint64_t seed) {
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_rng r;
+    lm_rng_seed(&r, seed);
+    fd_ctx f = {.m = lm_model_create(&c, ops, seed), .B = 2, .T = 19};
+    perturb_special(f.m, &r);
+    make_batch(f.B, f.T, c.vocab, &r, &f.tok, &f.tgt);
+    lm_model_zero_grads(f.m);
+    fd_loss(&f);
+    lm_model_backward(f.m, (real)(1.0 / f.m->last_count));
+    real *grads = tu_alloc(f.m->playout.numel);
+    lm_model_get_grads(f.m, grads);
+    double worst = 0;
+    char worst_name[LM_NAME_MAX] = "";
+    int checked = 0;
+    for (int t = 0; t < f.m->playout.n; t++) {
+        const lm_tensor_info *ti = &f.m->playout.t[t];
+        if (ti->flags & LM_T_BUFFER) continue;
+        double e = tu_gradcheck(f.m->params_mem + ti->offset, grads + ti->offset, ti->numel, fd_loss, &f, TU_H, 6, &r);
+        if (e > worst) { worst = e; snprintf(worst_name, sizeof worst_name, "%s", ti->name); }
+        if (e > TOL(1e-5, 5e-2)) printf("  %s: %.3e\n", ti->name, e);
+        checked++;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "model grads [%s], %d tensors, worst %s", label, checked, worst_name);
+    tu_check(what, worst, TOL(1e-5, 5e-2));
+    free(grads); free(f.tok); free(f.tgt);
+    lm_model_free(f.m);
+}
+
+static void test_model_grads_block(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("KMKKM");       // dense FFN first, MoE after, 3 blocks of 2 layers
+    gradcheck_model(c, "block AttnRes, bounded gate", 11);
+}
+
+static void test_model_grads_full_unbounded(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("KMK");
+    c.residual = LM_RES_FULL;
+    c.gate_mode = LM_GATE_UNBOUNDED;
+    c.q_lora_rank = 6;
+    c.expert_act = LM_ACT_SITU;
+    c.moe_latent_dim = 12;
+    c.mla_gated = 0;
+    c.tie_embeddings = 1;
+    gradcheck_model(c, "full AttnRes, unbounded gate, q-lora, latent MoE, SiTU, tied", 12);
+}
+
+static void test_model_grads_prenorm_aux(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("MKK");
+    c.residual = LM_RES_PRENORM;
+    c.kda_full_rank_gate = 1;
+    c.balance = 3;            // aux
+    c.aux_coef = 0.05;
+    c.zloss_coef = 0.01;
+    gradcheck_model(c, "prenorm, full-rank KDA gate, aux + z loss", 13);
+}
+
+// ---------------------------------------------------------------------------
+// w = 0: Block and Full AttnRes compute the PreNorm model (same weights)
+
+static void copy_shared_params(const lm_model *from, lm_model *to) {
+    for (int t = 0; t < to->playout.n; t++) {
+        const lm_tensor_info *ti = &to->playout.t[t];
+        int s = lm_layout_find(&from->playout, ti->name);
+        if (s < 0) continue;
+        assert_int_equal(from->playout.t[s].numel, ti->numel);
+        memcpy(to->params_mem + ti->offset, from->params_mem + from->playout.t[s].offset, ti->numel * sizeof(real));
+    }
+}
+
+static void test_zero_query_equals_prenorm(void **state) {
+    (void)state;
+    const int modes[2] = {LM_RES_BLOCK, LM_RES_FULL};
+    lm_config base = small_hybrid("KKMKM");
+    base.init_std = 0.1;
+    base.residual = LM_RES_PRENORM;
+    assert_int_equal(lm_config_finalize(&base), LM_OK);
+    lm_model *ref = lm_model_create(&base, ops, 21);
+    lm_rng r;
+    lm_rng_seed(&r, 5);
+    int *tok, *tgt;
+    make_batch(2, 24, base.vocab, &r, &tok, &tgt);
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    lm_model_zero_grads(ref);
+    lm_model_forward(ref, tok, tgt, 2, 24, o);
+    lm_model_backward(ref, (real)(1.0 / ref->last_count));
+    size_t nl = (size_t)48 * base.vocab;
+    for (int k = 0; k < 2; k++) {
+        lm_config c = base;
+        c.residual = modes[k];
+        assert_int_equal(lm_config_finalize(&c), LM_OK);
+        lm_model *m = lm_model_create(&c, ops, 99);
+        copy_shared_params(ref, m);   // AttnRes w stays 0, γ = 1
+        lm_model_zero_grads(m);
+        lm_model_forward(m, tok, tgt, 2, 24, o);
+        lm_model_backward(m, (real)(1.0 / m->last_count));
+        char what[96];
+        snprintf(what, sizeof what, "%s (w=0) logits vs prenorm", lm_residual_name(modes[k]));
+        // only eps distinguishes the two: RMSNorm(x/n) vs RMSNorm(x) (reference/attnres.md §7)
+        tu_check(what, tu_rel_rms(m->acts.logits, ref->acts.logits, nl), TOL(1e-5, 1e-5));
+        double worst = 0;
+        for (int t = 0; t < ref->playout.n; t++) {
+            const lm_tensor_info *ti = &ref->playout.t[t];
+            int s = lm_layout_find(&m->playout, ti->name);
+            if (s < 0 || (ti->flags & LM_T_BUFFER)) continue;
+            double e = tu_rel_rms(m->grads_mem + m->playout.t[s].offset, ref->grads_mem + ti->offset, ti->numel);
+            if (e > worst) worst = e;
+        }
+        snprintf(what, sizeof what, "%s (w=0) grads of shared params vs prenorm", lm_residual_name(modes[k]));
+        tu_check(what, worst, TOL(2e-5, 1e-4));
+        lm_model_free(m);
+    }
+    free(tok); free(tgt);
+    lm_model_free(ref);
+}
+
+// ---------------------------------------------------------------------------
+
+static void test_determinism(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("KMKKM");
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_rng r;
+    lm_rng_seed(&r, 3);
+    int *tok, *tgt;
+    make_batch(3, 40, c.vocab, &r, &tok, &tgt);
+    real *g[2];
+    for (int k = 0; k < 2; k++) {
+        lm_model *m = lm_model_create(&c, ops, 7);
+        lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
+        lm_model_zero_grads(m);
+        lm_model_forward(m, tok, tgt, 3, 40, o);
+        lm_model_backward(m, (real)(1.0 / m->last_count));
+        g[k] = tu_alloc(m->playout.numel);
+        lm_model_get_grads(m, g[k]);
+        if (k == 1) tu_check("two identical runs: max |grad difference|", tu_max_abs_diff(g[0], g[1], m->playout.numel), 0);
+        lm_model_free(m);
+    }
+    free(g[0]); free(g[1]); free(tok); free(tgt);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_preset_param_counts),
+        cmocka_unit_test(test_invalid_configs),
+        cmocka_unit_test(test_config_json_roundtrip),
+        cmocka_unit_test(test_model_grads_block),
+        cmocka_unit_test(test_model_grads_full_unbounded),
+        cmocka_unit_test(test_model_grads_prenorm_aux),
+        cmocka_unit_test(test_zero_query_equals_prenorm),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
