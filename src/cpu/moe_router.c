@@ -16,7 +16,8 @@
 // after every entry of equal value, so ties go to the lower expert index.
 // When k == E there is no (k+1)-th score; alpha is then the k-th (smallest) biased
 // score minus 1, a value below every biased score: every expert counts as "in", and
-// the QB margins alpha − s stay finite (they clamp into the lowest histogram bin).
+// the QB margins alpha − s stay finite (any below the histogram range clamp into its
+// lowest bin).
 void cpu_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias,
                        int N, int E, int k, real route_scale, int renorm) {
     LM_CHECK(k >= 1 && k <= E && k <= MOE_MAX_TOPK, "moe_route: need 1 <= k <= min(E, %d), got k=%d E=%d",
