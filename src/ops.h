@@ -166,7 +166,8 @@ typedef struct lm_ops {
     // router: s = sigmoid(z), z [N,E] router logits; selection = top-(k+1) of s + bias
     //   (ties broken by the lower expert index); idx [N,k] the first k in descending
     //   order; gate [N,k] = route_scale · s / Σ_selected s (renorm) or route_scale · s;
-    //   alpha [N] = the (k+1)-th largest biased score (the QB cutoff), s [N,E] saved.
+    //   alpha [N] = the (k+1)-th largest biased score (the QB cutoff; when k == E, the
+    //   k-th biased score − 1), s [N,E] saved.
     //   The bias decides selection only and never enters gate values or gradients.
     void (*moe_route_fwd)(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias,
                           int N, int E, int k, real route_scale, int renorm);
@@ -175,8 +176,10 @@ typedef struct lm_ops {
     // dispatch plan, rows grouped by expert and, inside an expert, by token index:
     //   counts [E] assignments routed to each expert (before any dropping);
     //   offsets [E+1] row ranges after dropping (offsets[E] = rows used, ≤ N·k);
-    //   row_token [N·k] source token of each used row; slot_row [N·k] row of (token, slot), −1 if dropped.
-    //   capacity < 0: dropless; else each expert keeps its `capacity` highest-score tokens.
+    //   row_token [N·k] source token of each used row (−1 past offsets[E]);
+    //   slot_row [N·k] row of (token, slot), −1 if dropped.
+    //   capacity < 0: dropless; else each expert keeps its `capacity` highest-s tokens
+    //   (ties: lower token index).
     void (*moe_plan)(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx,
                      const real *s, int N, int E, int k, int capacity);
     // xp[r] = x[row_token[r]] for r < rows (rows read from offsets[E]); bwd: dx[row_token[r]] += dxp[r]
