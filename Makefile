@@ -40,18 +40,21 @@ all: build/f32/linmoe
 define VARIANT
 build/$(1)/obj/%.o: %.c | deps-quiet
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS_$(1)) -MMD -MP -c $$< -o $$@
+	@echo "  CC [$(1)] $$<"
+	@$$(CC) $$(CFLAGS_$(1)) -MMD -MP -c $$< -o $$@
 
 build/$(1)/liblinmoe.a: $$(patsubst %.c,build/$(1)/obj/%.o,$$(LIB_SRC))
 	@rm -f $$@
-	ar rcs $$@ $$^
+	@ar rcs $$@ $$^
 
 build/$(1)/tests/%: build/$(1)/obj/tests/%.o $$(patsubst %.c,build/$(1)/obj/%.o,$$(TEST_COMMON)) build/$(1)/liblinmoe.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS_$(1)) $$^ -o $$@ $$(LDLIBS) $$(TESTLIB)
+	@echo "  LD [$(1)] $$@"
+	@$$(CC) $$(CFLAGS_$(1)) $$^ -o $$@ $$(LDLIBS) $$(TESTLIB)
 
 build/$(1)/linmoe: $$(patsubst %.c,build/$(1)/obj/%.o,$$(CLI_SRC)) build/$(1)/liblinmoe.a
-	$$(CC) $$(CFLAGS_$(1)) $$^ -o $$@ $$(LDLIBS)
+	@echo "  LD [$(1)] $$@"
+	@$$(CC) $$(CFLAGS_$(1)) $$^ -o $$@ $$(LDLIBS)
 
 TESTS_$(1) := $$(patsubst tests/%.c,build/$(1)/tests/%,$$(TEST_SRC))
 

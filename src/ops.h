@@ -73,6 +73,8 @@ typedef struct lm_ops {
     void (*to_host)(void *host_dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
     void (*zero)(void *p, size_t bytes);
+    // strided block copy of `rows` rows of `cols` reals (strides in reals)
+    void (*copy2d)(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols);
 
     // ---- elementwise over n elements ----
     void (*add)(real *out, const real *a, const real *b, size_t n);   // out = a + b (out may alias)

@@ -271,6 +271,64 @@ static void test_zero_query_equals_prenorm(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// inference: prefill + decode (and chunked prefill) with the KDA state, conv caches and
+// the MLA latent cache give the logits of one full forward
+
+static void check_incremental(const char *label, lm_config c, const int *chunks, int nchunks) {
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_model *m = lm_model_create(&c, ops, 31);
+    lm_rng r;
+    lm_rng_seed(&r, 8);
+    perturb_special(m, &r);
+    const int B = 2;
+    int T = 0;
+    for (int i = 0; i < nchunks; i++) T += chunks[i];
+    int *tok, *tgt;
+    make_batch(B, T, c.vocab, &r, &tok, &tgt);
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    lm_model_forward(m, tok, NULL, B, T, o);
+    real *full = tu_copy(m->acts.logits, (size_t)B * T * c.vocab);
+    real *inc = tu_alloc((size_t)B * T * c.vocab);
+    lm_cache *kc = lm_cache_create(&c, ops, B, T);
+    o.cache = kc;
+    int pos = 0;
+    for (int i = 0; i < nchunks; i++) {
+        int n = chunks[i];
+        int *ct = lm_malloc((size_t)B * n * sizeof(int));
+        for (int b = 0; b < B; b++) memcpy(ct + b * n, tok + b * T + pos, n * sizeof(int));
+        lm_model_forward(m, ct, NULL, B, n, o);
+        for (int b = 0; b < B; b++)
+            memcpy(inc + ((size_t)b * T + pos) * c.vocab, m->acts.logits + (size_t)b * n * c.vocab,
+                   (size_t)n * c.vocab * sizeof(real));
+        pos += n;
+        free(ct);
+    }
+    assert_int_equal(kc->len, T);
+    char what[128];
+    snprintf(what, sizeof what, "%s: incremental logits vs full forward (max abs)", label);
+    tu_check(what, tu_max_abs_diff(inc, full, (size_t)B * T * c.vocab), TOL(1e-10, 1e-4));
+    lm_cache_free(kc);
+    free(full); free(inc); free(tok); free(tgt);
+    lm_model_free(m);
+}
+
+static void test_decode_equals_forward(void **state) {
+    (void)state;
+    int prefill_decode[1 + 12] = {9};
+    for (int i = 1; i <= 12; i++) prefill_decode[i] = 1;
+    check_incremental("block, prefill 9 + 12 decode steps", small_hybrid("KMKKM"), prefill_decode, 13);
+    lm_config c = small_hybrid("KMK");
+    c.residual = LM_RES_FULL;
+    c.gate_mode = LM_GATE_UNBOUNDED;
+    c.q_lora_rank = 6;
+    c.moe_latent_dim = 12;
+    int chunked[5] = {20, 17, 1, 5, 1};   // chunks crossing KDA chunk boundaries
+    check_incremental("full, unbounded, chunked prefill 20+17+1+5+1", c, chunked, 5);
+    int from_one[6] = {1, 1, 2, 3, 1, 30};
+    check_incremental("block, from one token", small_hybrid("MKKM"), from_one, 6);
+}
+
+// ---------------------------------------------------------------------------
 
 static void test_determinism(void **state) {
     (void)state;
@@ -304,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_model_grads_full_unbounded),
         cmocka_unit_test(test_model_grads_prenorm_aux),
         cmocka_unit_test(test_zero_query_equals_prenorm),
+        cmocka_unit_test(test_decode_equals_forward),
         cmocka_unit_test(test_determinism),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

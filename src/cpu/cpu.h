@@ -10,6 +10,7 @@ void cpu_to_device(void *dst, const void *host_src, size_t bytes);
 void cpu_to_host(void *host_dst, const void *src, size_t bytes);
 void cpu_copy(void *dst, const void *src, size_t bytes);
 void cpu_zero(void *p, size_t bytes);
+void cpu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols);
 void cpu_add(real *out, const real *a, const real *b, size_t n);
 void cpu_acc(real *acc, const real *x, size_t n);
 void cpu_scale(real *x, real s, size_t n);

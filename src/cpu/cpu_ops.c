@@ -9,6 +9,7 @@ const lm_ops lm_cpu_ops = {
     .to_host = cpu_to_host,
     .copy = cpu_copy,
     .zero = cpu_zero,
+    .copy2d = cpu_copy2d,
     .add = cpu_add,
     .acc = cpu_acc,
     .scale = cpu_scale,

@@ -31,6 +31,10 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         ADD(m->k, 0, N, Hm * Dqk); ADD(m->v, 0, N, Hm * Dv);
         ADD(m->o, 0, N, Hm * Dv); ADD(m->lse, 0, N * Hm);
         if (c->mla_gated) { ADD(m->z, 0, N, Hm * Dv); ADD(m->og, 0, N, Hm * Dv); }
+        ADD(m->q_nope, 0, N, Hm * Dn); if (De > 0) ADD(m->q_pe, 0, N, Hm * De);
+        ADD(m->q_lat, 0, N, Hm * R); ADD(m->o_lat, 0, N, Hm * R);
+        ADD(m->step_q_lat, 0, (int64_t)B * Hm * R); if (De > 0) ADD(m->step_q_pe, 0, (int64_t)B * Hm * De);
+        ADD(m->step_o_lat, 0, (int64_t)B * Hm * R);
     }
     if (!lm_layer_is_moe(c, i)) {
         lm_dense_acts *f = &a->dense;

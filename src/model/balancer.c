@@ -50,6 +50,7 @@ void lm_balancer_init(lm_balancer *b, const lm_ops *ops, lm_balance_kind kind, i
     b->nbins = nbins > 0 ? nbins : LM_QB_NBINS_DEFAULT;
     b->rate = rate >= 0 ? rate : (real)LM_BAL_RATE_DEFAULT;
     b->bias = ops->alloc((size_t)E * sizeof(real));
+    b->own_bias = 1;
     b->bias_host = lm_malloc((size_t)E * sizeof(real));
     b->load = lm_malloc((size_t)E * sizeof(int64_t));
     b->last_load = lm_malloc((size_t)E * sizeof(int64_t));
@@ -63,7 +64,7 @@ void lm_balancer_init(lm_balancer *b, const lm_ops *ops, lm_balance_kind kind, i
 }
 
 void lm_balancer_free(lm_balancer *b, const lm_ops *ops) {
-    if (b->bias) ops->free(b->bias);
+    if (b->bias && b->own_bias) ops->free(b->bias);
     if (b->hist) ops->free(b->hist);
     free(b->bias_host);
     free(b->hist_host);
@@ -71,6 +72,18 @@ void lm_balancer_free(lm_balancer *b, const lm_ops *ops) {
     free(b->last_load);
     free(b->counts_host);
     memset(b, 0, sizeof *b);
+}
+
+void lm_balancer_attach_bias(lm_balancer *b, const lm_ops *ops, real *bias) {
+    if (b->own_bias) ops->free(b->bias);
+    b->bias = bias;
+    b->own_bias = 0;
+    lm_balancer_refresh(b, ops);
+}
+
+void lm_balancer_refresh(lm_balancer *b, const lm_ops *ops) {
+    ops->to_host(b->bias_host, b->bias, (size_t)b->E * sizeof(real));
+    set_range(b);
 }
 
 void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const real *alpha,

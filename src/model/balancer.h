@@ -41,6 +41,7 @@ typedef struct {
     int E, k, nbins;
     real rate;                  // sign: u; quartile: step; unused otherwise
     real *bias;                 // backend [E]: what moe_route_fwd reads
+    int own_bias;               // 0 when attached to memory owned elsewhere (the model's buffer)
     real *bias_host;            // host [E]: always equal to `bias`
     int *hist;                  // backend [E, nbins] int32 QB margin counts (qb only, else NULL)
     int *hist_host;             // host [E, nbins] download buffer (qb only)
@@ -77,6 +78,13 @@ void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const
 //             (percentiles of the E loads with linear interpolation)
 //   aux, none: b unchanged (the aux loss is added by the model via moe_aux_fwd/bwd)
 void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m);
+
+// Makes the balancer read and update `bias` (backend [E], e.g. the model's
+// e_score_correction_bias buffer, which checkpoints save) instead of its own copy, and
+// takes its current values. Call lm_balancer_refresh after that memory is overwritten
+// (a checkpoint load) so the host copy and the QB histogram range follow.
+void lm_balancer_attach_bias(lm_balancer *b, const lm_ops *ops, real *bias);
+void lm_balancer_refresh(lm_balancer *b, const lm_ops *ops);
 
 // checkpoint save/restore of the bias, host arrays of E values. Setting also resets the
 // QB histogram range from the new bias; call it between steps.

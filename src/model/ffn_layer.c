@@ -43,7 +43,7 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     o->matmul_fwd(a->z, a->xn, p->router, NULL, N, d, E);
     o->moe_route_fwd(a->idx, a->gate, a->s, a->alpha, a->z, p->route_bias, N, E, k, c->route_scale, 1);
     o->moe_plan(a->counts, a->offsets, a->row_token, a->slot_row, a->idx, a->s, N, E, k, s->capacity);
-    if (s->training && bal) lm_balancer_observe(bal, o, a->s, a->alpha, a->counts, N);
+    if (s->training && bal) lm_balancer_observe(bal, o, a->s, a->alpha, a->counts, a->offsets, N);
     const real *xin = a->xn;
     if (c->moe_latent_dim) {
         o->matmul_fwd(a->xl, a->xn, p->lat_down, NULL, N, d, dl);

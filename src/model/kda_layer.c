@@ -23,14 +23,23 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     o->matmul_fwd(a->qp, a->xn, p->q_proj, NULL, N, d, HK);
     o->matmul_fwd(a->kp, a->xn, p->k_proj, NULL, N, d, HK);
     o->matmul_fwd(a->vp, a->xn, p->v_proj, NULL, N, d, HK);
-    o->conv_silu_fwd(a->q, a->qp, p->q_conv, NULL, s->B, s->T, HK, W);
-    o->conv_silu_fwd(a->k, a->kp, p->k_conv, NULL, s->B, s->T, HK, W);
-    o->conv_silu_fwd(a->v, a->vp, p->v_conv, NULL, s->B, s->T, HK, W);
+    // with a cache the conv sees the previous W−1 inputs and the core starts from the
+    // carried state; both are updated for the next chunk
+    lm_cache *kc = s->cache;
+    real *const *conv = kc ? kc->conv[s->layer] : NULL;
+    const real *pre[3] = {a->qp, a->kp, a->vp};
+    real *post[3] = {a->q, a->k, a->v};
+    const real *w[3] = {p->q_conv, p->k_conv, p->v_conv};
+    for (int j = 0; j < 3; j++) {
+        o->conv_silu_fwd(post[j], pre[j], w[j], conv && W > 1 ? conv[j] : NULL, s->B, s->T, HK, W);
+        if (conv && W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, HK, W);
+    }
     o->matmul_fwd(a->fa, a->xn, p->f_a, NULL, N, d, K);
     o->matmul_fwd(a->f, a->fa, p->f_b, NULL, N, K, HK);
     o->matmul_fwd(a->bl, a->xn, p->b_proj, NULL, N, d, H);
     lm_kda_args k = kda_args(s, p, a);
     k.o = a->o;
+    if (kc) k.S0 = k.S_out = kc->kda_state[s->layer];
     o->kda_fwd(&k);
     if (c->kda_full_rank_gate) {
         o->matmul_fwd(a->gz, a->xn, p->g_proj, NULL, N, d, HK);

@@ -11,6 +11,7 @@
 #include "model/config.h"
 #include "model/params.h"
 #include "model/balancer.h"
+#include "model/cache.h"
 
 // N = B·T tokens; shapes per field.
 typedef struct {
@@ -34,6 +35,10 @@ typedef struct {
     real *k, *v;                 // [N,Hm,Dn+De], [N,Hm,Dv]
     real *o, *lse;               // [N,Hm,Dv], [B,Hm,T]
     real *z, *og;                // [N,Hm·Dv]         gate logits and gated output
+    // decode with a cache (absorbed form): per-head query parts and latent-space vectors
+    real *q_nope, *q_pe;         // [N,Hm,Dn], [N,Hm,De]
+    real *q_lat, *o_lat;         // [N,Hm,R]
+    real *step_q_lat, *step_q_pe, *step_o_lat;   // [B,Hm,R], [B,Hm,De], [B,Hm,R]  one token per sequence
 } lm_mla_acts;
 
 typedef struct {
@@ -71,6 +76,8 @@ typedef struct {
     const lm_config *c;
     int B, T, N;
     int training;                // updates balancing statistics
+    lm_cache *cache;             // inference: read and extend this cache (NULL in training)
+    int layer;                   // decoder layer being run
     int capacity;                // per-expert capacity for this step, −1 = dropless
     real aux_dloss;              // weight of this micro-batch's aux/z losses in the objective
     double aux_loss;             // forward: sum of aux + z losses of the micro-batch (objective units)

@@ -7,6 +7,54 @@
 
 static real mla_scale(const lm_config *c) { return 1 / sqrt((real)lm_mla_qk_dim(c)); }
 
+// Appends this chunk's latents c [B,T,R] and extra key dims kpe [B,T,De] to the cache
+// at positions len … len+T−1 of every sequence.
+static void cache_append(lm_step_ctx *s, const lm_mla_acts *a) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    lm_cache *kc = s->cache;
+    const int R = c->kv_lora_rank, De = c->qk_extra_dim, T = s->T;
+    LM_CHECK(kc->len + T <= kc->max_len, "cache is full (%d + %d tokens > %d)", kc->len, T, kc->max_len);
+    for (int b = 0; b < s->B; b++) {
+        o->copy(kc->mla_c[s->layer] + ((size_t)b * kc->max_len + kc->len) * R, a->c + (size_t)b * T * R,
+                (size_t)T * R * sizeof(real));
+        if (De > 0)
+            o->copy(kc->mla_kpe[s->layer] + ((size_t)b * kc->max_len + kc->len) * De, a->kpe + (size_t)b * T * De,
+                    (size_t)T * De * sizeof(real));
+    }
+}
+
+// Attention of the chunk's queries over the whole cache in the absorbed form: W_uk is
+// folded into the query (q_lat = W_ukᵀ q_nope) and W_uv applied after the latent-space
+// weighted sum, so per-head keys and values are never formed. Token t of the chunk sees
+// the first len + t + 1 cached tokens.
+static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    lm_cache *kc = s->cache;
+    const int B = s->B, T = s->T, N = s->N, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
+    const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
+    const long stride = (long)(Dn + Dv) * R;
+    o->copy2d(a->q_nope, Dn, a->q, Dqk, (size_t)N * Hm, Dn);
+    if (De > 0) o->copy2d(a->q_pe, De, a->q + Dn, Dqk, (size_t)N * Hm, De);
+    o->head_matmul(a->q_lat, a->q_nope, p->kv_b, N, Hm, Dn, R, stride, 1);
+    int *lens = lm_malloc((size_t)B * sizeof(int));
+    for (int t = 0; t < T; t++) {
+        for (int b = 0; b < B; b++) lens[b] = kc->len + t + 1;
+        o->to_device(kc->lens, lens, (size_t)B * sizeof(int));
+        // token t of every sequence: rows b·T + t
+        o->copy2d(a->step_q_lat, (size_t)Hm * R, a->q_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, B, (size_t)Hm * R);
+        if (De > 0)
+            o->copy2d(a->step_q_pe, (size_t)Hm * De, a->q_pe + (size_t)t * Hm * De, (size_t)T * Hm * De, B,
+                      (size_t)Hm * De);
+        o->mla_decode(a->step_o_lat, a->step_q_lat, a->step_q_pe, kc->mla_c[s->layer], kc->mla_kpe[s->layer],
+                      kc->lens, B, Hm, R, De, kc->max_len, mla_scale(c));
+        o->copy2d(a->o_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, a->step_o_lat, (size_t)Hm * R, B, (size_t)Hm * R);
+    }
+    free(lens);
+    o->head_matmul(a->o, a->o_lat, p->kv_b + (size_t)Dn * R, N, Hm, R, Dv, stride, 0);
+}
+
 void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
@@ -23,9 +71,15 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     o->matmul_fwd(a->craw, a->xn, p->kv_a, NULL, N, d, R);
     o->rmsnorm_fwd(a->c, a->c_rstd, a->craw, p->kv_norm, N, R, c->norm_eps);
     if (De > 0) o->matmul_fwd(a->kpe, a->xn, p->kpe_proj, NULL, N, d, De);
-    o->matmul_fwd(a->kv, a->c, p->kv_b, NULL, N, R, Hm * (Dn + Dv));
-    o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
-    o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
+    lm_cache *kc = s->cache;
+    if (kc) cache_append(s, a);
+    if (kc && kc->len > 0) {
+        decode_absorbed(s, p, a);
+    } else {
+        o->matmul_fwd(a->kv, a->c, p->kv_b, NULL, N, R, Hm * (Dn + Dv));
+        o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
+        o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
+    }
     const real *og = a->o;
     if (c->mla_gated) {
         o->matmul_fwd(a->z, a->xn, p->mo_gate, NULL, N, d, Hm * Dv);

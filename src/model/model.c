@@ -110,8 +110,11 @@ lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed) 
     build_plan(m);
     for (int i = 0; i < c->n_layers; i++)
         if (lm_layer_is_moe(c, i))
-            lm_balancer_init(&m->bal[i], ops, c->balance, c->n_experts, c->top_k, c->qb_bins, c->balance_rate,
-                             m->params.layer[i].route_bias);
+        {
+            lm_balancer_init(&m->bal[i], ops, (lm_balance_kind)c->balance, c->n_experts, c->top_k, c->qb_bins,
+                             c->balance_rate);
+            lm_balancer_attach_bias(&m->bal[i], ops, m->params.layer[i].route_bias);
+        }
     return m;
 }
 
@@ -170,6 +173,7 @@ static void mixer_params(const lm_model *m, const lm_mix_plan *p, const real **w
 
 static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
     lm_step_ctx *s = &m->ctx;
+    s->layer = op->layer;
     const lm_layer_params *p = &m->params.layer[op->layer];
     lm_layer_acts *a = &m->acts.layer[op->layer];
     const real *x = m->acts.stream[op->in[0]];
@@ -190,7 +194,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     const int N = B * T, d = c->d_model;
     lm_acts *a = &m->acts;
     m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
-                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight};
+                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache};
+    LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
     o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
     o->embed_fwd(a->stream[m->stream_embed], a->tokens, m->params.embed, N, d);
     for (int t = 0; t < m->n_tape; t++) {
@@ -213,6 +218,7 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     }
     o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps);
     o->matmul_fwd(a->logits, a->fn, m->params.lm_head, NULL, N, d, c->vocab);
+    if (opts.cache) opts.cache->len += T;
     m->last_count = 0;
     m->last_ce_sum = 0;
     if (!targets) return NAN;
@@ -231,6 +237,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
 
 static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
     lm_step_ctx *s = &m->ctx;
+    s->layer = op->layer;
+    LM_ASSERT(!s->cache);   // inference forwards have no backward
     const lm_layer_params *p = &m->params.layer[op->layer];
     lm_layer_params *g = &m->grads.layer[op->layer];
     const lm_layer_acts *a = &m->acts.layer[op->layer];

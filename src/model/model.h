@@ -72,6 +72,7 @@ typedef struct {
     int training;                   // update balancing statistics
     int capacity;                   // per-expert capacity, −1 = dropless
     real aux_weight;                // weight of this micro-batch's aux/z losses (its share of the step)
+    lm_cache *cache;                // inference: continue these sequences (B must match); NULL = fresh
 } lm_fwd_opts;
 
 // tokens, targets: host arrays [B·T]; targets < 0 are not counted; targets may be NULL

@@ -1,0 +1,42 @@
+// cache.c — see cache.h.
+#include "model/cache.h"
+
+lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_len) {
+    lm_cache *k = lm_malloc(sizeof *k);
+    k->B = B;
+    k->max_len = max_len;
+    k->ops = ops;
+    lm_layout *L = &k->layout;
+    lm_layout_init(L, k);
+    for (int i = 0; i < c->n_layers; i++) {
+        if (!lm_layer_is_mla(c, i)) {
+            const int64_t H = c->kda_heads, K = c->kda_head_dim, W = c->kda_conv;
+            lm_layout_add(L, &k->kda_state[i], 0, 4, LM_SHAPE(B, H, K, K), "layers.%d.kda_state", i);
+            if (W > 1)
+                for (int j = 0; j < 3; j++)
+                    lm_layout_add(L, &k->conv[i][j], 0, 3, LM_SHAPE(B, W - 1, H * K), "layers.%d.conv%d", i, j);
+        } else {
+            lm_layout_add(L, &k->mla_c[i], 0, 3, LM_SHAPE(B, max_len, c->kv_lora_rank), "layers.%d.mla_c", i);
+            if (c->qk_extra_dim > 0)
+                lm_layout_add(L, &k->mla_kpe[i], 0, 3, LM_SHAPE(B, max_len, c->qk_extra_dim), "layers.%d.mla_kpe", i);
+        }
+    }
+    lm_layout_add(L, &k->lens, LM_T_INT, 1, LM_SHAPE(B), "lens");
+    k->mem = ops->alloc(L->numel * sizeof(real));
+    lm_layout_bind(L, k, k->mem);
+    return k;
+}
+
+void lm_cache_reset(lm_cache *k) {
+    k->ops->zero(k->mem, k->layout.numel * sizeof(real));
+    k->len = 0;
+}
+
+void lm_cache_free(lm_cache *k) {
+    if (!k) return;
+    k->ops->free(k->mem);
+    lm_layout_free(&k->layout);
+    free(k);
+}
+
+size_t lm_cache_bytes(const lm_cache *k) { return k->layout.numel * sizeof(real); }

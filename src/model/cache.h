@@ -1,0 +1,30 @@
+// cache.h — inference state for B sequences decoded in lockstep: per KDA layer the fp32
+// recurrent state and the short-conv caches (the last W−1 pre-conv inputs of q, k, v);
+// per MLA layer the latent cache — only c (kv_lora_rank values) and the De extra key
+// dims per token, never per-head keys and values (SPEC §1.2). AttnRes and MoE keep
+// nothing between tokens.
+#ifndef LM_CACHE_H
+#define LM_CACHE_H
+#include "core/arena.h"
+#include "model/config.h"
+#include "ops.h"
+
+typedef struct lm_cache {
+    int B, max_len;
+    int len;                               // tokens already in the cache (same for every sequence)
+    real *kda_state[LM_MAX_LAYERS];        // [B,H,K,V]
+    real *conv[LM_MAX_LAYERS][3];          // [B,W−1,H·K] for q, k, v
+    real *mla_c[LM_MAX_LAYERS];            // [B,max_len,R]
+    real *mla_kpe[LM_MAX_LAYERS];          // [B,max_len,De]
+    int *lens;                             // [B] scratch for the decode op
+    lm_layout layout;
+    real *mem;
+    const lm_ops *ops;
+} lm_cache;
+
+lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_len);
+void lm_cache_reset(lm_cache *k);          // empties every sequence
+void lm_cache_free(lm_cache *k);
+size_t lm_cache_bytes(const lm_cache *k);
+
+#endif
