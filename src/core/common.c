@@ -2,6 +2,7 @@
 #include "common.h"
 #include <stdarg.h>
 #include <time.h>
+#include <omp.h>
 
 static _Thread_local char g_last_error[512];
 
@@ -48,3 +49,5 @@ double lm_time_sec(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+int lm_num_threads(void) { return omp_get_max_threads(); }

@@ -56,5 +56,6 @@ static inline int lm_max(int a, int b) { return a > b ? a : b; }
 static inline int lm_cdiv(int a, int b) { return (a + b - 1) / b; }
 
 double lm_time_sec(void);        // monotonic wall clock
+int lm_num_threads(void);        // OpenMP threads in use
 
 #endif

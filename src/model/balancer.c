@@ -74,6 +74,8 @@ void lm_balancer_free(lm_balancer *b, const lm_ops *ops) {
     memset(b, 0, sizeof *b);
 }
 
+void lm_balancer_discard(lm_balancer *b, const lm_ops *ops) { reset_step(b, ops); }
+
 void lm_balancer_attach_bias(lm_balancer *b, const lm_ops *ops, real *bias) {
     if (b->own_bias) ops->free(b->bias);
     b->bias = bias;

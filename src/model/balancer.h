@@ -86,6 +86,10 @@ void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m);
 void lm_balancer_attach_bias(lm_balancer *b, const lm_ops *ops, real *bias);
 void lm_balancer_refresh(lm_balancer *b, const lm_ops *ops);
 
+// Drops the statistics gathered since the last update without changing the bias (a
+// step skipped for non-finite values).
+void lm_balancer_discard(lm_balancer *b, const lm_ops *ops);
+
 // checkpoint save/restore of the bias, host arrays of E values. Setting also resets the
 // QB histogram range from the new bias; call it between steps.
 void lm_balancer_get_bias(const lm_balancer *b, real *host);

@@ -1,0 +1,459 @@
+// train.c — see train.h.
+#include "train/train.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
+#include "train/loader.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <sys/stat.h>
+
+void lm_train_opts_default(lm_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->out_dir, sizeof o->out_dir, "runs/tiny");
+    o->seed = 1;
+    snprintf(o->data, sizeof o->data, "tasks");
+    snprintf(o->tasks, sizeof o->tasks, "all");
+    o->steps = 600;
+    o->batch = 16;
+    o->seq_len = 256;
+    lm_optim_default(&o->opt);
+    o->eval_every = 100;
+    o->eval_batches = 4;
+    o->log_every = 10;
+    o->save_every = 200;
+    o->keep = 2;
+    o->log_attnres_every = 10;
+    o->max_skips = 5;
+}
+
+// ----------------------------------------------------------------------------
+// stages
+
+typedef struct { int seq, steps; } stage;
+
+static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
+    *n = 0;
+    if (!o->stages[0]) {
+        st[0] = (stage){o->seq_len, o->steps};
+        *n = 1;
+        return LM_OK;
+    }
+    const char *p = o->stages;
+    while (*p) {
+        int seq, steps, used = 0;
+        if (*n == LM_MAX_STAGES || sscanf(p, "%d:%d%n", &seq, &steps, &used) != 2 || seq < 2 || steps < 1) {
+            lm_set_error("--stages '%s': expected a list like 256:300,2048:100 (at most %d stages)", o->stages,
+                         LM_MAX_STAGES);
+            return LM_ERR;
+        }
+        st[(*n)++] = (stage){seq, steps};
+        p += used;
+        if (*p == ',') p++;
+        else if (*p) { lm_set_error("--stages '%s': unexpected '%c'", o->stages, *p); return LM_ERR; }
+    }
+    return LM_OK;
+}
+
+static const stage *stage_at(const stage *st, int n, long step) {
+    long end = 0;
+    for (int i = 0; i < n; i++) {
+        end += st[i].steps;
+        if (step < end) return &st[i];
+    }
+    return &st[n - 1];
+}
+
+// ----------------------------------------------------------------------------
+// data
+
+static lm_status open_loader(lm_loader *l, const lm_train_opts *o, int vocab) {
+    if (strcmp(o->data, "tasks") == 0) {
+        lm_task_mix mix;
+        if (lm_task_mix_parse(&mix, o->tasks) != LM_OK) return LM_ERR;
+        return lm_loader_init_tasks(l, o->seed, &mix, 0, vocab);
+    }
+    if (strncmp(o->data, "shards:", 7) == 0) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", o->data + 7);
+        const char *paths[256];
+        int n = 0;
+        for (char *s = strtok(buf, ","); s && n < 256; s = strtok(NULL, ",")) paths[n++] = s;
+        if (n == 0) { lm_set_error("--data shards: needs at least one file"); return LM_ERR; }
+        return lm_loader_init_shards(l, paths, n, vocab);
+    }
+    return lm_loader_init_text(l, o->data, vocab);
+}
+
+static int parse_step_list(const char *s, long step) {
+    for (const char *p = s; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (v == step) return 1;
+        p = *end == ',' ? end + 1 : end;
+        if (!*end) break;
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// logging helpers
+
+static void fmt_time(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, n, "%02ld:%02ld", t / 60, t % 60);
+}
+
+// Full-mode source label: "emb", or a<i> / f<i> for layer i's attention / FFN output.
+static void full_source_label(const lm_model *m, int stream, char *buf, size_t n) {
+    snprintf(buf, n, "emb");
+    for (int t = 0; t < m->n_tape; t++)
+        if (m->tape[t].out == stream && stream != m->stream_embed)
+            snprintf(buf, n, "%c%d", m->tape[t].kind == LM_TP_ATTN ? 'a' : 'f', m->tape[t].layer);
+}
+
+// Mean AttnRes weight of every source of every mixer over the last micro-batch.
+static cJSON *attnres_json(const lm_model *m) {
+    cJSON *arr = cJSON_CreateArray();
+    const int N = m->ctx.N;
+    for (int k = 0; k < m->n_mix; k++) {
+        const lm_mix_plan *p = &m->mix[k];
+        real *al = lm_malloc((size_t)N * p->n * sizeof(real));
+        m->ops->to_host(al, m->acts.alpha[k], (size_t)N * p->n * sizeof(real));
+        cJSON *o = cJSON_CreateObject();
+        char name[32];
+        if (p->layer < 0) snprintf(name, sizeof name, "out");
+        else snprintf(name, sizeof name, "L%d.%s", p->layer, p->which ? "ffn" : "attn");
+        cJSON_AddStringToObject(o, "mixer", name);
+        cJSON_AddNumberToObject(o, "layer", p->layer);
+        cJSON_AddStringToObject(o, "which", p->layer < 0 ? "out" : p->which ? "ffn" : "attn");
+        cJSON *srcs = cJSON_AddArrayToObject(o, "sources"), *alpha = cJSON_AddArrayToObject(o, "alpha");
+        for (int j = 0; j < p->n; j++) {
+            char lab[32];
+            if (m->cfg.residual == LM_RES_BLOCK) {
+                // committed blocks first (emb, b1, b2, …), the current partial sum last
+                if (j == 0) snprintf(lab, sizeof lab, "emb");
+                else if (j == p->n - 1) snprintf(lab, sizeof lab, "partial");
+                else snprintf(lab, sizeof lab, "b%d", j);
+            } else {
+                full_source_label(m, p->src[j], lab, sizeof lab);
+            }
+            cJSON_AddItemToArray(srcs, cJSON_CreateString(lab));
+            double s = 0;
+            for (int i = 0; i < N; i++) s += al[(size_t)i * p->n + j];
+            cJSON_AddItemToArray(alpha, cJSON_CreateNumber(s / N));
+        }
+        cJSON_AddItemToArray(arr, o);
+        free(al);
+    }
+    return arr;
+}
+
+static void write_line(FILE *f, cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    fprintf(f, "%s\n", s);
+    fflush(f);
+    free(s);
+}
+
+// On resume: keep the metrics lines up to the checkpoint's step, drop the rest (they
+// belong to the interrupted run and will be produced again).
+static void truncate_metrics(const char *path, long step) {
+    size_t n;
+    uint8_t *buf = lm_read_file(path, &n);
+    if (!buf) return;
+    FILE *f = fopen(path, "wb");
+    if (!f) { free(buf); return; }
+    for (char *line = strtok((char *)buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *o = cJSON_Parse(line);
+        cJSON *s = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
+        cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "type") : NULL;
+        int keep = o && (!s || (cJSON_IsNumber(s) && s->valuedouble <= step));
+        if (keep && t && cJSON_IsString(t) && strcmp(t->valuestring, "end") == 0) keep = 0;
+        if (keep) fprintf(f, "%s\n", line);
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    free(buf);
+}
+
+static char *train_json(const lm_train_opts *o) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddStringToObject(j, "data", o->data);
+    cJSON_AddStringToObject(j, "tasks", o->tasks);
+    cJSON_AddNumberToObject(j, "steps", o->steps);
+    cJSON_AddNumberToObject(j, "batch", o->batch);
+    cJSON_AddNumberToObject(j, "micro_batch", o->micro_batch);
+    cJSON_AddNumberToObject(j, "seq_len", o->seq_len);
+    cJSON_AddStringToObject(j, "stages", o->stages);
+    cJSON_AddStringToObject(j, "optimizer", o->opt.kind == LM_OPT_MUON ? "muon" : "adamw");
+    cJSON_AddNumberToObject(j, "lr", o->opt.lr);
+    cJSON_AddNumberToObject(j, "wd", o->opt.wd);
+    cJSON_AddNumberToObject(j, "clip", o->opt.clip);
+    cJSON_AddNumberToObject(j, "warmup", o->opt.warmup);
+    cJSON_AddNumberToObject(j, "decay_frac", o->opt.decay_frac);
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+
+#define FAIL(...) do { fprintf(stderr, "linmoe: error: " __VA_ARGS__); fputc('\n', stderr); rc = 1; goto done; } while (0)
+
+int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops) {
+    int rc = 0;
+    stage st[LM_MAX_STAGES];
+    int nst = 0;
+    lm_model *m = NULL;
+    lm_optim opt = {0};
+    lm_loader ld = {0}, ev = {0};
+    lm_batch *mb = NULL;
+    FILE *log = NULL;
+    int n_micro_cap = 0, have_loader = 0, have_eval = 0;
+    lm_train_state ts;
+    memset(&ts, 0, sizeof ts);
+    char *tj = train_json(o);
+    snprintf(ts.train_json, sizeof ts.train_json, "%s", tj);
+    free(tj);
+
+    if (parse_stages(o, st, &nst) != LM_OK) FAIL("%s", lm_last_error());
+    long total_steps = 0;
+    for (int i = 0; i < nst; i++) total_steps += st[i].steps;
+    const long tokens_per_step = (long)o->batch * st[0].seq;
+    for (int i = 0; i < nst; i++)
+        if (tokens_per_step / st[i].seq < 1)
+            FAIL("stage %d: sequence length %d exceeds the %ld tokens per step (batch x first length)", i, st[i].seq,
+                 tokens_per_step);
+    if (o->batch < 1) FAIL("--batch must be at least 1");
+    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) FAIL("cannot create '%s': %s", o->out_dir, strerror(errno));
+
+    // model
+    m = lm_model_create(cfg, ops, o->seed);
+    if (o->init[0] && lm_load_weights(m, o->init) != LM_OK) FAIL("%s", lm_last_error());
+    lm_optim_config oc = o->opt;
+    oc.total_steps = (int)total_steps;
+    lm_optim_init(&opt, m, &oc);
+    if (open_loader(&ld, o, cfg->vocab) != LM_OK) FAIL("%s", lm_last_error());
+    have_loader = 1;
+    if (lm_loader_init_heldout(&ev, &ld) != LM_OK) FAIL("%s", lm_last_error());
+    have_eval = 1;
+
+    char path[2048];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    if (o->resume) {
+        char ck[2048];
+        if (lm_ckpt_latest(o->out_dir, ck, sizeof ck) != LM_OK) FAIL("--resume: %s", lm_last_error());
+        lm_train_state saved;
+        if (lm_ckpt_load(ck, m, &opt, &saved) != LM_OK) FAIL("--resume: %s", lm_last_error());
+        if (strcmp(saved.train_json, ts.train_json) != 0)
+            FAIL("--resume: the training options differ from the checkpoint's (%s vs %s)", ts.train_json,
+                 saved.train_json);
+        uint64_t blob[LM_LOADER_STATE_WORDS];
+        memcpy(blob, saved.loader, sizeof blob);
+        if (lm_loader_set_state(&ld, blob) != LM_OK) FAIL("--resume: %s", lm_last_error());
+        memcpy(blob, saved.loader_eval, sizeof blob);
+        if (lm_loader_set_state(&ev, blob) != LM_OK) FAIL("--resume: %s", lm_last_error());
+        ts.step = saved.step;
+        ts.skipped_total = saved.skipped_total;
+        ts.elapsed_s = saved.elapsed_s;
+        truncate_metrics(path, ts.step);
+        if (!o->quiet) printf("resumed from %s at step %ld\n", ck, ts.step);
+    }
+    log = fopen(path, o->resume ? "ab" : "wb");
+    if (!log) FAIL("cannot write '%s': %s", path, strerror(errno));
+
+    double ptot, pact;
+    lm_config_count_params(cfg, &ptot, &pact);
+    if (!o->resume) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "type", "run");
+        cJSON_AddStringToObject(r, "name", cfg->name);
+        cJSON_AddNumberToObject(r, "seed", (double)o->seed);
+        cJSON_AddStringToObject(r, "device", ops->name);
+        cJSON_AddNumberToObject(r, "threads", lm_num_threads());
+        char *cj = lm_config_to_json(cfg);
+        cJSON_AddItemToObject(r, "config", cJSON_Parse(cj));
+        free(cj);
+        cJSON_AddItemToObject(r, "train", cJSON_Parse(ts.train_json));
+        cJSON_AddNumberToObject(r, "params_total", ptot);
+        cJSON_AddNumberToObject(r, "params_active", pact);
+        cJSON_AddNumberToObject(r, "tokens_per_step", (double)tokens_per_step);
+        write_line(log, r);
+        cJSON_Delete(r);
+    }
+    if (!o->quiet) {
+        lm_config_print(cfg, stdout);
+        char desc[256];
+        lm_loader_describe(&ld, desc, sizeof desc);
+        printf("training %ld steps, %ld tokens/step, %s, %s lr %g, %d threads -> %s\n", total_steps, tokens_per_step,
+               desc, o->opt.kind == LM_OPT_MUON ? "muon" : "adamw", (double)o->opt.lr, lm_num_threads(), o->out_dir);
+    }
+
+    int consecutive_skips = 0;
+    double t_run0 = lm_time_sec() - ts.elapsed_s;
+    double ema_tok_s = 0;
+    while (ts.step < total_steps) {
+        double t0 = lm_time_sec();
+        const stage *sg = stage_at(st, nst, ts.step);
+        const int T = sg->seq, B = (int)(tokens_per_step / T);
+        const int micro = o->micro_batch > 0 && o->micro_batch < B ? o->micro_batch : B;
+        const int n_micro = (B + micro - 1) / micro;
+        if (n_micro > n_micro_cap) {
+            mb = lm_realloc(mb, (size_t)n_micro * sizeof *mb);
+            memset(mb + n_micro_cap, 0, (size_t)(n_micro - n_micro_cap) * sizeof *mb);
+            n_micro_cap = n_micro;
+        }
+        // all micro-batches first: the loss is the mean over the step's counted targets
+        long count = 0;
+        for (int u = 0; u < n_micro; u++) {
+            int bu = u == n_micro - 1 ? B - micro * (n_micro - 1) : micro;
+            if (lm_loader_next(&ld, bu, T, &mb[u]) != LM_OK) FAIL("data: %s", lm_last_error());
+            for (int i = 0; i < bu * T; i++) count += mb[u].targets[i] >= 0;
+        }
+        if (count == 0) FAIL("step %ld: the batch has no target tokens", ts.step);
+        const int capacity = lm_moe_capacity(cfg->capacity_factor, cfg->capacity_relax_steps, (int)ts.step,
+                                             micro * T, cfg->n_experts, cfg->top_k);
+        lm_model_zero_grads(m);
+        double ce = 0, aux = 0;
+        for (int u = 0; u < n_micro; u++) {
+            lm_fwd_opts fo = {.training = 1, .capacity = capacity, .aux_weight = (real)mb[u].B / B};
+            lm_model_forward(m, mb[u].tokens, mb[u].targets, mb[u].B, T, fo);
+            ce += m->last_ce_sum;
+            aux += m->ctx.aux_loss;
+            lm_model_backward(m, (real)(1.0 / count));
+        }
+        double loss = ce / count;
+        if (o->nan_steps[0] && parse_step_list(o->nan_steps, ts.step)) {
+            real nan = NAN;
+            ops->to_device(m->grads_mem, &nan, sizeof nan);
+        }
+        const real lr = lm_optim_lr(&opt.cfg, ts.step);
+        int skipped = !isfinite(loss) || !ops->all_finite(m->grads_mem, m->playout.numel);
+        double gnorm = NAN;
+        lm_moe_metrics met[LM_MAX_LAYERS];
+        if (!skipped) {
+            gnorm = lm_optim_step(&opt, m, lr);
+            for (int i = 0; i < cfg->n_layers; i++)
+                if (lm_layer_is_moe(cfg, i)) lm_balancer_update(&m->bal[i], ops, &met[i]);
+            consecutive_skips = 0;
+        } else {
+            for (int i = 0; i < cfg->n_layers; i++)
+                if (lm_layer_is_moe(cfg, i)) lm_balancer_discard(&m->bal[i], ops);
+            ts.skipped_total++;
+            consecutive_skips++;
+            fprintf(stderr, "linmoe: warning: step %ld skipped: non-finite %s (%d in a row)\n", ts.step,
+                    isfinite(loss) ? "gradients" : "loss", consecutive_skips);
+        }
+        ts.step++;
+        double dt = lm_time_sec() - t0;
+        double tok_s = (double)B * T / dt;
+        ema_tok_s = ema_tok_s == 0 ? tok_s : 0.9 * ema_tok_s + 0.1 * tok_s;
+        ts.elapsed_s = lm_time_sec() - t_run0;
+
+        // metrics line
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "type", "train");
+        cJSON_AddNumberToObject(j, "step", (double)ts.step);
+        cJSON_AddNumberToObject(j, "loss", isfinite(loss) ? loss : -1);
+        cJSON_AddNumberToObject(j, "aux_loss", aux);
+        cJSON_AddNumberToObject(j, "lr", lr);
+        cJSON_AddNumberToObject(j, "grad_norm", isfinite(gnorm) ? gnorm : -1);
+        cJSON_AddNumberToObject(j, "tok_s", tok_s);
+        cJSON_AddNumberToObject(j, "step_ms", dt * 1e3);
+        cJSON_AddNumberToObject(j, "elapsed_s", ts.elapsed_s);
+        cJSON_AddNumberToObject(j, "seq_len", T);
+        cJSON_AddNumberToObject(j, "skipped", skipped);
+        cJSON_AddNumberToObject(j, "skipped_total", (double)ts.skipped_total);
+        double maxvio_mean = 0;
+        int n_moe = 0;
+        if (!skipped && cfg->n_experts > 0) {
+            cJSON *arr = cJSON_AddArrayToObject(j, "moe");
+            for (int i = 0; i < cfg->n_layers; i++) {
+                if (!lm_layer_is_moe(cfg, i)) continue;
+                const lm_moe_metrics *mm = &met[i];
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddNumberToObject(e, "layer", i);
+                cJSON_AddNumberToObject(e, "maxvio", mm->maxvio);
+                cJSON_AddNumberToObject(e, "entropy", mm->entropy);
+                cJSON_AddNumberToObject(e, "dead", mm->dead);
+                cJSON_AddNumberToObject(e, "dropped", (double)mm->dropped);
+                cJSON_AddNumberToObject(e, "bias_min", mm->bias_min);
+                cJSON_AddNumberToObject(e, "bias_max", mm->bias_max);
+                cJSON_AddNumberToObject(e, "bias_std", mm->bias_std);
+                const lm_moe_acts *ma = &m->acts.layer[i].moe;
+                size_t nz = (size_t)m->ctx.N * cfg->n_experts;
+                cJSON_AddNumberToObject(e, "logit_rms", sqrt(ops->sumsq(ma->z, nz) / (double)nz));
+                cJSON *loads = cJSON_AddArrayToObject(e, "loads");
+                for (int k = 0; k < cfg->n_experts; k++) cJSON_AddItemToArray(loads, cJSON_CreateNumber((double)mm->loads[k]));
+                cJSON_AddItemToArray(arr, e);
+                maxvio_mean += mm->maxvio;
+                n_moe++;
+            }
+        }
+        if (cfg->residual != LM_RES_PRENORM && o->log_attnres_every > 0 &&
+            (ts.step % o->log_attnres_every == 0 || ts.step == total_steps))
+            cJSON_AddItemToObject(j, "attnres", attnres_json(m));
+        write_line(log, j);
+        cJSON_Delete(j);
+
+        if (!o->quiet && (ts.step % o->log_every == 0 || ts.step == 1 || ts.step == total_steps)) {
+            char el[32], eta[32];
+            fmt_time(ts.elapsed_s, el, sizeof el);
+            fmt_time(ts.elapsed_s / ts.step * (total_steps - ts.step), eta, sizeof eta);
+            printf("step %5ld/%ld | loss %.4f | lr %.2e | gnorm %6.3f | %7.0f tok/s | maxvio %.3f | seq %d | %s, ETA %s%s\n",
+                   ts.step, total_steps, loss, (double)lr, gnorm, ema_tok_s, n_moe ? maxvio_mean / n_moe : 0.0, T, el,
+                   eta, skipped ? " | SKIPPED" : "");
+            fflush(stdout);
+        }
+        if (consecutive_skips >= o->max_skips && o->max_skips > 0) {
+            lm_loader_get_state(&ld, ts.loader);
+            lm_loader_get_state(&ev, ts.loader_eval);
+            char saved[2048] = "";
+            lm_ckpt_save(o->out_dir, m, &opt, &ts, o->keep, saved, sizeof saved);
+            FAIL("stopping: %d non-finite steps in a row (last good weights saved in %s)", consecutive_skips, saved);
+        }
+        int last = ts.step == total_steps;
+        if (o->eval_every > 0 && (ts.step % o->eval_every == 0 || last)) {
+            lm_eval_result er;
+            lm_loader_rewind(&ev);
+            if (lm_eval_run(m, &ev, B > 16 ? 16 : B, T, o->eval_batches, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
+            cJSON *e = lm_eval_json(&er);
+            cJSON_AddNumberToObject(e, "step", (double)ts.step);
+            write_line(log, e);
+            cJSON_Delete(e);
+            if (!o->quiet) lm_eval_print(&er, stdout);
+        }
+        if ((o->save_every > 0 && ts.step % o->save_every == 0) || last) {
+            lm_loader_get_state(&ld, ts.loader);
+            lm_loader_get_state(&ev, ts.loader_eval);
+            char saved[2048];
+            if (lm_ckpt_save(o->out_dir, m, &opt, &ts, o->keep, saved, sizeof saved) != LM_OK)
+                FAIL("checkpoint: %s", lm_last_error());
+            if (!o->quiet) printf("saved %s\n", saved);
+            if (last) {
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "type", "end");
+                cJSON_AddNumberToObject(e, "step", (double)ts.step);
+                cJSON_AddNumberToObject(e, "elapsed_s", ts.elapsed_s);
+                cJSON_AddNumberToObject(e, "tok_s", ema_tok_s);
+                cJSON_AddStringToObject(e, "checkpoint", saved);
+                write_line(log, e);
+                cJSON_Delete(e);
+            }
+        }
+    }
+done:
+    if (log) fclose(log);
+    for (int u = 0; u < n_micro_cap; u++) lm_batch_free(&mb[u]);
+    free(mb);
+    if (have_eval) lm_loader_free(&ev);
+    if (have_loader) lm_loader_free(&ld);
+    if (m) {
+        if (opt.m) lm_optim_free(&opt, m);
+        lm_model_free(m);
+    }
+    return rc;
+}
