@@ -462,6 +462,43 @@ static void test_packing(void **state) {
     lm_batch_free(&b);
 }
 
+// per-task scoring from per-position predictions and losses
+static void test_task_scoring(void **state) {
+    (void)state;
+    lm_task_mix mix;
+    lm_task_mix_default(&mix);
+    lm_loader l;
+    lm_batch b = {0};
+    assert_int_equal(lm_loader_init_tasks(&l, 12, &mix, 0, LM_TOK_VOCAB), LM_OK);
+    assert_int_equal(lm_loader_next(&l, 4, 256, &b), LM_OK);
+    int n = 4 * 256, *pred = lm_malloc(n * sizeof(int));
+    real *loss = tu_alloc(n);
+    long per_task[LM_TASK_COUNT] = {0}, tgt_per_task[LM_TASK_COUNT] = {0};
+    for (int i = 0; i < n; i++) pred[i] = b.targets[i], loss[i] = b.targets[i] >= 0 ? 0.5 : 100;   // uncounted: ignored
+    // a wrong prediction on the last counted target (the EOS) of every other example
+    for (int k = 0; k < b.n_ex; k++) {
+        const lm_example *x = &b.ex[k];
+        per_task[x->task]++;
+        tgt_per_task[x->task] += x->n_tgt;
+        if (k % 2) pred[x->row * 256 + x->tgt_start + x->n_tgt - 1] = LM_TOK_PAD;
+    }
+    long want_exact[LM_TASK_COUNT] = {0};
+    for (int k = 0; k < b.n_ex; k += 2) want_exact[b.ex[k].task]++;
+    lm_task_stat st[LM_TASK_COUNT];
+    memset(st, 0, sizeof st);
+    lm_task_stats_add(st, &b, loss, pred);
+    double err = 0;
+    for (int t = 0; t < LM_TASK_COUNT; t++) {
+        err += labs(st[t].n - per_task[t]) + labs(st[t].exact - want_exact[t]) + labs(st[t].n_tgt - tgt_per_task[t]);
+        if (st[t].n_tgt) err += fabs(st[t].loss_sum / st[t].n_tgt - 0.5);
+    }
+    tu_check("task scoring: count / exact-match / loss errors", err, 1e-12);
+    free(pred);
+    free(loss);
+    lm_loader_free(&l);
+    lm_batch_free(&b);
+}
+
 // T = 8192: passkey examples are long-context tests, their filler filling the row
 static void test_long_passkey(void **state) {
     (void)state;
@@ -891,6 +928,11 @@ static void test_shard_errors(void **state) {
     expect_error(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), "too short", "header");
     raw_shard(p, "LMTS", 1, 100, 8, tok, 8, 0);   // token 200 with vocab 100
     expect_error(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), "token 200 at index 3", "out of range");
+    raw_shard(p, "LMTS", 1, 200, 8, tok, 8, 0);   // the boundary: id == vocab is out of range too
+    expect_error(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), "token 200 at index 3", "vocab 200");
+    raw_shard(p, "LMTS", 1, 201, 8, tok, 8, 0);
+    assert_int_equal(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), LM_OK);
+    lm_loader_free(&l);
     raw_shard(p, "LMTS", 1, 50000, 8, tok, 8, 0);
     expect_error(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), "vocab 50000", "model's vocab 264");
     raw_shard(p, "LMTS", 1, 264, 0, tok, 0, 0);
@@ -902,9 +944,12 @@ static void test_shard_errors(void **state) {
     expect_error(lm_loader_init_shards(&l, one, 1, LM_TOK_VOCAB), "cannot open", "nothere.lmts");
     // the writer refuses out-of-range tokens and leaves no file behind
     snprintf(p, sizeof p, "%s/w.lmts", dir);
-    expect_error(lm_shard_write(p, tok, 8, 100), "token 200", "out of range");
+    expect_error(lm_shard_write(p, tok, 8, 200), "token 200", "out of range");
     struct stat sb;
     assert_int_not_equal(stat(p, &sb), 0);
+    char tmp[340];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", p, (int)getpid());
+    assert_int_not_equal(stat(tmp, &sb), 0);
     // too few shard tokens for a row
     assert_int_equal(lm_loader_init_shards(&l, (const char *[]){good}, 1, LM_TOK_VOCAB), LM_OK);
     lm_batch b = {0};
@@ -928,7 +973,8 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_mix),   cmocka_unit_test(test_task_answers),
-        cmocka_unit_test(test_packing),         cmocka_unit_test(test_long_passkey),
+        cmocka_unit_test(test_packing),         cmocka_unit_test(test_task_scoring),
+        cmocka_unit_test(test_long_passkey),
         cmocka_unit_test(test_determinism_and_heldout), cmocka_unit_test(test_resume_tasks),
         cmocka_unit_test(test_text_windows),    cmocka_unit_test(test_text_errors),
         cmocka_unit_test(test_shards),          cmocka_unit_test(test_shard_errors),

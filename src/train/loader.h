@@ -7,6 +7,12 @@
 // training-state file saves; a fresh loader made with the same arguments and given
 // that state continues with exactly the batches the original would have produced.
 //
+// The state holds the position, not the configuration: a resumed run recreates the
+// loader with its saved arguments (seed, mix, max length, files) and then sets the
+// state. The seed (tasks) or the data's size and CRC (text/shards) are checked; the mix
+// and max length are not, so a new context stage may change them and the stream
+// continues from the same RNG state under the new mix.
+//
 // Evaluation: lm_loader_init_heldout makes the held-out loader of a training loader.
 // For tasks it is the same generator and mix on lm_task_heldout_seed(seed); for text
 // and shards it reads the last 5% of the data, which the training loader never reads.

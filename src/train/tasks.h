@@ -93,4 +93,20 @@ void lm_task_gen_rewind(lm_task_gen *g);
 // LM_ERR when a task of the mix cannot fit even an empty row.
 lm_status lm_task_batch(lm_task_gen *g, int B, int T, lm_batch *out);
 
+// ----------------------------------------------------------------------------
+// scoring (evaluation): per-task exact match and answer loss
+
+typedef struct {
+    long n;           // examples
+    long exact;       // examples whose every counted target (answer bytes + EOS) was predicted
+    long n_tgt;       // counted targets
+    double loss_sum;  // Σ cross-entropy over counted targets
+} lm_task_stat;
+
+// Adds a task batch's examples to stats[task]. loss[B·T]: cross-entropy at each
+// position (may be NULL); pred[B·T]: the argmax token at each position (may be NULL).
+// "Every answer token is the argmax given the correct prefix" equals greedy exact match.
+// Report acc = exact / n and loss = loss_sum / n_tgt.
+void lm_task_stats_add(lm_task_stat stats[LM_TASK_COUNT], const lm_batch *b, const real *loss, const int *pred);
+
 #endif
