@@ -29,21 +29,7 @@ lm_status lm_eval_run(lm_model *m, lm_loader *ld, int B, int T, int n_batches, l
             r->pos_loss[bk] += losses[i];
             r->pos_count[bk]++;
         }
-        for (int e = 0; e < b.n_ex; e++) {
-            const lm_example *x = &b.ex[e];
-            if (x->n_tgt <= 0) continue;
-            int ok = 1;
-            double l = 0;
-            for (int t = x->tgt_start; t < x->tgt_start + x->n_tgt && t < T; t++) {
-                int i = x->row * T + t;
-                ok &= argmax[i] == b.targets[i];
-                l += losses[i];
-            }
-            r->n_examples[x->task]++;
-            r->n_correct[x->task] += ok;
-            r->task_loss[x->task] += l;
-            r->task_tokens[x->task] += x->n_tgt;
-        }
+        lm_task_stats_add(r->task, &b, losses, argmax);
     }
     r->loss = r->count ? sum / r->count : NAN;
     lm_batch_free(&b);
@@ -57,7 +43,7 @@ double lm_eval_mean_acc(const lm_eval_result *r) {
     double s = 0;
     int n = 0;
     for (int t = 0; t < LM_TASK_COUNT; t++)
-        if (r->n_examples[t]) { s += (double)r->n_correct[t] / r->n_examples[t]; n++; }
+        if (r->task[t].n) { s += (double)r->task[t].exact / r->task[t].n; n++; }
     return n ? s / n : NAN;
 }
 
@@ -67,11 +53,12 @@ cJSON *lm_eval_json(const lm_eval_result *r) {
     cJSON_AddNumberToObject(o, "loss", isfinite(r->loss) ? r->loss : -1);
     cJSON *tasks = cJSON_AddObjectToObject(o, "tasks");
     for (int t = 0; t < LM_TASK_COUNT; t++) {
-        if (!r->n_examples[t]) continue;
+        const lm_task_stat *ts = &r->task[t];
+        if (!ts->n) continue;
         cJSON *e = cJSON_AddObjectToObject(tasks, lm_task_name(t));
-        cJSON_AddNumberToObject(e, "acc", (double)r->n_correct[t] / r->n_examples[t]);
-        cJSON_AddNumberToObject(e, "loss", r->task_tokens[t] ? r->task_loss[t] / r->task_tokens[t] : 0);
-        cJSON_AddNumberToObject(e, "n", r->n_examples[t]);
+        cJSON_AddNumberToObject(e, "acc", (double)ts->exact / ts->n);
+        cJSON_AddNumberToObject(e, "loss", ts->n_tgt ? ts->loss_sum / ts->n_tgt : 0);
+        cJSON_AddNumberToObject(e, "n", (double)ts->n);
     }
     cJSON *pos = cJSON_AddArrayToObject(o, "loss_by_pos");
     for (int k = 0; k < LM_EVAL_POS_BUCKETS; k++) {
@@ -87,8 +74,8 @@ cJSON *lm_eval_json(const lm_eval_result *r) {
 void lm_eval_print(const lm_eval_result *r, FILE *f) {
     fprintf(f, "eval | loss %.4f", r->loss);
     for (int t = 0; t < LM_TASK_COUNT; t++)
-        if (r->n_examples[t])
-            fprintf(f, " | %s %.1f%% (%d)", lm_task_name(t), 100.0 * r->n_correct[t] / r->n_examples[t], r->n_examples[t]);
+        if (r->task[t].n)
+            fprintf(f, " | %s %.1f%%", lm_task_name(t), 100.0 * r->task[t].exact / r->task[t].n);
     fprintf(f, "\n");
     fflush(f);
 }

@@ -15,10 +15,7 @@
 typedef struct {
     double loss;                         // mean CE over counted targets
     long count;
-    int n_examples[LM_TASK_COUNT];
-    int n_correct[LM_TASK_COUNT];
-    double task_loss[LM_TASK_COUNT];     // Σ CE over the task's answer tokens
-    long task_tokens[LM_TASK_COUNT];
+    lm_task_stat task[LM_TASK_COUNT];    // per-task exact match and answer loss
     int T, bucket;                       // loss_by_pos bucket width in positions
     double pos_loss[LM_EVAL_POS_BUCKETS];
     long pos_count[LM_EVAL_POS_BUCKETS];

@@ -1,5 +1,6 @@
 // train.c — see train.h.
 #include "train/train.h"
+#include "core/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
 #include "train/loader.h"

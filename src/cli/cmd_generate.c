@@ -1,0 +1,160 @@
+// cmd_generate.c — `linmoe generate` and `linmoe eval` on a checkpoint.
+#include "cli/cli.h"
+#include "infer/generate.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
+#include "train/loader.h"
+#include "train/tokens.h"
+
+// Loads the model stored in a weights file (its config comes from the file).
+static lm_model *load_model(const char *path, const lm_ops *ops) {
+    lm_config c;
+    if (lm_read_weights_config(path, &c) != LM_OK) return NULL;
+    lm_model *m = lm_model_create(&c, ops, 0);
+    if (lm_load_weights(m, path) != LM_OK) { lm_model_free(m); return NULL; }
+    return m;
+}
+
+// A checkpoint folder or a weights file.
+static void weights_path(const char *arg, char *out, size_t n) {
+    size_t l = strlen(arg);
+    if (l > 12 && strcmp(arg + l - 12, ".safetensors") == 0) snprintf(out, n, "%s", arg);
+    else snprintf(out, n, "%s/model.safetensors", arg);
+}
+
+int lm_cmd_generate(int argc, char **argv) {
+    lm_model_flags mf;
+    lm_model_flags_default(&mf);
+    char model[1024] = "", prompt[4096] = "";
+    int max_new = 64, top_k = 0, tasks = 0, raw = 0, chunk = 0;
+    real temp = 0, top_p = 1;
+    uint64_t seed = 1;
+    lm_flag fl[32];
+    int n = 0;
+    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, "checkpoint folder or model.safetensors (required)"};
+    fl[n++] = (lm_flag){"prompt", 'P', FL_STR, prompt, sizeof prompt, "prompt text (bytes); a SEP token is appended unless --raw"};
+    fl[n++] = (lm_flag){"raw", 0, FL_BOOL, &raw, 0, "continue the prompt as plain text (no SEP, no stop at EOS)"};
+    fl[n++] = (lm_flag){"max-new", 'n', FL_INT, &max_new, 0, "tokens to generate at most"};
+    fl[n++] = (lm_flag){"temp", 0, FL_REAL, &temp, 0, "temperature (0 = greedy)"};
+    fl[n++] = (lm_flag){"top-k", 0, FL_INT, &top_k, 0, "sample among the k most likely tokens (0 = all)"};
+    fl[n++] = (lm_flag){"top-p", 0, FL_REAL, &top_p, 0, "nucleus sampling mass"};
+    fl[n++] = (lm_flag){"seed", 's', FL_U64, &seed, 0, "sampling seed"};
+    fl[n++] = (lm_flag){"prefill-chunk", 0, FL_INT, &chunk, 0, "prompt tokens per prefill forward (0 = all at once)"};
+    fl[n++] = (lm_flag){"tasks", 0, FL_INT, &tasks, 0, "instead of a prompt: answer N held-out examples per built-in task"};
+    fl[n++] = (lm_flag){"threads", 't', FL_INT, &mf.threads, 0, "CPU threads (0 = all cores)"};
+    fl[n++] = (lm_flag){"device", 'd', FL_STR, mf.device, sizeof mf.device, "backend: cpu or cuda"};
+    int help;
+    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
+        fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error());
+        return 1;
+    }
+    if (help) {
+        printf("usage: linmoe generate --model CKPT (--prompt TEXT | --tasks N) [flags]\n\n");
+        lm_flags_print_help(fl, n, stdout);
+        return 0;
+    }
+    if (!model[0]) { fprintf(stderr, "linmoe generate: error: --model is required\n"); return 1; }
+    if (!prompt[0] && tasks <= 0) { fprintf(stderr, "linmoe generate: error: give --prompt or --tasks\n"); return 1; }
+    if (max_new < 1) { fprintf(stderr, "linmoe generate: error: --max-new must be positive\n"); return 1; }
+    if (temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
+        fprintf(stderr, "linmoe generate: error: need --temp >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
+        return 1;
+    }
+    const lm_ops *ops;
+    if (lm_model_flags_backend(&mf, &ops) != LM_OK) { fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error()); return 1; }
+    char path[1100];
+    weights_path(model, path, sizeof path);
+    lm_model *m = load_model(path, ops);
+    if (!m) { fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error()); return 1; }
+    if (tasks > 0) {
+        lm_show_task_samples(m, tasks, seed, m->cfg.seq_len, stdout);
+        lm_model_free(m);
+        return 0;
+    }
+    int np = (int)strlen(prompt);
+    int *tok = lm_malloc((size_t)(np + 2) * sizeof(int)), *out = lm_malloc((size_t)max_new * sizeof(int));
+    int k = 0;
+    tok[k++] = LM_TOK_BOS;
+    for (int i = 0; i < np; i++) tok[k++] = (unsigned char)prompt[i];
+    if (!raw) tok[k++] = LM_TOK_SEP;
+    lm_sampler s;
+    lm_sampler_init(&s, temp, top_k, top_p, seed);
+    lm_gen_opts go = {.max_new = max_new, .stop_token = raw ? -1 : LM_TOK_EOS, .prefill_chunk = chunk};
+    double t0 = lm_time_sec();
+    int g = lm_generate(m, tok, k, out, &go, &s);
+    double dt = lm_time_sec() - t0;
+    lm_print_tokens(stdout, out, g > 0 && out[g - 1] == LM_TOK_EOS ? g - 1 : g);
+    printf("\n");
+    fprintf(stderr, "%d prompt + %d generated tokens in %.3f s\n", k, g, dt);
+    lm_sampler_free(&s);
+    free(tok);
+    free(out);
+    lm_model_free(m);
+    return 0;
+}
+
+int lm_cmd_eval(int argc, char **argv) {
+    lm_model_flags mf;
+    lm_model_flags_default(&mf);
+    char model[1024] = "", data[1024] = "tasks", mix[256] = "all";
+    int batches = 8, B = 8, T = 0;
+    uint64_t seed = 1;
+    lm_flag fl[32];
+    int n = 0;
+    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, "checkpoint folder or model.safetensors (required)"};
+    fl[n++] = (lm_flag){"data", 0, FL_STR, data, sizeof data, "'tasks', a text file, or shards:a.bin,b.bin (held-out part)"};
+    fl[n++] = (lm_flag){"tasks", 0, FL_STR, mix, sizeof mix, "task mix for task data"};
+    fl[n++] = (lm_flag){"seed", 's', FL_U64, &seed, 0, "the training seed (held-out tasks derive from it)"};
+    fl[n++] = (lm_flag){"batches", 'n', FL_INT, &batches, 0, "batches to evaluate"};
+    fl[n++] = (lm_flag){"batch", 'b', FL_INT, &B, 0, "sequences per batch"};
+    fl[n++] = (lm_flag){"seq", 'T', FL_INT, &T, 0, "sequence length (0 = the model's)"};
+    fl[n++] = (lm_flag){"threads", 't', FL_INT, &mf.threads, 0, "CPU threads (0 = all cores)"};
+    fl[n++] = (lm_flag){"device", 'd', FL_STR, mf.device, sizeof mf.device, "backend: cpu or cuda"};
+    int help;
+    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
+        fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error());
+        return 1;
+    }
+    if (help) {
+        printf("usage: linmoe eval --model CKPT [flags]\n\nHeld-out loss, per-task accuracy and loss by position.\n\n");
+        lm_flags_print_help(fl, n, stdout);
+        return 0;
+    }
+    if (!model[0]) { fprintf(stderr, "linmoe eval: error: --model is required\n"); return 1; }
+    if (batches < 1 || B < 1 || T < 0) { fprintf(stderr, "linmoe eval: error: --batches and --batch must be positive\n"); return 1; }
+    const lm_ops *ops;
+    if (lm_model_flags_backend(&mf, &ops) != LM_OK) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); return 1; }
+    char path[1100];
+    weights_path(model, path, sizeof path);
+    lm_model *m = load_model(path, ops);
+    if (!m) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); return 1; }
+    if (T == 0) T = m->cfg.seq_len;
+    lm_loader tr, ev;
+    lm_status st;
+    if (strcmp(data, "tasks") == 0) {
+        lm_task_mix tm;
+        st = lm_task_mix_parse(&tm, mix);
+        if (st == LM_OK) st = lm_loader_init_tasks(&tr, seed, &tm, 0, m->cfg.vocab);
+    } else if (strncmp(data, "shards:", 7) == 0) {
+        const char *p[1] = {data + 7};
+        st = lm_loader_init_shards(&tr, p, 1, m->cfg.vocab);
+    } else {
+        st = lm_loader_init_text(&tr, data, m->cfg.vocab);
+    }
+    if (st == LM_OK) st = lm_loader_init_heldout(&ev, &tr);
+    if (st != LM_OK) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); lm_model_free(m); return 1; }
+    lm_eval_result r;
+    if (lm_eval_run(m, &ev, B, T, batches, &r) != LM_OK) {
+        fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error());
+        return 1;
+    }
+    lm_eval_print(&r, stdout);
+    printf("loss by position:");
+    for (int k = 0; k < LM_EVAL_POS_BUCKETS; k++)
+        if (r.pos_count[k]) printf(" %d:%.3f", k * r.bucket, r.pos_loss[k] / r.pos_count[k]);
+    printf("\n");
+    lm_loader_free(&ev);
+    lm_loader_free(&tr);
+    lm_model_free(m);
+    return 0;
+}
