@@ -19,7 +19,7 @@ void kda_step(real *Snew, const real *S, const real *qh, const real *kh, const r
         for (int j = 0; j < V; j++) {
             real x = ai * Si[j];
             Ni[j] = x;
-            p[j] += ki * x;
+            p[j] = KDA_FMA(ki, x, p[j]);
         }
     }
     for (int j = 0; j < V; j++) {   // p ← β·(v − p): the scaled residual
@@ -34,9 +34,9 @@ void kda_step(real *Snew, const real *S, const real *qh, const real *kh, const r
             real qi = qh[i];
             #pragma omp simd
             for (int j = 0; j < V; j++) {
-                real x = Ni[j] + ki * p[j];
+                real x = KDA_FMA(ki, p[j], Ni[j]);
                 Ni[j] = x;
-                o[j] += qi * x;
+                o[j] = KDA_FMA(qi, x, o[j]);
             }
         } else {
             kda_axpy(Ni, ki, p, V);

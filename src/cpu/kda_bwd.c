@@ -17,40 +17,73 @@
 // then through the L2 norms, the gate activation and the β sigmoid to the raw inputs.
 #include "kda_impl.h"
 
+#define LANES 16
+// Σ of 16 lanes in a fixed order (the same tree as kda_dot)
+static inline real lanes_sum(real *acc) {
+    for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
 // The token step above: dS [K,V] is updated in place to ∂/∂S_{t−1}. Sp = S_{t−1} [K,V];
-// qh, kh, al [K]; r, dout (NULL = 0) [V]. Outputs dqh, dkh, dg [K], dv [V] (assigned);
-// wv, dr [V] scratch. Returns dβ.
+// qh, kh, al [K]; r, dout [V] (zeros when there is no output gradient). Outputs dqh,
+// dkh, dg [K], dv [V] (assigned); wv, dr [V] scratch. Returns dβ.
+// Two sweeps over the rows, each a single pass over a row with lane accumulators:
+//   1. u_i = dS_i·r, w += k̂_i dS_i
+//   2. x_i = S_i·do, y_i = S_i·dr, dA_i = dS_i + q̂_i do − k̂_i dr, z_i = dA_i·S_i, dS_i = α_i dA_i
 static real kda_step_bwd(real *dS, const real *Sp, const real *qh, const real *kh, const real *al, real beta,
                          const real *r, const real *dout, real *dqh, real *dkh, real *dg, real *dv,
                          real *wv, real *dr, int K, int V) {
-    real dor = dout ? kda_dot(dout, r, V) : 0;
-    real qk = kda_dot(qh, kh, K);
-    if (dout) for (int j = 0; j < V; j++) wv[j] = qk * dout[j];
-    else memset(wv, 0, (size_t)V * sizeof(real));
+    real dor = kda_dot(dout, r, V), qk = kda_dot(qh, kh, K);
+    int V16 = V - V % LANES;
+    for (int j = 0; j < V; j++) wv[j] = qk * dout[j];
     real dbeta = 0;
-    for (int i = 0; i < K; i++) {   // sweep 1 over dS: u (into dkh) and w
+    for (int i = 0; i < K; i++) {
         const real *dSi = dS + (size_t)i * V;
-        real ui = kda_dot(dSi, r, V) + qh[i] * dor;
+        real ki = kh[i], au[LANES] = {0};
+        for (int j0 = 0; j0 < V16; j0 += LANES) {
+            #pragma omp simd
+            for (int l = 0; l < LANES; l++) {
+                real d = dSi[j0 + l];
+                au[l] = KDA_FMA(d, r[j0 + l], au[l]);
+                wv[j0 + l] = KDA_FMA(ki, d, wv[j0 + l]);
+            }
+        }
+        real ui = lanes_sum(au);
+        for (int j = V16; j < V; j++) {
+            ui = KDA_FMA(dSi[j], r[j], ui);
+            wv[j] = KDA_FMA(ki, dSi[j], wv[j]);
+        }
+        ui = KDA_FMA(qh[i], dor, ui);
         dkh[i] = beta * ui;
-        dbeta += kh[i] * ui;
-        kda_axpy(wv, kh[i], dSi, V);
+        dbeta = KDA_FMA(ki, ui, dbeta);
     }
     for (int j = 0; j < V; j++) dv[j] = dr[j] = beta * wv[j];
-    for (int i = 0; i < K; i++) {   // sweep 2 over rows of S_{t−1} and dS
+    for (int i = 0; i < K; i++) {
         const real *Si = Sp + (size_t)i * V;
-        real *dSi = dS + (size_t)i * V, ai = al[i], qi = qh[i], ki = kh[i];
-        real x = dout ? kda_dot(Si, dout, V) : 0;
-        dqh[i] = ai * x + beta * ki * dor;
-        dkh[i] -= ai * kda_dot(Si, dr, V);
-        if (dout) {
+        real *dSi = dS + (size_t)i * V, ai = al[i], qi = qh[i], mki = -kh[i];
+        real ax[LANES] = {0}, ay[LANES] = {0}, az[LANES] = {0};
+        for (int j0 = 0; j0 < V16; j0 += LANES) {
             #pragma omp simd
-            for (int j = 0; j < V; j++) dSi[j] += qi * dout[j] - ki * dr[j];
-        } else {
-            kda_axpy(dSi, -ki, dr, V);
+            for (int l = 0; l < LANES; l++) {
+                int j = j0 + l;
+                real sv = Si[j], d = KDA_FMA(qi, dout[j], KDA_FMA(mki, dr[j], dSi[j]));
+                ax[l] = KDA_FMA(sv, dout[j], ax[l]);
+                ay[l] = KDA_FMA(sv, dr[j], ay[l]);
+                az[l] = KDA_FMA(d, sv, az[l]);
+                dSi[j] = ai * d;
+            }
         }
-        dg[i] = ai * kda_dot(dSi, Si, V);
-        #pragma omp simd
-        for (int j = 0; j < V; j++) dSi[j] *= ai;
+        real x = lanes_sum(ax), y = lanes_sum(ay), z = lanes_sum(az);
+        for (int j = V16; j < V; j++) {
+            real sv = Si[j], d = KDA_FMA(qi, dout[j], KDA_FMA(mki, dr[j], dSi[j]));
+            x = KDA_FMA(sv, dout[j], x);
+            y = KDA_FMA(sv, dr[j], y);
+            z = KDA_FMA(d, sv, z);
+            dSi[j] = ai * d;
+        }
+        dqh[i] = KDA_FMA(ai, x, beta * kh[i] * dor);
+        dkh[i] -= ai * y;
+        dg[i] = ai * z;
     }
     return dbeta;
 }
@@ -90,9 +123,9 @@ void cpu_kda_bwd(const lm_kda_args *a) {
         real *rr = lm_malloc((size_t)C * V * sizeof(real));
         kda_tok *tok = lm_malloc((size_t)C * sizeof(kda_tok));
         kda_chunk_ws *cw = form == LM_KDA_NAIVE ? NULL : kda_chunk_ws_new(C, K, V);
-        real *vec = lm_malloc((4 * (size_t)K + 4 * (size_t)V) * sizeof(real));
+        real *vec = lm_malloc((4 * (size_t)K + 5 * (size_t)V) * sizeof(real));   // zeroed
         real *dqh = vec, *dkh = dqh + K, *dg = dkh + K, *tmp = dg + K;
-        real *dv = tmp + K, *wv = dv + V, *dr = wv + V, *p = dr + V;
+        real *dv = tmp + K, *wv = dv + V, *dr = wv + V, *p = dr + V, *zero_do = p + V;
         #pragma omp for schedule(static)
         for (int bh = 0; bh < B * H; bh++) {
             int b = bh / H, h = bh % H;
@@ -132,7 +165,7 @@ void cpu_kda_bwd(const lm_kda_args *a) {
                     const real *qj = qh + (size_t)j * K, *kj = kh + (size_t)j * K, *gj = g + (size_t)j * K;
                     real beta = tok[j].beta;
                     real dbeta = kda_step_bwd(dS, st + j * KV, qj, kj, al + (size_t)j * K, beta, rr + (size_t)j * V,
-                                              a->d_o ? a->d_o + row * V : NULL, dqh, dkh, dg, dv, wv, dr, K, V);
+                                              a->d_o ? a->d_o + row * V : zero_do, dqh, dkh, dg, dv, wv, dr, K, V);
                     if (a->dv) kda_axpy(a->dv + row * V, 1, dv, V);
                     if (a->dbeta_logit) a->dbeta_logit[row] += dbeta * beta * (1 - beta);
                     if (a->dq) {   // q̂ = scale · q·rq

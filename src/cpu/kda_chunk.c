@@ -49,13 +49,13 @@ static void kda_mm(int m, int n, int k, real alpha, const real *A, int ars, int 
                 for (int ii = 0; ii < MM_MR; ii++) {
                     real av = A[(size_t)(i + ii) * ars + (size_t)p * acs];
                     #pragma omp simd
-                    for (int jj = 0; jj < MM_NR; jj++) acc[ii][jj] += av * b[jj];
+                    for (int jj = 0; jj < MM_NR; jj++) acc[ii][jj] = KDA_FMA(av, b[jj], acc[ii][jj]);
                 }
             }
             for (int ii = 0; ii < MM_MR; ii++) {
                 real *c = C + (size_t)(i + ii) * ldc + j0;
                 #pragma omp simd
-                for (int jj = 0; jj < MM_NR; jj++) c[jj] += alpha * acc[ii][jj];
+                for (int jj = 0; jj < MM_NR; jj++) c[jj] = KDA_FMA(alpha, acc[ii][jj], c[jj]);
             }
         }
         for (; i < m; i++) {
@@ -65,19 +65,19 @@ static void kda_mm(int m, int n, int k, real alpha, const real *A, int ars, int 
                 real av = A[(size_t)i * ars + (size_t)p * acs];
                 const real *b = B + (size_t)p * ldb + j0;
                 #pragma omp simd
-                for (int jj = 0; jj < MM_NR; jj++) acc[jj] += av * b[jj];
+                for (int jj = 0; jj < MM_NR; jj++) acc[jj] = KDA_FMA(av, b[jj], acc[jj]);
             }
             real *c = C + (size_t)i * ldc + j0;
             #pragma omp simd
-            for (int jj = 0; jj < MM_NR; jj++) c[jj] += alpha * acc[jj];
+            for (int jj = 0; jj < MM_NR; jj++) c[jj] = KDA_FMA(alpha, acc[jj], c[jj]);
         }
     }
     if (j0 < n)
         for (int i = 0; i < m; i++)
             for (int j = j0; j < n; j++) {
                 real s = 0;
-                for (int p = 0; p < k; p++) s += A[(size_t)i * ars + (size_t)p * acs] * B[(size_t)p * ldb + j];
-                C[(size_t)i * ldc + j] += alpha * s;
+                for (int p = 0; p < k; p++) s = KDA_FMA(A[(size_t)i * ars + (size_t)p * acs], B[(size_t)p * ldb + j], s);
+                C[(size_t)i * ldc + j] = KDA_FMA(alpha, s, C[(size_t)i * ldc + j]);
             }
 }
 
