@@ -117,19 +117,6 @@ static lm_config small_hybrid(const char *types) {
     return c;
 }
 
-typedef struct {
-    lm_model *m;
-    int B, T;
-    int *tok, *tgt;
-} fd_ctx;
-
-static double fd_loss(void *p) {
-    fd_ctx *f = p;
-    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
-    double ce = lm_model_forward(f->m, f->tok, f->tgt, f->B, f->T, o);
-    return ce + f->m->ctx.aux_loss;
-}
-
 static void make_batch(int B, int T, int vocab, lm_rng *r, int **tok, int **tgt) {
     *tok = lm_malloc((size_t)B * T * sizeof(int));
     *tgt = lm_malloc((size_t)B * T * sizeof(int));
@@ -149,6 +136,20 @@ static void perturb_special(lm_model *m, lm_rng *r) {
         if (strstr(ti->name, "res_norm"))
             for (size_t i = 0; i < ti->numel; i++) x[i] = (real)(1 + 0.3 * lm_rng_normal(r));
     }
+}
+
+#ifdef LM_DOUBLE
+typedef struct {
+    lm_model *m;
+    int B, T;
+    int *tok, *tgt;
+} fd_ctx;
+
+static double fd_loss(void *p) {
+    fd_ctx *f = p;
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    double ce = lm_model_forward(f->m, f->tok, f->tgt, f->B, f->T, o);
+    return ce + f->m->ctx.aux_loss;
 }
 
 static void gradcheck_model(lm_config c, const char *label, uint64_t seed) {
@@ -210,6 +211,7 @@ static void test_model_grads_prenorm_aux(void **state) {
     c.zloss_coef = 0.01;
     gradcheck_model(c, "prenorm, full-rank KDA gate, aux + z loss", 13);
 }
+#endif
 
 // ---------------------------------------------------------------------------
 // w = 0: Block and Full AttnRes compute the PreNorm model (same weights)
@@ -230,6 +232,10 @@ static void test_zero_query_equals_prenorm(void **state) {
     lm_config base = small_hybrid("KKMKM");
     base.init_std = 0.1;
     base.residual = LM_RES_PRENORM;
+    // The mixers pass sum/n where PreNorm passes the sum; RMSNorm removes the 1/n
+    // exactly only without eps (RMSNorm(x/n) with eps equals RMSNorm(x) with n²·eps).
+    // A tiny eps isolates the equivalence; the default eps moves logits by ~1e-3 here.
+    base.norm_eps = 1e-10;
     assert_int_equal(lm_config_finalize(&base), LM_OK);
     lm_model *ref = lm_model_create(&base, ops, 21);
     lm_rng r;
@@ -358,9 +364,13 @@ int main(void) {
         cmocka_unit_test(test_preset_param_counts),
         cmocka_unit_test(test_invalid_configs),
         cmocka_unit_test(test_config_json_roundtrip),
+#ifdef LM_DOUBLE
+        // whole-model central differences need float64: in fp32 the step that clears the
+        // rounding noise (~1e-2) moves tokens across MoE routing boundaries
         cmocka_unit_test(test_model_grads_block),
         cmocka_unit_test(test_model_grads_full_unbounded),
         cmocka_unit_test(test_model_grads_prenorm_aux),
+#endif
         cmocka_unit_test(test_zero_query_equals_prenorm),
         cmocka_unit_test(test_decode_equals_forward),
         cmocka_unit_test(test_determinism),
