@@ -384,6 +384,12 @@ static void test_malformed(void **state) {
     expect_error("missing file", r3, 2, (const char *[]){missing}, 1);
     lm_report_run r4[1] = {{"empty", 1, empty}};
     expect_error("no train lines", r4, 1, (const char *[]){empty, "train"}, 2);
+    char glued[512], line1[600];
+    path_in(glued, sizeof glued, "glued.jsonl");
+    write_text(glued, "{\"type\":\"train\",\"step\":1,\"loss\":2.5}{\"type\":\"train\",\"step\":2,\"loss\":2.4}\n");
+    snprintf(line1, sizeof line1, "%s:1:", glued);
+    lm_report_run r6[1] = {{"glued", 1, glued}};
+    expect_error("two objects on one line", r6, 1, (const char *[]){line1, "JSON"}, 2);
     lm_report_run r5[2] = {good, good};
     expect_error("variant:seed twice", r5, 2, (const char *[]){"ok:1", "twice"}, 2);
 }

@@ -149,7 +149,7 @@ int lm_report_main(int argc, char **argv) {
             fprintf(stderr, "linmoe: error: %s\n", lm_last_error());
             rc = 1;
         } else {
-            printf("wrote %s/report.html and %s/report.md (%d runs)\n", out, out, n);
+            printf("wrote %s/report.html and %s/report.md (%d run%s)\n", out, out, n, n == 1 ? "" : "s");
         }
     }
     for (int i = 0; i < n; i++) free((char *)runs[i].variant);

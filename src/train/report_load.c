@@ -198,8 +198,15 @@ static lm_status parse_eval(const ctx *c, rp_run *r, const cJSON *o) {
 }
 
 static lm_status parse_line(const ctx *c, rp_run *r, const char *text, size_t len) {
-    cJSON *o = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!o) FAIL(c, "not valid JSON");
+    // one object per line: anything after it (two objects glued together) is an error
+    while (end && (size_t)(end - text) < len && (*end == ' ' || *end == '\t')) end++;
+    if (end && (size_t)(end - text) < len) {
+        cJSON_Delete(o);
+        FAIL(c, "not valid JSON (text after the object)");
+    }
     lm_status st = LM_OK;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "type");
     if (!cJSON_IsObject(o)) {
