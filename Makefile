@@ -15,9 +15,9 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 BASE    := -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -Iinclude -Itests $(WARN)
 OPT     := -O2 -march=native
 LDLIBS  := -lopenblas -lcjson -lm
-TESTLIB := -lcmocka
+TESTLIB := -lcmocka -lpng
 
-DEBIAN_PKGS := libcmocka-dev libopenblas-openmp-dev libcjson-dev
+DEBIAN_PKGS := libcmocka-dev libopenblas-openmp-dev libcjson-dev libpng-dev chromium fonts-dejavu-core
 
 SRC_DIRS := src/core src/cpu src/model src/train src/infer
 LIB_SRC  := $(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c))
