@@ -10,6 +10,12 @@
 CC      ?= gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 THREADS ?= $(shell nproc)
+# see src/cli/main.c: Debian's OpenBLAS picks SSE3 kernels on CPUs it does not know
+ifeq ($(origin OPENBLAS_CORETYPE),undefined)
+ifneq ($(shell grep -m1 -o -w avx2 /proc/cpuinfo 2>/dev/null),)
+export OPENBLAS_CORETYPE := Haswell
+endif
+endif
 
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 BASE    := -std=c11 -D_GNU_SOURCE -fopenmp -Isrc -Iinclude -Itests $(WARN)

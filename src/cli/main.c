@@ -1,6 +1,20 @@
 // main.c — the `linmoe` program: dispatch to subcommands.
 #include "cli/cli.h"
 #include "train/report.h"
+#include <cblas.h>
+#include <unistd.h>
+
+// Debian's OpenBLAS 0.3.21 does not recognise recent Xeons and falls back to its SSE3
+// "Prescott" kernels (about 2x slower here). The core type can only be chosen before the
+// library initialises, so when that happens on a CPU with AVX2 the program restarts
+// itself once with OPENBLAS_CORETYPE set. Set OPENBLAS_CORETYPE yourself to override.
+static void pick_blas_kernels(char **argv) {
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    const char *core = openblas_get_corename();
+    if (!core || strcmp(core, "Prescott") != 0 || !__builtin_cpu_supports("avx2")) return;
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    execv("/proc/self/exe", argv);   // returns only on failure: then carry on as we are
+}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -15,6 +29,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    pick_blas_kernels(argv);
     if (argc < 2) { usage(stderr); return 1; }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return lm_cmd_train(argc, argv);
