@@ -48,6 +48,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"quiet", 'q', FL_BOOL, &o.quiet, 0, "no progress lines"};
     fl[n++] = (lm_flag){"debug-nan-steps", 0, FL_STR, o.nan_steps, sizeof o.nan_steps,
                         "testing: poison the gradients of these steps with NaN (e.g. 5,6)"};
+    fl[n++] = (lm_flag){"debug-stop-at", 0, FL_INT, &o.stop_at, 0, "testing: stop after this step as if interrupted"};
     int help;
     if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
         fprintf(stderr, "linmoe train: error: %s\n", lm_last_error());

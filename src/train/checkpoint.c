@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -271,6 +272,9 @@ lm_status lm_ckpt_save(const char *out_dir, const lm_model *m, const lm_optim *o
     if (mkdir(tmp, 0755) != 0) { lm_set_error("cannot create '%s': %s", tmp, strerror(errno)); return LM_ERR; }
     snprintf(p, sizeof p, "%s/model.safetensors", tmp);
     if (lm_save_weights(m, p, st->step) != LM_OK) return LM_ERR;
+    // test hook: die like `kill -9` halfway through this save (see tests/test_cli.c)
+    const char *crash = getenv("LINMOE_TEST_CRASH_IN_SAVE");
+    if (crash && atol(crash) == st->step) raise(SIGKILL);
     snprintf(p, sizeof p, "%s/state.safetensors", tmp);
     if (save_state(p, m, o, st) != LM_OK) return LM_ERR;
     struct stat sb;

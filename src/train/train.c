@@ -229,6 +229,14 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             FAIL("stage %d: sequence length %d exceeds the %ld tokens per step (batch x first length)", i, st[i].seq,
                  tokens_per_step);
     if (o->batch < 1) FAIL("--batch must be at least 1");
+    if (!(o->opt.lr > 0)) FAIL("--lr must be positive");
+    if (o->opt.clip < 0 || o->opt.wd < 0) FAIL("--clip and --wd must be >= 0");
+    if (!(o->opt.b1 >= 0 && o->opt.b1 < 1 && o->opt.b2 >= 0 && o->opt.b2 < 1)) FAIL("--beta1/--beta2 must be in [0, 1)");
+    if (o->opt.decay_frac < 0 || o->opt.decay_frac > 1 || o->opt.final_frac < 0 || o->opt.final_frac > 1)
+        FAIL("--decay-frac and --final-lr-frac must be in [0, 1]");
+    if (o->opt.warmup < 0 || o->micro_batch < 0 || o->eval_every < 0 || o->save_every < 0 || o->keep < 0)
+        FAIL("--warmup, --micro-batch, --eval-every, --save-every and --keep must be >= 0");
+    if (o->eval_batches < 1 || o->log_every < 1) FAIL("--eval-batches and --log-every must be positive");
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) FAIL("cannot create '%s': %s", o->out_dir, strerror(errno));
 
     // model
@@ -416,6 +424,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             lm_ckpt_save(o->out_dir, m, &opt, &ts, o->keep, saved, sizeof saved);
             FAIL("stopping: %d non-finite steps in a row (last good weights saved in %s)", consecutive_skips, saved);
         }
+        int stop = o->stop_at > 0 && ts.step == o->stop_at;
         int last = ts.step == total_steps;
         if (o->eval_every > 0 && (ts.step % o->eval_every == 0 || last)) {
             lm_eval_result er;
@@ -427,7 +436,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             cJSON_Delete(e);
             if (!o->quiet) lm_eval_print(&er, stdout);
         }
-        if ((o->save_every > 0 && ts.step % o->save_every == 0) || last) {
+        if ((o->save_every > 0 && ts.step % o->save_every == 0) || last || stop) {
             lm_loader_get_state(&ld, ts.loader);
             lm_loader_get_state(&ev, ts.loader_eval);
             char saved[2048];
@@ -444,6 +453,10 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
                 write_line(log, e);
                 cJSON_Delete(e);
             }
+        }
+        if (stop && !last) {
+            if (!o->quiet) printf("stopping at step %ld as asked (--debug-stop-at); continue with --resume\n", ts.step);
+            break;
         }
     }
 done:

@@ -27,6 +27,7 @@ typedef struct {
     char init[1024];          // start from these weights (model.safetensors)
     int quiet;                // no progress lines (logs still written)
     char nan_steps[128];      // debug: steps whose gradients are poisoned with NaN ("5,6")
+    int stop_at;              // debug: leave after this step (a checkpoint is saved), as if interrupted
 } lm_train_opts;
 
 void lm_train_opts_default(lm_train_opts *o);

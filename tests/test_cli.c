@@ -1,0 +1,267 @@
+// test_cli.c — the `linmoe` program end to end: same seed ⇒ same run bit for bit;
+// 10 steps + resume 10 ⇒ the 20-step run bit for bit; non-finite steps are skipped;
+// a kill -9 in the middle of a save leaves the previous checkpoint usable; and every
+// kind of bad input gets one clear error line, a non-zero exit, and leaves the files
+// on disk untouched.
+#include "harness.h"
+#include "core/safetensors.h"
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char bin[512], dir[512];
+
+// a small hybrid model (KDA, MLA, MoE, block AttnRes) so each run takes a second or two
+static const char *MODEL =
+    "--set d_model=32 --set n_layers=3 --set layer_types=KMK --set kda_heads=2 --set kda_head_dim=16 "
+    "--set mla_heads=2 --set kv_lora_rank=16 --set qk_nope_dim=8 --set qk_extra_dim=4 --set v_head_dim=8 "
+    "--set d_ff_dense=64 --set n_experts=4 --set top_k=2 --set d_ff_expert=16 --set block_layers=2";
+static const char *TRAIN = "--steps 20 --batch 2 --seq 64 --eval-every 0 --save-every 10 --keep 5 --samples 0 -q -t 2";
+
+typedef struct { int status, signal; char err[4096]; } result;
+
+// Runs `linmoe <args>` through the shell; captures stderr.
+static result run(const char *env, const char *args) {
+    result r = {0};
+    char cmd[4096], errf[600];
+    snprintf(errf, sizeof errf, "%s/stderr.txt", dir);
+    snprintf(cmd, sizeof cmd, "%s %s %s > /dev/null 2> %s", env ? env : "", bin, args, errf);
+    int st = system(cmd);
+    if (WIFSIGNALED(st)) r.signal = WTERMSIG(st);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    // the shell reports a killed child as 128 + signal
+    if (r.status > 128) r.signal = r.status - 128;
+    FILE *f = fopen(errf, "r");
+    if (f) {
+        size_t n = fread(r.err, 1, sizeof r.err - 1, f);
+        r.err[n] = 0;
+        fclose(f);
+    }
+    return r;
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    uint8_t *b = lm_read_file(path, n);
+    assert_non_null(b);
+    return b;
+}
+
+static int same_file(const char *a, const char *b) {
+    size_t na, nb;
+    uint8_t *x = slurp(a, &na), *y = slurp(b, &nb);
+    int same = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// The "loss" values of the train lines of a metrics file, as text (bit-exact compare).
+static void losses(const char *path, char *out, size_t n) {
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    out[0] = 0;
+    for (char *line = strtok((char *)b, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strstr(line, "\"type\":\"train\"")) continue;
+        char *l = strstr(line, "\"loss\":");
+        size_t used = strlen(out);
+        snprintf(out + used, n - used, "%.*s;", (int)strcspn(l + 7, ","), l + 7);
+    }
+    free(b);
+}
+
+static void train(const char *out, const char *extra, const char *env) {
+    char args[2048];
+    snprintf(args, sizeof args, "train %s %s --out %s/%s %s", MODEL, TRAIN, dir, out, extra ? extra : "");
+    result r = run(env, args);
+    if (r.status != 0) printf("stderr: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+}
+
+static void path_of(char *buf, size_t n, const char *run_dir, const char *file) {
+    snprintf(buf, n, "%s/%s/%s", dir, run_dir, file);
+}
+
+static void test_same_seed_same_run(void **state) {
+    (void)state;
+    train("a", NULL, NULL);
+    train("a2", NULL, NULL);
+    char p1[700], p2[700], l1[4096], l2[4096];
+    path_of(p1, sizeof p1, "a", "metrics.jsonl");
+    path_of(p2, sizeof p2, "a2", "metrics.jsonl");
+    losses(p1, l1, sizeof l1);
+    losses(p2, l2, sizeof l2);
+    printf("losses: %s\n", l1);
+    assert_string_equal(l1, l2);
+    path_of(p1, sizeof p1, "a", "ckpt_000020/model.safetensors");
+    path_of(p2, sizeof p2, "a2", "ckpt_000020/model.safetensors");
+    tu_check("same seed: final weights differ (files equal = 0)", !same_file(p1, p2), 0);
+}
+
+static void test_resume_is_bit_exact(void **state) {
+    (void)state;
+    train("b", "--debug-stop-at 10", NULL);
+    char p[700];
+    path_of(p, sizeof p, "b", "ckpt_000020");
+    struct stat sb;
+    assert_int_not_equal(stat(p, &sb), 0);      // it really stopped at 10
+    train("b", "--resume", NULL);
+    char p1[700], p2[700], l1[4096], l2[4096];
+    path_of(p1, sizeof p1, "a", "metrics.jsonl");
+    path_of(p2, sizeof p2, "b", "metrics.jsonl");
+    losses(p1, l1, sizeof l1);
+    losses(p2, l2, sizeof l2);
+    assert_string_equal(l1, l2);
+    path_of(p1, sizeof p1, "a", "ckpt_000020/model.safetensors");
+    path_of(p2, sizeof p2, "b", "ckpt_000020/model.safetensors");
+    tu_check("10 + resume 10 vs 20 straight: weights differ (files equal = 0)", !same_file(p1, p2), 0);
+    path_of(p1, sizeof p1, "a", "ckpt_000020/state.safetensors");
+    path_of(p2, sizeof p2, "b", "ckpt_000020/state.safetensors");
+    tu_check("10 + resume 10 vs 20 straight: optimizer state differs", !same_file(p1, p2), 0);
+}
+
+static void test_nonfinite_steps(void **state) {
+    (void)state;
+    train("nan1", "--debug-nan-steps 3", NULL);
+    char p[700];
+    path_of(p, sizeof p, "nan1", "metrics.jsonl");
+    size_t n;
+    char *b = (char *)slurp(p, &n);
+    assert_non_null(strstr(b, "\"step\":4,\"loss\""));
+    assert_non_null(strstr(b, "\"skipped\":1,\"skipped_total\":1"));
+    assert_non_null(strstr(b, "\"step\":20,"));
+    free(b);
+    char args[2048];
+    snprintf(args, sizeof args, "train %s %s --out %s/nan2 --debug-nan-steps 3,4,5 --max-skips 3", MODEL, TRAIN, dir);
+    result r = run(NULL, args);
+    printf("stderr: %s", r.err);
+    assert_int_not_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "non-finite"));
+    // the last good weights were saved and load
+    snprintf(args, sizeof args, "eval --model %s/nan2/ckpt_000006 --batches 1 --batch 2 --seq 64 -t 2", dir);
+    assert_int_equal(run(NULL, args).status, 0);
+}
+
+static void test_kill_during_save(void **state) {
+    (void)state;
+    char args[2048];
+    snprintf(args, sizeof args, "train %s %s --out %s/k --save-every 5", MODEL, TRAIN, dir);
+    result r = run("LINMOE_TEST_CRASH_IN_SAVE=10", args);
+    printf("killed by signal %d\n", r.signal);
+    assert_int_equal(r.signal, 9);
+    char p[700];
+    path_of(p, sizeof p, "k", "latest");
+    size_t n;
+    char *latest = (char *)slurp(p, &n);
+    assert_string_equal(latest, "ckpt_000005\n");
+    free(latest);
+    snprintf(args, sizeof args, "eval --model %s/k/ckpt_000005 --batches 1 --batch 2 --seq 64 -t 2", dir);
+    assert_int_equal(run(NULL, args).status, 0);
+    // resuming from step 5 ends where the uninterrupted run ends
+    snprintf(args, sizeof args, "train %s %s --out %s/k --save-every 5 --resume", MODEL, TRAIN, dir);
+    r = run(NULL, args);
+    if (r.status) printf("stderr: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+    char p1[700], p2[700];
+    path_of(p1, sizeof p1, "a", "ckpt_000020/model.safetensors");
+    path_of(p2, sizeof p2, "k", "ckpt_000020/model.safetensors");
+    tu_check("killed at the step-10 save, resumed from 5: weights differ", !same_file(p1, p2), 0);
+}
+
+// ---------------------------------------------------------------------------
+// bad input
+
+static void expect_error(const char *label, const char *args, const char *word) {
+    char ck[700];
+    path_of(ck, sizeof ck, "a", "ckpt_000020/model.safetensors");
+    size_t n0;
+    uint8_t *before = slurp(ck, &n0);
+    result r = run(NULL, args);
+    int lines = 0;
+    for (const char *c = r.err; *c; c++) lines += *c == '\n';
+    printf("%-22s exit %d: %s", label, r.status, r.err);
+    assert_true(r.status != 0 && r.signal == 0);
+    assert_int_equal(lines, 1);
+    assert_non_null(strstr(r.err, "error"));
+    if (word && !strstr(r.err, word)) fail_msg("%s: expected '%s' in the message", label, word);
+    size_t n1;
+    uint8_t *after = slurp(ck, &n1);
+    assert_true(n0 == n1 && memcmp(before, after, n0) == 0);   // nothing on disk lost
+    free(before);
+    free(after);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    char args[3000], p[700], q[700];
+    const char *ck = "a/ckpt_000020";
+    snprintf(args, sizeof args, "generate --model %s/nothing_here --prompt x", dir);
+    expect_error("missing checkpoint", args, "cannot open");
+    // damaged copies of a good checkpoint
+    path_of(p, sizeof p, ck, "model.safetensors");
+    size_t n;
+    uint8_t *b = slurp(p, &n);
+    snprintf(q, sizeof q, "%s/trunc.safetensors", dir);
+    assert_int_equal(lm_write_file_atomic(q, b, n / 2), LM_OK);
+    snprintf(args, sizeof args, "generate --model %s --prompt x", q);
+    expect_error("truncated checkpoint", args, "truncated");
+    b[n - 100] ^= 0x04;
+    snprintf(q, sizeof q, "%s/flip.safetensors", dir);
+    assert_int_equal(lm_write_file_atomic(q, b, n), LM_OK);
+    snprintf(args, sizeof args, "eval --model %s", q);
+    expect_error("bit-flipped checkpoint", args, "checksum");
+    memcpy(b, "\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+    snprintf(q, sizeof q, "%s/magic.safetensors", dir);
+    assert_int_equal(lm_write_file_atomic(q, b, n), LM_OK);
+    snprintf(args, sizeof args, "generate --model %s --prompt x", q);
+    expect_error("wrong magic", args, "corrupt");
+    free(b);
+    // a checkpoint of another config
+    path_of(p, sizeof p, ck, "model.safetensors");
+    snprintf(args, sizeof args, "train %s --set d_model=48 %s --out %s/x --init %s", MODEL, TRAIN, dir, p);
+    expect_error("config mismatch (--init)", args, "config mismatch");
+    snprintf(args, sizeof args, "train %s --set top_k=1 %s --out %s/a --resume", MODEL, TRAIN, dir);
+    expect_error("config mismatch (--resume)", args, "config");
+    // data
+    snprintf(q, sizeof q, "%s/bad_shard.bin", dir);
+    assert_int_equal(lm_write_file_atomic(q, "LMTS\x01\x00\x00\x00garbage", 15), LM_OK);
+    snprintf(args, sizeof args, "train %s %s --out %s/x --data shards:%s", MODEL, TRAIN, dir, q);
+    expect_error("malformed shard", args, "bad_shard.bin");
+    snprintf(q, sizeof q, "%s/empty.txt", dir);
+    assert_int_equal(lm_write_file_atomic(q, "", 0), LM_OK);
+    snprintf(args, sizeof args, "train %s %s --out %s/x --data %s", MODEL, TRAIN, dir, q);
+    expect_error("empty text file", args, "empty");
+    // flags and values
+    expect_error("unknown flag", "train --bogus 3", "--bogus");
+    expect_error("unknown command", "trian", "trian");
+    expect_error("missing value", "train --steps", "--steps");
+    expect_error("not a number", "train --lr fast", "--lr");
+    snprintf(args, sizeof args, "train %s %s --out %s/x --batch 0", MODEL, TRAIN, dir);
+    expect_error("zero batch", args, "--batch");
+    snprintf(args, sizeof args, "train %s %s --out %s/x --lr -1", MODEL, TRAIN, dir);
+    expect_error("negative lr", args, "--lr");
+    expect_error("top_k > experts", "train --set top_k=99", "top_k");
+    expect_error("bad stages", "train --stages 256:x", "--stages");
+    expect_error("bad preset", "train --preset enormous", "enormous");
+    snprintf(args, sizeof args, "train %s %s --out %s/a --resume", MODEL, "--steps 30 --batch 2 --seq 64 -q", dir);
+    expect_error("resume with other options", args, "differ");
+    // the checkpoint we damaged copies of still loads
+    snprintf(args, sizeof args, "eval --model %s/%s --batches 1 --batch 2 --seq 64 -t 2", dir, ck);
+    assert_int_equal(run(NULL, args).status, 0);
+}
+
+int main(void) {
+    const char *b = getenv("LM_BIN");
+    snprintf(bin, sizeof bin, "%s", b ? b : "build/f32/linmoe");
+    snprintf(dir, sizeof dir, "/tmp/linmoe_cli_test_%d", (int)getpid());
+    mkdir(dir, 0755);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_seed_same_run), cmocka_unit_test(test_resume_is_bit_exact),
+        cmocka_unit_test(test_nonfinite_steps),    cmocka_unit_test(test_kill_during_save),
+        cmocka_unit_test(test_bad_input),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) rc = 1;
+    return rc;
+}
