@@ -28,5 +28,6 @@ int lm_cmd_train(int argc, char **argv);
 int lm_cmd_generate(int argc, char **argv);
 int lm_cmd_eval(int argc, char **argv);
 int lm_cmd_plan(int argc, char **argv);
+int lm_cmd_ablate(int argc, char **argv);
 
 #endif

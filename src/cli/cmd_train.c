@@ -17,6 +17,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"seed", 's', FL_U64, &o.seed, 0, "seed of weights and data"};
     fl[n++] = (lm_flag){"data", 0, FL_STR, o.data, sizeof o.data,
                         "'tasks' (built-in synthetic tasks), a text file, or shards:a.bin,b.bin"};
+    fl[n++] = (lm_flag){"max-example", 0, FL_INT, &o.max_example, 0, "longest task example in tokens (0 = a whole row)"};
     fl[n++] = (lm_flag){"tasks", 0, FL_STR, o.tasks, sizeof o.tasks, "task mix, e.g. recall:2,copy,add or all"};
     fl[n++] = (lm_flag){"steps", 'n', FL_INT, &o.steps, 0, "optimizer steps (ignored with --stages)"};
     fl[n++] = (lm_flag){"batch", 'b', FL_INT, &o.batch, 0, "sequences per step (at the first stage's length)"};
@@ -109,7 +110,8 @@ int lm_cmd_train(int argc, char **argv) {
         lm_model *m = lm_model_create(&cfg, ops, o.seed);
         if (lm_load_weights(m, p) == LM_OK) {
             printf("generated answers (held-out examples, greedy decoding with caches):\n");
-            lm_show_task_samples(m, samples, o.seed, o.stages[0] ? 256 : o.seq_len, stdout);
+            int len = o.max_example > 0 ? o.max_example : o.stages[0] ? 256 : o.seq_len;
+            lm_show_task_samples(m, samples, o.seed, len, stdout);
         }
         lm_model_free(m);
     }

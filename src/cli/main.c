@@ -25,6 +25,7 @@ static void usage(FILE *f) {
             "  generate   generate text from a checkpoint (prefill + cached decode)\n"
             "  eval       held-out loss, per-task accuracy and loss by position\n"
             "  plan       print a config with parameter counts and memory estimates\n"
+            "  ablate     matched runs per technique (balance, residual, gate, mix) and a report\n"
             "  report     write report.html / report.md from training logs (metrics.jsonl)\n");
 }
 
@@ -36,8 +37,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "generate") == 0) return lm_cmd_generate(argc, argv);
     if (strcmp(cmd, "eval") == 0) return lm_cmd_eval(argc, argv);
     if (strcmp(cmd, "plan") == 0) return lm_cmd_plan(argc, argv);
+    if (strcmp(cmd, "ablate") == 0) return lm_cmd_ablate(argc, argv);
     if (strcmp(cmd, "report") == 0) return lm_report_main(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) { usage(stdout); return 0; }
-    fprintf(stderr, "linmoe: error: unknown command '%s' (commands: train, generate, eval, plan, report)\n", cmd);
+    fprintf(stderr, "linmoe: error: unknown command '%s' (commands: train, generate, eval, plan, ablate, report)\n", cmd);
     return 1;
 }

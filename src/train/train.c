@@ -71,7 +71,7 @@ static lm_status open_loader(lm_loader *l, const lm_train_opts *o, int vocab) {
     if (strcmp(o->data, "tasks") == 0) {
         lm_task_mix mix;
         if (lm_task_mix_parse(&mix, o->tasks) != LM_OK) return LM_ERR;
-        return lm_loader_init_tasks(l, o->seed, &mix, 0, vocab);
+        return lm_loader_init_tasks(l, o->seed, &mix, o->max_example, vocab);
     }
     if (strncmp(o->data, "shards:", 7) == 0) {
         char buf[1024];
@@ -184,6 +184,7 @@ static char *train_json(const lm_train_opts *o) {
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddStringToObject(j, "data", o->data);
     cJSON_AddStringToObject(j, "tasks", o->tasks);
+    cJSON_AddNumberToObject(j, "max_example", o->max_example);
     cJSON_AddNumberToObject(j, "steps", o->steps);
     cJSON_AddNumberToObject(j, "batch", o->batch);
     cJSON_AddNumberToObject(j, "micro_batch", o->micro_batch);

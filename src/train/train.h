@@ -14,6 +14,7 @@ typedef struct {
     uint64_t seed;
     char data[1024];          // "tasks", a text file, or "shards:a.bin,b.bin"
     char tasks[256];          // task mix for "tasks" (e.g. "recall:2,copy")
+    int max_example;          // longest task example in tokens (0 = a whole row)
     int steps;                // total optimizer steps (sum of the stages' steps when stages are given)
     int batch;                // sequences per step at the first stage's length
     int micro_batch;          // sequences per forward/backward (0 = the whole step)
