@@ -142,6 +142,9 @@ typedef struct lm_ops {
                      int B, int T, int H, int Dqk, int Dv, real scale);
     void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                      const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+    // per-head maximum over all sequences of the causal logits scale·q_t·k_s (s ≤ t):
+    //   out [H] in HOST memory (consumed by QK-Clip after the optimizer step); q, k as attn_fwd
+    void (*attn_max_logit)(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
     // decode in the absorbed form over the latent cache (inference only, no backward).
     // With kv_b_proj weight W_kvb [H·(Dn+Dv), R] (kv = c·W_kvbᵀ), head h's rows
     // h·(Dn+Dv) … +Dn are W_uk_h [Dn,R] and the next Dv rows are W_uv_h [Dv,R]; since NoPE

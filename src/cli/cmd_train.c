@@ -36,6 +36,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"beta1", 0, FL_REAL, &o.opt.b1, 0, "AdamW beta1"};
     fl[n++] = (lm_flag){"beta2", 0, FL_REAL, &o.opt.b2, 0, "AdamW beta2"};
     fl[n++] = (lm_flag){"muon-momentum", 0, FL_REAL, &o.opt.muon_mu, 0, "Muon momentum (Nesterov)"};
+    fl[n++] = (lm_flag){"qk-clip", 0, FL_REAL, &o.qk_clip, 0, "Muon: QK-Clip threshold on MLA max logits (0 = off)"};
     fl[n++] = (lm_flag){"eval-every", 0, FL_INT, &o.eval_every, 0, "held-out evaluation every N steps (0 = only at the end)"};
     fl[n++] = (lm_flag){"eval-batches", 0, FL_INT, &o.eval_batches, 0, "batches per evaluation"};
     fl[n++] = (lm_flag){"log-every", 0, FL_INT, &o.log_every, 0, "progress line every N steps"};

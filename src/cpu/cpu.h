@@ -61,4 +61,6 @@ void cpu_xent_bwd(real *dlogits, const real *logits, const real *lse, const int 
 void cpu_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd, real bc1, real bc2);
 void cpu_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
 
+void cpu_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
+
 #endif

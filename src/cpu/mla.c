@@ -234,3 +234,23 @@ void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, 
         free(Kt); free(Vt); free(dKj); free(dVj); free(s); free(dp); free(D);
     }
 }
+
+// out [H]: max over (b, t, s ≤ t) of scale·q[b,t,h]·k[b,s,h]. One thread per head, so
+// the result does not depend on the thread count.
+void cpu_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale) {
+    #pragma omp parallel for schedule(static)
+    for (int h = 0; h < H; h++) {
+        real mx = -INFINITY;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const real *qt = q + (((size_t)b * T + t) * H + h) * Dqk;
+                for (int s = 0; s <= t; s++) {
+                    const real *ks = k + (((size_t)b * T + s) * H + h) * Dqk;
+                    real d = 0;
+                    for (int c = 0; c < Dqk; c++) d += qt[c] * ks[c];
+                    if (scale * d > mx) mx = scale * d;
+                }
+            }
+        out_host[h] = mx;
+    }
+}

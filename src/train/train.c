@@ -4,6 +4,7 @@
 #include "train/checkpoint.h"
 #include "train/eval.h"
 #include "train/loader.h"
+#include "train/qk_clip.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <sys/stat.h>
@@ -25,6 +26,7 @@ void lm_train_opts_default(lm_train_opts *o) {
     o->keep = 2;
     o->log_attnres_every = 10;
     o->max_skips = 5;
+    o->qk_clip = 100;
 }
 
 // ----------------------------------------------------------------------------
@@ -196,6 +198,7 @@ static char *train_json(const lm_train_opts *o) {
     cJSON_AddNumberToObject(j, "clip", o->opt.clip);
     cJSON_AddNumberToObject(j, "warmup", o->opt.warmup);
     cJSON_AddNumberToObject(j, "decay_frac", o->opt.decay_frac);
+    cJSON_AddNumberToObject(j, "qk_clip", o->opt.kind == LM_OPT_MUON ? o->qk_clip : 0);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     return s;
@@ -214,6 +217,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     lm_loader ld = {0}, ev = {0};
     lm_batch *mb = NULL;
     FILE *log = NULL;
+    real *maxlog = NULL;
     int n_micro_cap = 0, have_loader = 0, have_eval = 0;
     lm_train_state ts;
     memset(&ts, 0, sizeof ts);
@@ -303,6 +307,8 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     }
 
     int consecutive_skips = 0;
+    const int use_qk_clip = o->opt.kind == LM_OPT_MUON && o->qk_clip > 0;
+    maxlog = lm_malloc((size_t)cfg->n_layers * (cfg->mla_heads > 0 ? cfg->mla_heads : 1) * sizeof(real));
     double t_run0 = lm_time_sec() - ts.elapsed_s;
     double ema_tok_s = 0;
     while (ts.step < total_steps) {
@@ -327,12 +333,14 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         const int capacity = lm_moe_capacity(cfg->capacity_factor, cfg->capacity_relax_steps, (int)ts.step,
                                              micro * T, cfg->n_experts, cfg->top_k);
         lm_model_zero_grads(m);
+        if (use_qk_clip) lm_qk_reset(m, maxlog);
         double ce = 0, aux = 0;
         for (int u = 0; u < n_micro; u++) {
             lm_fwd_opts fo = {.training = 1, .capacity = capacity, .aux_weight = (real)mb[u].B / B};
             lm_model_forward(m, mb[u].tokens, mb[u].targets, mb[u].B, T, fo);
             ce += m->last_ce_sum;
             aux += m->ctx.aux_loss;
+            if (use_qk_clip) lm_qk_observe(m, maxlog);
             lm_model_backward(m, (real)(1.0 / count));
         }
         double loss = ce / count;
@@ -343,9 +351,11 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         const real lr = lm_optim_lr(&opt.cfg, ts.step);
         int skipped = !isfinite(loss) || !ops->all_finite(m->grads_mem, m->playout.numel);
         double gnorm = NAN;
+        int n_clipped = 0;
         lm_moe_metrics met[LM_MAX_LAYERS];
         if (!skipped) {
             gnorm = lm_optim_step(&opt, m, lr);
+            if (use_qk_clip) n_clipped = lm_qk_clip(m, maxlog, o->qk_clip);
             for (int i = 0; i < cfg->n_layers; i++)
                 if (lm_layer_is_moe(cfg, i)) lm_balancer_update(&m->bal[i], ops, &met[i]);
             consecutive_skips = 0;
@@ -377,6 +387,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         cJSON_AddNumberToObject(j, "seq_len", T);
         cJSON_AddNumberToObject(j, "skipped", skipped);
         cJSON_AddNumberToObject(j, "skipped_total", (double)ts.skipped_total);
+        if (use_qk_clip) cJSON_AddNumberToObject(j, "qk_clipped_heads", n_clipped);
         double maxvio_mean = 0;
         int n_moe = 0;
         if (!skipped && cfg->n_experts > 0) {
@@ -461,6 +472,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         }
     }
 done:
+    free(maxlog);
     if (log) fclose(log);
     for (int u = 0; u < n_micro_cap; u++) lm_batch_free(&mb[u]);
     free(mb);

@@ -24,6 +24,7 @@ typedef struct {
     int eval_every, eval_batches, log_every, save_every, keep;
     int log_attnres_every;
     int max_skips;            // consecutive non-finite steps before stopping
+    real qk_clip;             // QK-Clip threshold τ on MLA max logits (Muon only; 0 = off)
     int resume;               // continue from <out_dir>/latest
     char init[1024];          // start from these weights (model.safetensors)
     int quiet;                // no progress lines (logs still written)
