@@ -23,7 +23,7 @@ void cpu_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N,
             const real *src = kv + ((size_t)n * H + h) * Dkv;
             real *kr = k + ((size_t)n * H + h) * Dk;
             memcpy(kr, src, (size_t)Dn * sizeof(real));
-            memcpy(kr + Dn, kpe + (size_t)n * De, (size_t)De * sizeof(real));
+            if (De > 0) memcpy(kr + Dn, kpe + (size_t)n * De, (size_t)De * sizeof(real));   // kpe is NULL when De = 0
             memcpy(v + ((size_t)n * H + h) * Dv, src + Dn, (size_t)Dv * sizeof(real));
         }
     }
