@@ -5,6 +5,7 @@
 #include "cpu/cpu.h"
 #include "model/model.h"
 #include "train/optimizer.h"
+#include "train/qk_clip.h"
 
 static const lm_ops *ops = &lm_cpu_ops;
 
@@ -111,10 +112,53 @@ static void test_optimizers_reduce_loss(void **state) {
     }
 }
 
+// QK-Clip: a head whose max logit exceeds τ ends with max logit τ on the same inputs;
+// the other heads' weights are untouched
+static void test_qk_clip(void **state) {
+    (void)state;
+    lm_config c;
+    lm_config_preset(&c, "tiny");
+    c.vocab = 40; c.d_model = 32; c.n_layers = 2;
+    snprintf(c.layer_types, sizeof c.layer_types, "KM");
+    c.kda_heads = 2; c.kda_head_dim = 16; c.mla_heads = 3; c.kv_lora_rank = 16;
+    c.qk_nope_dim = 8; c.qk_extra_dim = 4; c.v_head_dim = 8;
+    c.d_ff_dense = 32; c.n_experts = 4; c.top_k = 2; c.d_ff_expert = 16; c.init_std = 0.5;
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_model *m = lm_model_create(&c, ops, 3);
+    const int Dqk = 12;
+    lm_layer_params *p = &m->params.layer[1];
+    ops->scale(p->mq_proj + (size_t)1 * Dqk * c.d_model, 8, (size_t)Dqk * c.d_model);   // head 1: huge logits
+    int tok[48];
+    for (int i = 0; i < 48; i++) tok[i] = (i * 13) % 40;
+    lm_fwd_opts fo = {.training = 0, .capacity = -1};
+    real before[2 * 3], after[2 * 3];
+    lm_model_forward(m, tok, NULL, 2, 24, fo);
+    lm_qk_reset(m, before);
+    lm_qk_observe(m, before);
+    const real tau = 30;
+    printf("measured max logits before: %.2f %.2f %.2f\n", before[3], before[4], before[5]);
+    assert_true(before[4] > tau && before[3] < tau && before[5] < tau);
+    size_t nq = (size_t)3 * Dqk * c.d_model;
+    real *q0 = tu_copy(p->mq_proj, nq);
+    assert_int_equal(lm_qk_clip(m, before, tau), 1);
+    lm_model_forward(m, tok, NULL, 2, 24, fo);
+    lm_qk_reset(m, after);
+    lm_qk_observe(m, after);
+    tu_check("qk-clip: clipped head max logit == tau (rel)", fabs(after[4] / tau - 1), TOL(1e-12, 1e-5));
+    tu_check("qk-clip: other heads' max logits unchanged", fabs(after[3] - before[3]) + fabs(after[5] - before[5]), 0);
+    tu_check("qk-clip: other heads' q rows unchanged",
+             tu_max_abs_diff(p->mq_proj, q0, (size_t)Dqk * c.d_model) +
+                 tu_max_abs_diff(p->mq_proj + 2 * (size_t)Dqk * c.d_model, q0 + 2 * (size_t)Dqk * c.d_model,
+                                 (size_t)Dqk * c.d_model), 0);
+    free(q0);
+    lm_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_formula), cmocka_unit_test(test_muon_orthogonalises),
         cmocka_unit_test(test_wsd_schedule), cmocka_unit_test(test_optimizers_reduce_loss),
+        cmocka_unit_test(test_qk_clip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
