@@ -131,19 +131,14 @@ int lm_cmd_ablate(int argc, char **argv) {
     fl[n++] = (lm_flag){"tasks", 0, FL_STR, o.tasks, sizeof o.tasks, "task mix"};
     fl[n++] = (lm_flag){"eval-every", 0, FL_INT, &o.eval_every, 0, "held-out evaluation every N steps"};
     fl[n++] = (lm_flag){"eval-batches", 0, FL_INT, &o.eval_batches, 0, "batches per evaluation"};
-    int help;
-    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
-        fprintf(stderr, "linmoe ablate: error: %s\n", lm_last_error());
-        return 1;
-    }
-    if (help) {
-        printf("usage: linmoe ablate [--study NAME] [flags]\n\nMatched runs that differ in one technique, then "
-               "<out>/<study>/report.html and report.md.\nStudies:\n");
-        for (int i = 0; i < N_STUDIES; i++) printf("  %-9s %s\n", STUDIES[i].name, STUDIES[i].what);
-        printf("\n");
-        lm_flags_print_help(fl, n, stdout);
-        return 0;
-    }
+    char usage[1024];
+    int u = snprintf(usage, sizeof usage,
+                     "usage: linmoe ablate [--study NAME] [flags]\n\nMatched runs that differ in one technique, then "
+                     "<out>/<study>/report.html and report.md.\nStudies:\n");
+    for (int i = 0; i < N_STUDIES && u < (int)sizeof usage; i++)
+        u += snprintf(usage + u, sizeof usage - u, "  %-9s %s\n", STUDIES[i].name, STUDIES[i].what);
+    int rc0 = lm_flags_run("ablate", usage, fl, n, argc, argv);
+    if (rc0 >= 0) return rc0;
     if (seeds < 1 || seeds > 16) { fprintf(stderr, "linmoe ablate: error: --seeds must be in [1, 16]\n"); return 1; }
     lm_config base;
     const lm_ops *ops;

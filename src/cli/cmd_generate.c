@@ -43,16 +43,8 @@ int lm_cmd_generate(int argc, char **argv) {
     fl[n++] = (lm_flag){"tasks", 0, FL_INT, &tasks, 0, "instead of a prompt: answer N held-out examples per built-in task"};
     fl[n++] = (lm_flag){"threads", 't', FL_INT, &mf.threads, 0, "CPU threads (0 = all cores)"};
     fl[n++] = (lm_flag){"device", 'd', FL_STR, mf.device, sizeof mf.device, "backend: cpu or cuda"};
-    int help;
-    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
-        fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error());
-        return 1;
-    }
-    if (help) {
-        printf("usage: linmoe generate --model CKPT (--prompt TEXT | --tasks N) [flags]\n\n");
-        lm_flags_print_help(fl, n, stdout);
-        return 0;
-    }
+    int rc = lm_flags_run("generate", "usage: linmoe generate --model CKPT (--prompt TEXT | --tasks N) [flags]\n", fl, n, argc, argv);
+    if (rc >= 0) return rc;
     if (!model[0]) { fprintf(stderr, "linmoe generate: error: --model is required\n"); return 1; }
     if (!prompt[0] && tasks <= 0) { fprintf(stderr, "linmoe generate: error: give --prompt or --tasks\n"); return 1; }
     if (max_new < 1) { fprintf(stderr, "linmoe generate: error: --max-new must be positive\n"); return 1; }
@@ -110,16 +102,8 @@ int lm_cmd_eval(int argc, char **argv) {
     fl[n++] = (lm_flag){"seq", 'T', FL_INT, &T, 0, "sequence length (0 = the model's)"};
     fl[n++] = (lm_flag){"threads", 't', FL_INT, &mf.threads, 0, "CPU threads (0 = all cores)"};
     fl[n++] = (lm_flag){"device", 'd', FL_STR, mf.device, sizeof mf.device, "backend: cpu or cuda"};
-    int help;
-    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
-        fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error());
-        return 1;
-    }
-    if (help) {
-        printf("usage: linmoe eval --model CKPT [flags]\n\nHeld-out loss, per-task accuracy and loss by position.\n\n");
-        lm_flags_print_help(fl, n, stdout);
-        return 0;
-    }
+    int rc = lm_flags_run("eval", "usage: linmoe eval --model CKPT [flags]\n\nHeld-out loss, per-task accuracy and loss by position.\n", fl, n, argc, argv);
+    if (rc >= 0) return rc;
     if (!model[0]) { fprintf(stderr, "linmoe eval: error: --model is required\n"); return 1; }
     if (batches < 1 || B < 1 || T < 0) { fprintf(stderr, "linmoe eval: error: --batches and --batch must be positive\n"); return 1; }
     const lm_ops *ops;

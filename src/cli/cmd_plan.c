@@ -13,16 +13,8 @@ int lm_cmd_plan(int argc, char **argv) {
     fl[n++] = (lm_flag){"seq", 'T', FL_INT, &T, 0, "training sequence length (0 = the preset's)"};
     fl[n++] = (lm_flag){"batch", 'b', FL_INT, &B, 0, "sequences per micro-batch"};
     fl[n++] = (lm_flag){"context", 0, FL_U64, &ctx, 0, "inference context for the cache estimate (0 = seq)"};
-    int help;
-    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
-        fprintf(stderr, "linmoe plan: error: %s\n", lm_last_error());
-        return 1;
-    }
-    if (help) {
-        printf("usage: linmoe plan [--preset NAME] [flags]\n\n");
-        lm_flags_print_help(fl, n, stdout);
-        return 0;
-    }
+    int rc = lm_flags_run("plan", "usage: linmoe plan [--preset NAME] [flags]\n", fl, n, argc, argv);
+    if (rc >= 0) return rc;
     lm_config c;
     if (lm_model_flags_config(&mf, &c) != LM_OK) { fprintf(stderr, "linmoe plan: error: %s\n", lm_last_error()); return 1; }
     if (T == 0) T = c.seq_len;

@@ -51,16 +51,8 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"debug-nan-steps", 0, FL_STR, o.nan_steps, sizeof o.nan_steps,
                         "testing: poison the gradients of these steps with NaN (e.g. 5,6)"};
     fl[n++] = (lm_flag){"debug-stop-at", 0, FL_INT, &o.stop_at, 0, "testing: stop after this step as if interrupted"};
-    int help;
-    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
-        fprintf(stderr, "linmoe train: error: %s\n", lm_last_error());
-        return 1;
-    }
-    if (help) {
-        printf("usage: linmoe train [flags]\n\nTrains a model; writes <out>/metrics.jsonl and checkpoints.\n\n");
-        lm_flags_print_help(fl, n, stdout);
-        return 0;
-    }
+    int rc = lm_flags_run("train", "usage: linmoe train [flags]\n\nTrains a model; writes <out>/metrics.jsonl and checkpoints.\n", fl, n, argc, argv);
+    if (rc >= 0) return rc;
     lm_config cfg;
     const lm_ops *ops;
     int k = lm_optimizer_from_name(optimizer);
@@ -103,7 +95,7 @@ int lm_cmd_train(int argc, char **argv) {
         }
         cfg = saved;
     }
-    int rc = lm_train_run(&o, &cfg, ops);
+    rc = lm_train_run(&o, &cfg, ops);
     if (rc == 0 && samples > 0 && strcmp(o.data, "tasks") == 0) {
         char ck[2048], p[2100];
         lm_ckpt_latest(o.out_dir, ck, sizeof ck);

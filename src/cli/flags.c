@@ -94,3 +94,15 @@ void lm_flags_print_help(const lm_flag *fl, int n, FILE *f) {
         fprintf(f, "  %-26s %s%s\n", left, fl[i].help, def);
     }
 }
+
+int lm_flags_run(const char *cmd, const char *usage, const lm_flag *fl, int n, int argc, char **argv) {
+    int help;
+    if (lm_flags_parse(fl, n, argc, argv, 2, &help) != LM_OK) {
+        fprintf(stderr, "linmoe %s: error: %s\n", cmd, lm_last_error());
+        return 1;
+    }
+    if (!help) return -1;
+    printf("%s\n", usage);
+    lm_flags_print_help(fl, n, stdout);
+    return 0;
+}

@@ -22,5 +22,9 @@ typedef struct {
 // a missing or malformed value, or a stray argument. Sets *help when --help/-h is given.
 lm_status lm_flags_parse(const lm_flag *fl, int n, int argc, char **argv, int first, int *help);
 void lm_flags_print_help(const lm_flag *fl, int n, FILE *f);
+// Parses the flags of subcommand `cmd` (argv[2..]). On a bad flag prints one error line
+// and returns 1; on --help prints `usage` and the flag table and returns 0; otherwise
+// returns −1 (go on).
+int lm_flags_run(const char *cmd, const char *usage, const lm_flag *fl, int n, int argc, char **argv);
 
 #endif
