@@ -37,7 +37,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda clean bench
+.PHONY: all run test test-f32 test-f64 test-san deps cuda clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -108,6 +108,12 @@ cuda: $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
 build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/ops.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# CPU benchmark figures (bench/RESULTS.md)
+build/f32/bench_cpu: build/f32/obj/bench/bench_cpu.o build/f32/liblinmoe.a
+	@$(CC) $(CFLAGS_f32) $^ -o $@ $(LDLIBS)
+bench-cpu: deps build/f32/bench_cpu
+	build/f32/bench_cpu
 
 clean:
 	rm -rf build
