@@ -687,9 +687,8 @@ static void t_muon(int count, int rows, int cols) {
     float *hp = lm_malloc(n * sizeof(float));
     GPU->to_host(hp, gp, n * sizeof(float));
     for (size_t i = 0; i < n; i++) { hp[i] -= p0[i]; p[i] -= p0[i]; }
-    // five Newton–Schulz steps amplify fp32 rounding differences between the two BLAS
-    // libraries; the update is checked at 1e-4 relative (the parameters themselves at 1e-5)
-    record(op, "update p - p0", rel_rms(hp, p, n), 1e-4);
+    // the update alone (five Newton–Schulz steps through two BLAS libraries): 3.6e-6 on an H200
+    record(op, "update p - p0", rel_rms(hp, p, n), TOL);
     DFREE(gp, gg, gm); HFREE(p, g, m, p0, hp);
 }
 
