@@ -3,6 +3,7 @@
 #   make run     build, then train the `tiny` preset on the built-in tasks (CPU)
 #   make test    build everything and run the whole test suite (fp32, fp64, ASan+UBSan)
 #   make cuda    compile the CUDA backend with nvcc (sm_90a)
+#   make test-cuda-ops   build and run the CUDA backend against the CPU reference (needs a GPU)
 #
 # Debian packages the project needs are installed by `make deps`, which `run` and
 # `test` call first.
@@ -37,7 +38,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda clean bench-cpu
+.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-tests test-cuda-ops clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -103,9 +104,10 @@ deps-quiet:
 CUDA_SRC := $(wildcard src/cuda/*.cu)
 NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed-constexpr \
             -Xcompiler -Wall,-Wno-unused-parameter
-cuda: $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
+CUDA_OBJ := $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
+cuda: $(CUDA_OBJ)
 	@echo "== CUDA sources compiled: $(words $(CUDA_SRC))"
-build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/ops.h
+build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) src/ops.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -114,6 +116,17 @@ build/f32/bench_cpu: build/f32/obj/bench/bench_cpu.o build/f32/liblinmoe.a
 	@$(CC) $(CFLAGS_f32) $^ -o $@ $(LDLIBS)
 bench-cpu: deps build/f32/bench_cpu
 	build/f32/bench_cpu
+
+# the CUDA backend against the CPU reference: every op, then the model (needs a GPU)
+build/cuda/obj/tests/%.o: tests/cuda/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_f32) -DLM_CUDA -c $< -o $@
+build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o $(CUDA_OBJ) build/f32/liblinmoe.a
+	@mkdir -p $(dir $@)
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+cuda-tests: build/cuda/tests/test_cuda_ops
+test-cuda-ops: build/cuda/tests/test_cuda_ops
+	build/cuda/tests/test_cuda_ops
 
 clean:
 	rm -rf build

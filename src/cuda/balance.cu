@@ -1,0 +1,125 @@
+// balance.cu — router statistics and losses: the Quantile Balancing margin histogram,
+// the Switch-style auxiliary loss and the router z-loss. The two losses return host
+// doubles (the op waits for them); their per-token terms are summed in a fixed order.
+#include "cuda_common.cuh"
+
+// hist [E, nbins] += counts of r_ij = alpha_i − s_ij in bins of `width` from `lo`
+// (below lo and NaN → bin 0; at or above the top edge → bin nbins−1). Integer atomics: exact.
+__global__ static void qb_hist_k(int *hist, const float *s, const float *alpha, float lo, float inv, int N, int E,
+                                 int nbins) {
+    size_t n = (size_t)N * E;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / E;
+        int j = (int)(e % E);
+        float t = (alpha[i] - s[e] - lo) * inv;
+        int bin = t >= (float)nbins ? nbins - 1 : (t >= 1 ? (int)t : 0);
+        atomicAdd(&hist[(size_t)j * nbins + bin], 1);
+    }
+}
+
+void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins) {
+    size_t n = (size_t)N * E;
+    if (!n || nbins <= 0) return;
+    const real inv = 1 / width;
+    qb_hist_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(hist, s, alpha, lo, inv, N, E, nbins);
+    cudaLaunchCheck();
+}
+
+// Σ_i v[i] by one block (each thread a strided partial, then a fixed tree): deterministic
+__global__ static void sum_d_k(double *out, const double *v, int n) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) *out = s;
+}
+static double sum_tokens(double *ws, int N) {
+    sum_d_k<<<1, 1024, 0, lm_cuda_stream()>>>(ws + N, ws, N);
+    cudaLaunchCheck();
+    double r;
+    lm_cuda_read(&r, ws + N, sizeof r);
+    return r;
+}
+
+// per token: Σ_j counts_j · s_ij / S_i in double
+__global__ static void aux_terms_k(double *term, const float *s, const int *counts, int N, int E) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float *si = s + (size_t)i * E;
+    double S = 0, fs = 0;
+    for (int j = 0; j < E; j++) {
+        S += si[j];
+        fs += (double)counts[j] * si[j];
+    }
+    term[i] = fs / S;
+}
+
+double cuda_moe_aux_fwd(const real *s, const int *counts, int N, int E, int k, real coef) {
+    if (N <= 0) return 0;
+    double *ws = (double *)lm_cuda_scratch(((size_t)N + 1) * sizeof(double));
+    aux_terms_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(ws, s, counts, N, E);
+    cudaLaunchCheck();
+    double acc = sum_tokens(ws, N);
+    return (double)coef * E * acc / ((double)N * N * k);
+}
+
+__global__ static void aux_bwd_k(float *dz, const float *s, const int *counts, int N, int E, float c, float fscale) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float *si = s + (size_t)i * E;
+    float S = 0, F = 0;
+    for (int j = 0; j < E; j++) {
+        S += si[j];
+        F += counts[j] * fscale * si[j];
+    }
+    for (int j = 0; j < E; j++) {
+        float ds = c * (counts[j] * fscale - F / S) / S;
+        dz[(size_t)i * E + j] += ds * si[j] * (1 - si[j]);
+    }
+}
+
+void cuda_moe_aux_bwd(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss) {
+    if (!dz || N <= 0) return;
+    const real c = dloss * coef * E / N;
+    const real fscale = (real)1 / ((real)N * k);
+    aux_bwd_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(dz, s, counts, N, E, c, fscale);
+    cudaLaunchCheck();
+}
+
+__device__ __forceinline__ float row_lse(const float *z, int E) {
+    float m = z[0];
+    for (int j = 1; j < E; j++) m = z[j] > m ? z[j] : m;
+    float sum = 0;
+    for (int j = 0; j < E; j++) sum += expf(z[j] - m);
+    return m + logf(sum);
+}
+
+__global__ static void zloss_terms_k(double *term, const float *z, int N, int E) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    double l = row_lse(z + (size_t)i * E, E);
+    term[i] = l * l;
+}
+
+double cuda_moe_zloss_fwd(const real *z, int N, int E, real coef) {
+    if (N <= 0) return 0;
+    double *ws = (double *)lm_cuda_scratch(((size_t)N + 1) * sizeof(double));
+    zloss_terms_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(ws, z, N, E);
+    cudaLaunchCheck();
+    return (double)coef * sum_tokens(ws, N) / N;
+}
+
+__global__ static void zloss_bwd_k(float *dz, const float *z, int N, int E, float coef, float dloss) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float *zi = z + (size_t)i * E;
+    float l = row_lse(zi, E);
+    float c = dloss * coef * 2 * l / N;
+    for (int j = 0; j < E; j++) dz[(size_t)i * E + j] += c * expf(zi[j] - l);
+}
+
+void cuda_moe_zloss_bwd(real *dz, const real *z, int N, int E, real coef, real dloss) {
+    if (!dz || N <= 0) return;
+    zloss_bwd_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(dz, z, N, E, coef, dloss);
+    cudaLaunchCheck();
+}

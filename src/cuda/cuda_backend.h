@@ -1,0 +1,83 @@
+// cuda_backend.h — the CUDA backend's ops (every op of ops.h except the memory ops
+// alloc/free/to_device/to_host/copy/zero and the KDA ops, which live in cuda_ops.cu and
+// kda*.cu), one function per op named cuda_<op>, with the signatures of the cpu_<op>
+// functions in src/cpu/cpu.h. All tensor pointers are DEVICE pointers; `real` is float.
+// Every function runs on lm_cuda_stream() (see cuda_common.cuh); the ones that return a
+// host value (sumsq, all_finite, moe_aux_fwd, moe_zloss_fwd) wait for their result.
+//
+// Includable from C and from CUDA C++ (C linkage either way).
+#ifndef LM_CUDA_BACKEND_H
+#define LM_CUDA_BACKEND_H
+
+#ifdef __CUDACC__
+#include <cuda_runtime.h>
+#endif
+#ifdef __cplusplus
+#include <tgmath.h>   // before the extern "C" block: in C++ it pulls in <cmath>/<complex> templates
+#ifndef _Noreturn     // core/common.h is C11; C++ spells it as an attribute
+#define _Noreturn __attribute__((noreturn))
+#endif
+extern "C" {
+#endif
+
+#include "../ops.h"
+
+// the stream every op runs on, and the cuBLAS handle bound to it (created on first use)
+#ifdef __CUDACC__
+cudaStream_t lm_cuda_stream(void);
+#endif
+// frees the backend's workspace and cuBLAS handle (optional, e.g. at exit)
+void lm_cuda_backend_shutdown(void);
+
+void cuda_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols);
+void cuda_add(real *out, const real *a, const real *b, size_t n);
+void cuda_acc(real *acc, const real *x, size_t n);
+void cuda_scale(real *x, real s, size_t n);
+double cuda_sumsq(const real *x, size_t n);
+int cuda_all_finite(const real *x, size_t n);
+void cuda_embed_fwd(real *out, const int *tokens, const real *table, int N, int C);
+void cuda_embed_bwd(real *dtable, const int *tokens, const real *dout, int N, int C);
+void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
+void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const real *inp, const real *W, int N, int C, int OC);
+void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
+void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C);
+void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
+void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V);
+void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
+void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n);
+void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act);
+void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
+void cuda_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
+void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
+void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
+void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
+void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
+void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
+void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+void cuda_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
+void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
+void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);
+void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx, int N, int E, int k, real route_scale, int renorm);
+void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
+void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
+void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C);
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
+void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
+void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);
+double cuda_moe_aux_fwd(const real *s, const int *counts, int N, int E, int k, real coef);
+void cuda_moe_aux_bwd(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss);
+double cuda_moe_zloss_fwd(const real *z, int N, int E, real coef);
+void cuda_moe_zloss_bwd(real *dz, const real *z, int N, int E, real coef, real dloss);
+void cuda_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, const real *gamma, int N, int C, real eps);
+void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *dout, lm_sources src, const real *alpha, const real *w, const real *gamma, int N, int C, real eps);
+void cuda_xent_fwd(real *losses, real *lse, const real *logits, const int *targets, int N, int V);
+void cuda_xent_bwd(real *dlogits, const real *logits, const real *lse, const int *targets, real dloss, int N, int V);
+void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd, real bc1, real bc2);
+void cuda_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,140 @@
+// cuda_common.cuh — what every CUDA source of the backend shares: error checks
+// (cudaCheck, cublasCheck, launch checks), the stream and cuBLAS handle, a reusable
+// device workspace, and a few device helpers (block reductions, the column-sum pattern
+// used by every deterministic parameter-gradient reduction).
+//
+// Stream: every op runs on lm_cuda_stream(), which is the legacy default stream (0).
+// Host<->device copies made with plain cudaMemcpy by the memory ops are therefore
+// ordered with the kernels without extra synchronisation.
+#ifndef LM_CUDA_COMMON_CUH
+#define LM_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include "cuda_backend.h"
+
+void lm_cuda_fail(const char *what, const char *expr, const char *file, int line);
+#define cudaCheck(call)                                                                     \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) lm_cuda_fail(cudaGetErrorString(e_), #call, __FILE__, __LINE__); \
+    } while (0)
+#define cublasCheck(call)                                                                   \
+    do {                                                                                    \
+        cublasStatus_t s_ = (call);                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) lm_cuda_fail(cublasGetStatusString(s_), #call, __FILE__, __LINE__); \
+    } while (0)
+// after every kernel launch
+#define cudaLaunchCheck() cudaCheck(cudaGetLastError())
+
+cublasHandle_t lm_cublas(void);
+// One device workspace shared by all ops (each op carves what it needs from one call;
+// the previous contents are not kept). Growing it frees the old buffer with cudaFree,
+// which waits for the device, so work already queued on the old buffer is finished.
+void *lm_cuda_scratch(size_t bytes);
+// reads a host copy of `bytes` from device memory on the op stream (waits)
+void lm_cuda_read(void *host, const void *dev, size_t bytes);
+
+static inline unsigned lm_cuda_blocks(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : (b > 65535u * 32 ? 65535u * 32 : b));
+}
+static inline size_t lm_align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+// ---- device helpers ----
+__device__ __forceinline__ float dsigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
+// The order is fixed by blockDim, so the result is deterministic. `sh` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();   // sh may still be read by a previous call
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(t);
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(t);
+}
+__device__ __forceinline__ double block_sum_d(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(t);
+}
+
+// ---- deterministic column sums: sums[c] = Σ_{i<N} f(i, c), c < C ----
+// Rows are cut into chunks (64 rows, more when N is huge so that there are at most 32768
+// chunks); each (chunk, column) partial is summed in row order, then the partials in
+// chunk order: the result depends only on N and C, never on timing.
+static inline int colsum_rows_per_chunk(int N) {
+    int r = 64;
+    if ((N + r - 1) / r > 32768) r = (N + 32767) / 32768;
+    return r;
+}
+static inline int colsum_chunks(int N) { int r = colsum_rows_per_chunk(N); return (N + r - 1) / r; }
+static inline size_t colsum_ws_floats(int N, int C) {
+    int nch = colsum_chunks(N);
+    return (size_t)(nch ? nch : 1) * (size_t)C + (size_t)C;
+}
+template <class F>
+__global__ void colsum_partial_k(float *part, int N, int C, int rpc, F f) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int i0 = blockIdx.y * rpc, i1 = min(N, i0 + rpc);
+    float s = 0.0f;
+    for (int i = i0; i < i1; i++) s += f(i, c);
+    part[(size_t)blockIdx.y * C + c] = s;
+}
+__global__ void colsum_final_k(float *sums, const float *part, int nch, int C);
+// ws: colsum_ws_floats(N, C) floats of device memory; returns the sums array (inside ws)
+template <class F>
+float *colsum(float *ws, int N, int C, F f) {
+    int nch = colsum_chunks(N);
+    float *sums = ws + (size_t)(nch ? nch : 1) * C;
+    if (C <= 0) return sums;
+    if (nch == 0) {
+        cudaCheck(cudaMemsetAsync(sums, 0, (size_t)C * sizeof(float), lm_cuda_stream()));
+        return sums;
+    }
+    dim3 grid((C + 127) / 128, nch);
+    colsum_partial_k<<<grid, 128, 0, lm_cuda_stream()>>>(ws, N, C, colsum_rows_per_chunk(N), f);
+    cudaLaunchCheck();
+    colsum_final_k<<<(C + 127) / 128, 128, 0, lm_cuda_stream()>>>(sums, ws, nch, C);
+    cudaLaunchCheck();
+    return sums;
+}
+
+// Deterministic scatter-add of rows: dst[keys[i]] += src[i] for i < n (rows of C floats),
+// each destination row summing its sources in increasing i from its old value, exactly as
+// a sequential loop would. keys are ≥ 0 and < 2^key_bits. Uses (and overwrites) the
+// workspace: a stable radix sort (CUB) groups equal keys.
+void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int n, int C, int key_bits);
+
+// dst[i] += src[i] (NULL dst: nothing), and dst[i] += src[i] * mul[i]
+void lm_cuda_acc_vec(float *dst, const float *src, const float *mul, int n);
+
+#endif

@@ -1,0 +1,90 @@
+// elementwise.cu — strided 2-D copy, add, accumulate, scale, sum of squares, finiteness.
+#include "cuda_common.cuh"
+
+void cuda_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols) {
+    if (!rows || !cols) return;
+    // the regions of one call never overlap in the model (distinct buffers)
+    cudaCheck(cudaMemcpy2DAsync(dst, dst_stride * sizeof(real), src, src_stride * sizeof(real), cols * sizeof(real),
+                                rows, cudaMemcpyDeviceToDevice, lm_cuda_stream()));
+}
+
+__global__ static void add_k(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+__global__ static void acc_k(float *acc, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += x[i];
+}
+__global__ static void scale_k(float *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+void cuda_add(real *out, const real *a, const real *b, size_t n) {
+    if (!n) return;
+    add_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, a, b, n);
+    cudaLaunchCheck();
+}
+void cuda_acc(real *acc, const real *x, size_t n) {
+    if (!n) return;
+    acc_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(acc, x, n);
+    cudaLaunchCheck();
+}
+void cuda_scale(real *x, real s, size_t n) {
+    if (!n) return;
+    scale_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(x, s, n);
+    cudaLaunchCheck();
+}
+
+// Σ x² in double: blocks of 4096 elements (as the CPU), each summed by a fixed tree,
+// then the block sums by one block in a fixed order. Deterministic.
+#define SUMSQ_BS 4096
+__global__ static void sumsq_part_k(double *part, const float *x, size_t n) {
+    __shared__ double sh[32];
+    size_t b0 = (size_t)blockIdx.x * SUMSQ_BS;
+    double s = 0;
+    for (int j = threadIdx.x; j < SUMSQ_BS; j += blockDim.x) {
+        size_t i = b0 + j;
+        if (i < n) s += (double)x[i] * (double)x[i];
+    }
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+__global__ static void sum_parts_k(double *out, const double *part, size_t nb) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (size_t j = threadIdx.x; j < nb; j += blockDim.x) s += part[j];
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) *out = s;
+}
+
+double cuda_sumsq(const real *x, size_t n) {
+    size_t nb = (n + SUMSQ_BS - 1) / SUMSQ_BS;
+    if (nb == 0) return 0.0;
+    double *ws = (double *)lm_cuda_scratch((nb + 1) * sizeof(double));
+    sumsq_part_k<<<(unsigned)nb, 256, 0, lm_cuda_stream()>>>(ws + 1, x, n);
+    cudaLaunchCheck();
+    sum_parts_k<<<1, 1024, 0, lm_cuda_stream()>>>(ws, ws + 1, nb);
+    cudaLaunchCheck();
+    double r;
+    lm_cuda_read(&r, ws, sizeof r);
+    return r;
+}
+
+// flag starts at 0; any thread that sees a NaN/Inf writes 1 (all writers store the same value)
+__global__ static void finite_k(int *flag, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        if (!isfinite(x[i])) *flag = 1;
+}
+
+int cuda_all_finite(const real *x, size_t n) {
+    if (!n) return 1;
+    int *flag = (int *)lm_cuda_scratch(sizeof(int));
+    cudaCheck(cudaMemsetAsync(flag, 0, sizeof(int), lm_cuda_stream()));
+    finite_k<<<lm_cuda_blocks(n, 256) < 4096 ? lm_cuda_blocks(n, 256) : 4096, 256, 0, lm_cuda_stream()>>>(flag, x, n);
+    cudaLaunchCheck();
+    int r;
+    lm_cuda_read(&r, flag, sizeof r);
+    return !r;
+}

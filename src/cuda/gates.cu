@@ -1,0 +1,71 @@
+// gates.cu — sigmoid output gate (gated MLA) and the GLU activations of the FFNs.
+#include "cuda_common.cuh"
+
+#define SITU_B1 4.0f
+#define SITU_B2 25.0f
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__global__ static void sgate_fwd_k(float *out, const float *x, const float *z, size_t n) {
+    GRID_STRIDE(i, n) out[i] = x[i] * dsigmoid(z[i]);
+}
+__global__ static void sgate_bwd_k(float *dx, float *dz, const float *dout, const float *x, const float *z, size_t n) {
+    GRID_STRIDE(i, n) {
+        float s = dsigmoid(z[i]);
+        if (dx) dx[i] += dout[i] * s;
+        if (dz) dz[i] += dout[i] * x[i] * s * (1 - s);
+    }
+}
+
+void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
+    if (!n) return;
+    sgate_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, x, z, n);
+    cudaLaunchCheck();
+}
+void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n) {
+    if (!n || (!dx && !dz)) return;
+    sgate_bwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, n);
+    cudaLaunchCheck();
+}
+
+// SwiGLU: h = silu(g)·u;  SiTU-GLU: h = [b1·tanh(g/b1)·σ(g)]·[b2·tanh(u/b2)]
+__global__ static void glu_fwd_k(float *h, const float *g, const float *u, size_t n, int act) {
+    GRID_STRIDE(i, n) {
+        if (act == LM_ACT_SITU)
+            h[i] = SITU_B1 * tanhf(g[i] / SITU_B1) * dsigmoid(g[i]) * (SITU_B2 * tanhf(u[i] / SITU_B2));
+        else
+            h[i] = g[i] * dsigmoid(g[i]) * u[i];
+    }
+}
+__global__ static void glu_bwd_k(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n,
+                                 int act) {
+    GRID_STRIDE(i, n) {
+        float s = dsigmoid(g[i]);
+        float ag, dag, bu, dbu;
+        if (act == LM_ACT_SITU) {
+            float tg = tanhf(g[i] / SITU_B1), tu = tanhf(u[i] / SITU_B2);
+            ag = SITU_B1 * tg * s;
+            dag = (1 - tg * tg) * s + SITU_B1 * tg * s * (1 - s);
+            bu = SITU_B2 * tu;
+            dbu = 1 - tu * tu;
+        } else {
+            ag = g[i] * s;
+            dag = s * (1 + g[i] * (1 - s));
+            bu = u[i];
+            dbu = 1;
+        }
+        if (dg) dg[i] += dh[i] * bu * dag;
+        if (du) du[i] += dh[i] * ag * dbu;
+    }
+}
+
+void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act) {
+    if (!n) return;
+    glu_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(h, g, u, n, act);
+    cudaLaunchCheck();
+}
+void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act) {
+    if (!n || (!dg && !du)) return;
+    glu_bwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dg, du, dh, g, u, n, act);
+    cudaLaunchCheck();
+}

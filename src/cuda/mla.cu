@@ -1,0 +1,327 @@
+// mla.cu — the MLA attention core: per-head keys/values from the up-projected latent
+// (mla_split), causal softmax attention without positions (attn_fwd/bwd), and the
+// absorbed-form decode over the latent cache (mla_decode).
+//
+// attn: one warp per query row (forward and dq) or per key row (dk, dv), keys/queries
+// visited in tiles of 32 with one tile element per lane; lanes own the feature channels
+// d = lane + 32·i of the accumulators. The forward keeps an online softmax (running max
+// and sum, rescaled per tile); the backward recomputes the probabilities from the saved
+// lse, as the CPU does, and never stores a T×T matrix. Each output element is written
+// by exactly one warp, so results are deterministic without atomics.
+// This is the straightforward version; a tiled flash-attention kernel on tensor cores is
+// the follow-up for speed.
+#include "cuda_common.cuh"
+
+#define ATT_ND 8                    // channels per lane: head dims up to 32·ATT_ND = 256
+#define ATT_MAXD (32 * ATT_ND)
+#define ATT_WARPS 4                 // warps per block
+
+// kv [N,H,Dn+Dv], kpe [N,De] → k [N,H,Dn+De], v [N,H,Dv]
+__global__ static void split_fwd_k(float *k, float *v, const float *kv, const float *kpe, int N, int H, int Dn,
+                                   int De, int Dv) {
+    const int Dkv = Dn + Dv, Dk = Dn + De, row = Dk + Dv;
+    size_t n = (size_t)N * H * row;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t nh = e / row;
+        int d = (int)(e % row);
+        size_t nn = nh / H;
+        const float *src = kv + nh * Dkv;
+        if (d < Dn) k[nh * Dk + d] = src[d];
+        else if (d < Dk) k[nh * Dk + d] = kpe[nn * De + (d - Dn)];
+        else v[nh * Dv + (d - Dk)] = src[Dn + (d - Dk)];
+    }
+}
+
+void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv) {
+    size_t n = (size_t)N * H * (Dn + De + Dv);
+    if (!n) return;
+    split_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(k, v, kv, kpe, N, H, Dn, De, Dv);
+    cudaLaunchCheck();
+}
+
+__global__ static void split_bwd_kv_k(float *dkv, const float *dk, const float *dv, int N, int H, int Dn, int De,
+                                      int Dv) {
+    const int Dkv = Dn + Dv, Dk = Dn + De;
+    size_t n = (size_t)N * H * Dkv;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t nh = e / Dkv;
+        int d = (int)(e % Dkv);
+        if (d < Dn) { if (dk) dkv[e] += dk[nh * Dk + d]; }
+        else if (dv) dkv[e] += dv[nh * Dv + (d - Dn)];
+    }
+}
+// dkpe[n,d] += Σ_h dk[n,h,Dn+d], heads in order 0..H-1
+__global__ static void split_bwd_kpe_k(float *dkpe, const float *dk, int N, int H, int Dn, int De) {
+    const int Dk = Dn + De;
+    size_t n = (size_t)N * De;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t nn = e / De;
+        int d = (int)(e % De);
+        float g = dkpe[e];
+        for (int h = 0; h < H; h++) g += dk[(nn * H + h) * Dk + Dn + d];
+        dkpe[e] = g;
+    }
+}
+
+void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv) {
+    if (N <= 0 || H <= 0) return;
+    size_t n = (size_t)N * H * (Dn + Dv);
+    if (dkv && n && (dk || dv)) {
+        split_bwd_kv_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv);
+        cudaLaunchCheck();
+    }
+    if (dkpe && dk && De > 0) {
+        split_bwd_kpe_k<<<lm_cuda_blocks((size_t)N * De, 256), 256, 0, lm_cuda_stream()>>>(dkpe, dk, N, H, Dn, De);
+        cudaLaunchCheck();
+    }
+}
+
+__device__ __forceinline__ float dot_sh(const float *a_sh, const float *b, int D) {
+    float s = 0.0f;
+    for (int d = 0; d < D; d++) s += a_sh[d] * b[d];
+    return s;
+}
+
+// o [B,T,H,Dv], lse [B,H,T]; q, k [B,T,H,Dqk]; v [B,T,H,Dv]
+__global__ static void __launch_bounds__(32 * ATT_WARPS) attn_fwd_k(float *o, float *lse, const float *q,
+                                                                     const float *k, const float *v, int B, int T,
+                                                                     int H, int Dqk, int Dv, float scale) {
+    __shared__ float qs[ATT_WARPS][ATT_MAXD];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const long gw = (long)blockIdx.x * ATT_WARPS + wi;
+    if (gw >= (long)B * H * T) return;
+    const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
+    const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
+    const float *qh = q + (size_t)b * T * ldq + (size_t)h * Dqk;
+    const float *kh = k + (size_t)b * T * ldq + (size_t)h * Dqk;
+    const float *vh = v + (size_t)b * T * ldv + (size_t)h * Dv;
+    for (int d = lane; d < Dqk; d += 32) qs[wi][d] = qh[(size_t)t * ldq + d];
+    __syncwarp();
+    float acc[ATT_ND];
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        const int s = s0 + lane;
+        float sc = s <= t ? scale * dot_sh(qs[wi], kh + (size_t)s * ldq, Dqk) : -INFINITY;
+        float mn = fmaxf(m, warp_max(sc));   // finite: lane 0's key s0 ≤ t is always valid
+        float alpha = expf(m - mn);
+        float p = expf(sc - mn);
+        l = l * alpha + warp_sum(p);
+        m = mn;
+        const int nk = min(32, t - s0 + 1);
+#pragma unroll
+        for (int i = 0; i < ATT_ND; i++) acc[i] *= alpha;
+        for (int j = 0; j < nk; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            const float *vr = vh + (size_t)(s0 + j) * ldv;
+#pragma unroll
+            for (int i = 0; i < ATT_ND; i++) {
+                int d = lane + 32 * i;
+                if (d < Dv) acc[i] += pj * vr[d];
+            }
+        }
+    }
+    float inv = 1.0f / l;
+    float *orow = o + ((size_t)b * T + t) * ldv + (size_t)h * Dv;
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) {
+        int d = lane + 32 * i;
+        if (d < Dv) orow[d] = acc[i] * inv;
+    }
+    if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
+}
+
+static void attn_check_dims(int Dqk, int Dv) {
+    LM_CHECK(Dqk <= ATT_MAXD && Dv <= ATT_MAXD, "cuda attn: head dims %d/%d exceed %d", Dqk, Dv, ATT_MAXD);
+}
+
+void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
+                   int B, int T, int H, int Dqk, int Dv, real scale) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    attn_check_dims(Dqk, Dv);
+    long rows = (long)B * H * T;
+    attn_fwd_k<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(
+        o, lse, q, k, v, B, T, H, Dqk, Dv, scale);
+    cudaLaunchCheck();
+}
+
+// D [B,H,T] = do_t · o_t per head
+__global__ static void attn_D_k(float *D, const float *d_o, const float *o, int B, int T, int H, int Dv) {
+    const int lane = threadIdx.x & 31;
+    const long gw = (long)blockIdx.x * ATT_WARPS + (threadIdx.x >> 5);
+    if (gw >= (long)B * H * T) return;
+    const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
+    const size_t off = ((size_t)b * T + t) * H * Dv + (size_t)h * Dv;
+    float s = 0.0f;
+    for (int d = lane; d < Dv; d += 32) s += d_o[off + d] * o[off + d];
+    s = warp_sum(s);
+    if (lane == 0) D[gw / T * T + t] = s;   // ((b·H + h)·T + t)
+}
+
+// dq_t += Σ_{s≤t} dS_ts k_s, one warp per query row t
+__global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dq_k(float *dq, const float *d_o, const float *q,
+                                                                    const float *k, const float *v, const float *lse,
+                                                                    const float *D, int B, int T, int H, int Dqk,
+                                                                    int Dv, float scale) {
+    __shared__ float qs[ATT_WARPS][ATT_MAXD], dos[ATT_WARPS][ATT_MAXD];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const long gw = (long)blockIdx.x * ATT_WARPS + wi;
+    if (gw >= (long)B * H * T) return;
+    const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
+    const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
+    const size_t qoff = (size_t)b * T * ldq + (size_t)h * Dqk, voff = (size_t)b * T * ldv + (size_t)h * Dv;
+    for (int d = lane; d < Dqk; d += 32) qs[wi][d] = q[qoff + (size_t)t * ldq + d];
+    for (int d = lane; d < Dv; d += 32) dos[wi][d] = d_o[voff + (size_t)t * ldv + d];
+    __syncwarp();
+    const float lt = lse[gw], Dt = D[gw];   // gw = (b·H + h)·T + t
+    float acc[ATT_ND];
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) acc[i] = 0.0f;
+    for (int s0 = 0; s0 <= t; s0 += 32) {
+        const int s = s0 + lane;
+        float ds = 0.0f;
+        if (s <= t) {
+            float p = expf(scale * dot_sh(qs[wi], k + qoff + (size_t)s * ldq, Dqk) - lt);
+            float dp = dot_sh(dos[wi], v + voff + (size_t)s * ldv, Dv);
+            ds = scale * p * (dp - Dt);
+        }
+        const int nk = min(32, t - s0 + 1);
+        for (int j = 0; j < nk; j++) {
+            float g = __shfl_sync(0xffffffffu, ds, j);
+            const float *kr = k + qoff + (size_t)(s0 + j) * ldq;
+#pragma unroll
+            for (int i = 0; i < ATT_ND; i++) {
+                int d = lane + 32 * i;
+                if (d < Dqk) acc[i] += g * kr[d];
+            }
+        }
+    }
+    float *g = dq + qoff + (size_t)t * ldq;
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) {
+        int d = lane + 32 * i;
+        if (d < Dqk) g[d] += acc[i];
+    }
+}
+
+// dk_s += Σ_{t≥s} dS_ts q_t, dv_s += Σ_{t≥s} P_ts do_t, one warp per key row s
+__global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dkdv_k(float *dk, float *dv, const float *d_o,
+                                                                      const float *q, const float *k, const float *v,
+                                                                      const float *lse, const float *D, int B, int T,
+                                                                      int H, int Dqk, int Dv, float scale) {
+    __shared__ float ks[ATT_WARPS][ATT_MAXD], vs[ATT_WARPS][ATT_MAXD];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const long gw = (long)blockIdx.x * ATT_WARPS + wi;
+    if (gw >= (long)B * H * T) return;
+    const int s = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
+    const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
+    const size_t qoff = (size_t)b * T * ldq + (size_t)h * Dqk, voff = (size_t)b * T * ldv + (size_t)h * Dv;
+    const float *lh = lse + (gw - s), *Dh = D + (gw - s);
+    for (int d = lane; d < Dqk; d += 32) ks[wi][d] = k[qoff + (size_t)s * ldq + d];
+    for (int d = lane; d < Dv; d += 32) vs[wi][d] = v[voff + (size_t)s * ldv + d];
+    __syncwarp();
+    float ak[ATT_ND], av[ATT_ND];
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) ak[i] = av[i] = 0.0f;
+    for (int t0 = s; t0 < T; t0 += 32) {
+        const int t = t0 + lane;
+        float p = 0.0f, ds = 0.0f;
+        if (t < T) {
+            p = expf(scale * dot_sh(ks[wi], q + qoff + (size_t)t * ldq, Dqk) - lh[t]);
+            float dp = dot_sh(vs[wi], d_o + voff + (size_t)t * ldv, Dv);
+            ds = scale * p * (dp - Dh[t]);
+        }
+        const int nq = min(32, T - t0);
+        for (int j = 0; j < nq; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j), gj = __shfl_sync(0xffffffffu, ds, j);
+            const float *dor = d_o + voff + (size_t)(t0 + j) * ldv, *qr = q + qoff + (size_t)(t0 + j) * ldq;
+#pragma unroll
+            for (int i = 0; i < ATT_ND; i++) {
+                int d = lane + 32 * i;
+                if (d < Dv) av[i] += pj * dor[d];
+                if (d < Dqk) ak[i] += gj * qr[d];
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_ND; i++) {
+        int d = lane + 32 * i;
+        if (dv && d < Dv) dv[voff + (size_t)s * ldv + d] += av[i];
+        if (dk && d < Dqk) dk[qoff + (size_t)s * ldq + d] += ak[i];
+    }
+}
+
+void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
+                   const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
+    if (B <= 0 || T <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    attn_check_dims(Dqk, Dv);
+    long rows = (long)B * H * T;
+    unsigned grid = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
+    float *D = (float *)lm_cuda_scratch((size_t)rows * sizeof(float));
+    attn_D_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
+    cudaLaunchCheck();
+    if (dq) {
+        attn_dq_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(dq, d_o, q, k, v, lse, D, B, T, H, Dqk, Dv, scale);
+        cudaLaunchCheck();
+    }
+    if (dk || dv) {
+        attn_dkdv_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(dk, dv, d_o, q, k, v, lse, D, B, T, H, Dqk, Dv,
+                                                                   scale);
+        cudaLaunchCheck();
+    }
+}
+
+// One warp per (b, h): scores of the lens[b] cached tokens (lane per token) into sc,
+// then the softmax-weighted sum of the latents (lanes own latent channels).
+// dynamic shared memory: q_lat [R], q_pe [De], o accumulator [R]
+__global__ static void mla_decode_k(float *o_lat, const float *q_lat, const float *q_pe, const float *c_cache,
+                                    const float *kpe_cache, const int *lens, float *sc_ws, int B, int H, int R,
+                                    int De, int Tmax, float scale) {
+    extern __shared__ float sm[];
+    float *qs = sm, *ps = sm + R, *os = sm + R + De;
+    const int lane = threadIdx.x;
+    const int bh = blockIdx.x, b = bh / H;
+    int len = lens[b];
+    len = len < 0 ? 0 : (len > Tmax ? Tmax : len);
+    const float *ql = q_lat + (size_t)bh * R, *qp = q_pe + (size_t)bh * De;
+    const float *cb = c_cache + (size_t)b * Tmax * R, *pb = kpe_cache + (size_t)b * Tmax * De;
+    float *sc = sc_ws + (size_t)bh * Tmax;
+    float *ob = o_lat + (size_t)bh * R;
+    for (int r = lane; r < R; r += 32) { qs[r] = ql[r]; os[r] = 0.0f; }
+    for (int d = lane; d < De; d += 32) ps[d] = qp[d];
+    __syncwarp();
+    if (len == 0) {
+        for (int r = lane; r < R; r += 32) ob[r] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int t = lane; t < len; t += 32) {
+        float s = dot_sh(qs, cb + (size_t)t * R, R) + (De > 0 ? dot_sh(ps, pb + (size_t)t * De, De) : 0.0f);
+        s *= scale;
+        sc[t] = s;
+        mx = fmaxf(mx, s);
+    }
+    mx = warp_max(mx);
+    __syncwarp();
+    float l = 0.0f;
+    for (int t = 0; t < len; t++) {
+        float p = expf(sc[t] - mx);
+        l += p;
+        const float *ct = cb + (size_t)t * R;
+        for (int r = lane; r < R; r += 32) os[r] += p * ct[r];
+    }
+    float inv = 1.0f / l;
+    for (int r = lane; r < R; r += 32) ob[r] = os[r] * inv;
+}
+
+void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
+                     const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale) {
+    if (B <= 0 || H <= 0 || R <= 0) return;
+    float *sc = (float *)lm_cuda_scratch((size_t)B * H * (Tmax > 0 ? Tmax : 1) * sizeof(float));
+    size_t smem = (size_t)(2 * R + De) * sizeof(float);
+    LM_CHECK(smem <= 48 * 1024, "cuda mla_decode: latent rank %d too large", R);
+    mla_decode_k<<<B * H, 32, smem, lm_cuda_stream()>>>(o_lat, q_lat, q_pe, c_cache, kpe_cache, lens, sc, B, H, R,
+                                                        De, Tmax, scale);
+    cudaLaunchCheck();
+}

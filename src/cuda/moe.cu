@@ -1,0 +1,381 @@
+// moe.cu — MoE routing (sigmoid top-k with a selection-only bias), the dispatch plan,
+// gather/scatter of token rows, the grouped expert GEMMs, and the gate-weighted combine.
+//
+// Everything reads the plan (offsets, row maps) from device memory. The one host round
+// trip is in moe_gather_bwd, which reads offsets[E] (the number of used rows, one int,
+// synchronising the stream) to size its stable sort.
+#include "cuda_common.cuh"
+#include <cub/device/device_radix_sort.cuh>
+
+#define MOE_MAX_TOPK 63
+
+// ---------------------------------------------------------------------------
+// router: one thread per token, the CPU's insertion list (ties to the lower expert)
+__global__ static void route_fwd_k(int *idx, float *gate, float *s, float *alpha, const float *z, const float *bias,
+                                   int N, int E, int k, float route_scale, int renorm) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const int m = k < E ? k + 1 : E;
+    const float *zi = z + (size_t)i * E;
+    float *si = s + (size_t)i * E;
+    int top[MOE_MAX_TOPK + 1];
+    float val[MOE_MAX_TOPK + 1];
+    int len = 0;
+    for (int j = 0; j < E; j++) {
+        float sj = dsigmoid(zi[j]);
+        si[j] = sj;
+        float v = sj + (bias ? bias[j] : 0.0f);
+        if (len == m && !(v > val[m - 1])) continue;
+        int p = len < m ? len : m - 1;
+        while (p > 0 && v > val[p - 1]) {
+            val[p] = val[p - 1];
+            top[p] = top[p - 1];
+            p--;
+        }
+        val[p] = v;
+        top[p] = j;
+        if (len < m) len++;
+    }
+    alpha[i] = k < E ? val[k] : val[k - 1] - 1;
+    float sum = 0;
+    for (int t = 0; t < k; t++) sum += si[top[t]];
+    for (int t = 0; t < k; t++) {
+        idx[(size_t)i * k + t] = top[t];
+        float st = si[top[t]];
+        gate[(size_t)i * k + t] = renorm ? route_scale * (st / sum) : route_scale * st;
+    }
+}
+
+void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias,
+                        int N, int E, int k, real route_scale, int renorm) {
+    LM_CHECK(k >= 1 && k <= E && k <= MOE_MAX_TOPK, "moe_route: need 1 <= k <= min(E, %d), got k=%d E=%d",
+             MOE_MAX_TOPK, k, E);
+    if (N <= 0) return;
+    route_fwd_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(idx, gate, s, alpha, z, bias, N, E, k, route_scale,
+                                                               renorm);
+    cudaLaunchCheck();
+}
+
+__global__ static void route_bwd_k(float *dz, const float *dgate, const float *s, const int *idx, int N, int E, int k,
+                                   float route_scale, int renorm) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float *si = s + (size_t)i * E, *dg = dgate + (size_t)i * k;
+    const int *id = idx + (size_t)i * k;
+    float *dzi = dz + (size_t)i * E;
+    float sum = 0, dot = 0;
+    for (int t = 0; t < k; t++) {
+        sum += si[id[t]];
+        dot += dg[t] * si[id[t]];
+    }
+    for (int t = 0; t < k; t++) {
+        float st = si[id[t]];
+        float ds = renorm ? route_scale / sum * (dg[t] - dot / sum) : route_scale * dg[t];
+        dzi[id[t]] += ds * st * (1 - st);
+    }
+}
+
+void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx,
+                        int N, int E, int k, real route_scale, int renorm) {
+    if (!dz || N <= 0) return;
+    route_bwd_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(dz, dgate, s, idx, N, E, k, route_scale, renorm);
+    cudaLaunchCheck();
+}
+
+// ---------------------------------------------------------------------------
+// plan. A stable radix sort of the assignments a = i·k + t by expert gives the dropless
+// layout directly (experts in order, tokens increasing inside an expert). Under a
+// capacity, an over-full expert keeps the rows whose rank (score descending, ties to the
+// lower token) is below the capacity, still listed by token.
+
+__global__ static void plan_hist_k(int *counts, const int *idx, size_t NK, int E) {
+    for (size_t a = blockIdx.x * (size_t)blockDim.x + threadIdx.x; a < NK; a += (size_t)gridDim.x * blockDim.x) {
+        int e = idx[a];
+        if (e >= 0 && e < E) atomicAdd(&counts[e], 1);   // integer counts: exact in any order
+    }
+}
+// off_dl [E+1] dropless offsets; offsets [E+1] after capacity
+__global__ static void plan_offsets_k(int *off_dl, int *offsets, const int *counts, int E, int capacity) {
+    if (blockIdx.x || threadIdx.x) return;
+    off_dl[0] = offsets[0] = 0;
+    for (int e = 0; e < E; e++) {
+        int c = counts[e];
+        off_dl[e + 1] = off_dl[e] + c;
+        offsets[e + 1] = offsets[e] + (capacity >= 0 && c > capacity ? capacity : c);
+    }
+}
+__global__ static void iota_k(int *v, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        v[i] = (int)i;
+}
+__device__ __forceinline__ bool plan_over(const int *counts, int e, int capacity) {
+    return capacity >= 0 && counts[e] > capacity;
+}
+// rank of each sorted row inside its over-full expert (score desc, then token asc)
+__global__ static void plan_rank_k(int *rank, const int *skey, const int *sval, const int *off_dl, const int *counts,
+                                   const float *s, size_t NK, int E, int k, int capacity) {
+    for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < NK; r += (size_t)gridDim.x * blockDim.x) {
+        int e = skey[r];
+        if (!plan_over(counts, e, capacity)) { rank[r] = 0; continue; }
+        int tok = sval[r] / k;
+        float sr = s[(size_t)tok * E + e];
+        int rk = 0;
+        for (int q = off_dl[e]; q < off_dl[e + 1]; q++) {
+            int tq = sval[q] / k;
+            float sq = s[(size_t)tq * E + e];
+            rk += sq > sr || (sq == sr && tq < tok);
+        }
+        rank[r] = rk;
+    }
+}
+__global__ static void plan_place_k(int *row_token, int *slot_row, const int *skey, const int *sval, const int *rank,
+                                    const int *off_dl, const int *offsets, const int *counts, size_t NK, int k,
+                                    int capacity) {
+    for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < NK; r += (size_t)gridDim.x * blockDim.x) {
+        int e = skey[r], a = sval[r], tok = a / k;
+        int pos;
+        if (!plan_over(counts, e, capacity)) {
+            pos = (int)r - off_dl[e];
+        } else {
+            if (rank[r] >= capacity) { slot_row[a] = -1; continue; }
+            pos = 0;
+            for (int q = off_dl[e]; q < (int)r; q++) pos += rank[q] < capacity;
+        }
+        int row = offsets[e] + pos;
+        row_token[row] = tok;
+        slot_row[a] = row;
+    }
+}
+
+void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx,
+                   const real *s, int N, int E, int k, int capacity) {
+    const size_t NK = (size_t)N * k;
+    cudaStream_t st = lm_cuda_stream();
+    cudaCheck(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(int), st));
+    if (NK == 0) {
+        cudaCheck(cudaMemsetAsync(offsets, 0, (size_t)(E + 1) * sizeof(int), st));
+        return;
+    }
+    int bits = 1;
+    while (bits < 31 && (1 << bits) < E) bits++;
+    size_t tmp = 0;
+    cudaCheck(cub::DeviceRadixSort::SortPairs(NULL, tmp, (const int *)NULL, (int *)NULL, (const int *)NULL,
+                                              (int *)NULL, (int)NK, 0, bits, st));
+    size_t vb = lm_align256(NK * sizeof(int)), eb = lm_align256((size_t)(E + 1) * sizeof(int));
+    char *ws = (char *)lm_cuda_scratch(eb + 4 * vb + lm_align256(tmp));
+    int *off_dl = (int *)ws;
+    int *vin = (int *)(ws + eb), *skey = (int *)(ws + eb + vb), *sval = (int *)(ws + eb + 2 * vb);
+    int *rank = (int *)(ws + eb + 3 * vb);
+    void *tws = ws + eb + 4 * vb;
+    unsigned g = lm_cuda_blocks(NK, 256);
+    if (g > 4096) g = 4096;
+    plan_hist_k<<<g, 256, 0, st>>>(counts, idx, NK, E);
+    cudaLaunchCheck();
+    plan_offsets_k<<<1, 1, 0, st>>>(off_dl, offsets, counts, E, capacity);
+    cudaLaunchCheck();
+    iota_k<<<g, 256, 0, st>>>(vin, NK);
+    cudaLaunchCheck();
+    cudaCheck(cub::DeviceRadixSort::SortPairs(tws, tmp, idx, skey, vin, sval, (int)NK, 0, bits, st));
+    cudaCheck(cudaMemsetAsync(row_token, 0xff, NK * sizeof(int), st));   // −1 past offsets[E]
+    if (capacity >= 0) {
+        plan_rank_k<<<g, 256, 0, st>>>(rank, skey, sval, off_dl, counts, s, NK, E, k, capacity);
+        cudaLaunchCheck();
+    }
+    plan_place_k<<<g, 256, 0, st>>>(row_token, slot_row, skey, sval, rank, off_dl, offsets, counts, NK, k, capacity);
+    cudaLaunchCheck();
+}
+
+// ---------------------------------------------------------------------------
+// gather / scatter
+
+__global__ static void gather_fwd_k(float *xp, const float *x, const int *row_token, const int *offsets, int E, int C) {
+    const size_t n = (size_t)offsets[E] * C;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t r = e / C, c = e % C;
+        xp[e] = x[(size_t)row_token[r] * C + c];
+    }
+}
+
+void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C) {
+    if (C <= 0) return;
+    gather_fwd_k<<<2048, 256, 0, lm_cuda_stream()>>>(xp, x, row_token, offsets, E, C);   // grid-stride over rows
+    cudaLaunchCheck();
+}
+
+// dx[row_token[r]] += dxp[r], rows of one token summed in row order (deterministic)
+void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C) {
+    if (!dx || C <= 0) return;
+    int rows;
+    lm_cuda_read(&rows, offsets + E, sizeof rows);   // host round trip: sizes the sort
+    lm_cuda_scatter_add_rows(dx, row_token, dxp, rows, C, 31);
+}
+
+// ---------------------------------------------------------------------------
+// grouped GEMM over expert segments, offsets read on the device. A plain fp32 tiled
+// kernel (64×64 tiles, 16-deep k slices, 4×4 outputs per thread, k summed in order):
+//   C[m,n] (= or +=) Σ_k A(m,k)·B(k,n), A(m,k) = A[m·sam + k·sak], B(k,n) = B[k·sbk + n·sbn]
+// ROWS_M: the expert's rows are the m range (A and C start at row offsets[e]) and B is
+// expert e's weight; else the expert's rows are the k range (A, B start at row
+// offsets[e]) and C is expert e's weight gradient.
+#define GM_M 64
+#define GM_N 64
+#define GM_K 16
+
+template <bool ROWS_M, bool ACC>
+__global__ static void __launch_bounds__(256) gmm_k(float *C, const float *A, const float *B, const int *offsets,
+                                                     int Mfix, int Nn, int Kfix, long sam, long sak, long sbk, long sbn,
+                                                     long ldc, long w_stride) {
+    __shared__ float As[GM_K][GM_M + 4], Bs[GM_K][GM_N + 4];
+    const int e = blockIdx.z, tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int o0 = offsets[e], ne = offsets[e + 1] - o0;
+    const int M = ROWS_M ? ne : Mfix, K = ROWS_M ? Kfix : ne;
+    const float *Ae = A + (long)o0 * (ROWS_M ? sam : sak);
+    const float *Be = ROWS_M ? B + (long)e * w_stride : B + (long)o0 * sbk;
+    float *Ce = ROWS_M ? C + (long)o0 * ldc : C + (long)e * w_stride;
+    const int n0 = blockIdx.x * GM_N;
+    for (int m0 = blockIdx.y * GM_M; m0 < M; m0 += gridDim.y * GM_M) {
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += GM_K) {
+            for (int l = tid; l < GM_M * GM_K; l += 256) {
+                int mm, kk;
+                if (sak == 1) { mm = l / GM_K; kk = l % GM_K; } else { mm = l % GM_M; kk = l / GM_M; }
+                int gm = m0 + mm, gk = k0 + kk;
+                As[kk][mm] = gm < M && gk < K ? Ae[(long)gm * sam + (long)gk * sak] : 0.0f;
+            }
+            for (int l = tid; l < GM_N * GM_K; l += 256) {
+                int nn, kk;
+                if (sbn == 1) { nn = l % GM_N; kk = l / GM_N; } else { nn = l / GM_K; kk = l % GM_K; }
+                int gn = n0 + nn, gk = k0 + kk;
+                Bs[kk][nn] = gn < Nn && gk < K ? Be[(long)gk * sbk + (long)gn * sbn] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < GM_K; kk++) {
+                float a[4], b[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) a[i] = As[kk][ty * 4 + i];
+#pragma unroll
+                for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int gm = m0 + ty * 4 + i;
+            if (gm >= M) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int gn = n0 + tx * 4 + j;
+                if (gn >= Nn) continue;
+                float *c = Ce + (long)gm * ldc + gn;
+                *c = ACC ? *c + acc[i][j] : acc[i][j];
+            }
+        }
+    }
+}
+
+#define GM_ROW_BLOCKS 16   // blocks per (expert, column tile) walking the expert's row tiles
+
+// out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
+    if (E <= 0 || OC <= 0) return;
+    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
+    dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+    gmm_k<true, false><<<grid, 256, 0, lm_cuda_stream()>>>(out, inp, W, offsets, 0, OC, C, C, 1, 1, C, OC,
+                                                            (long)OC * C);
+    cudaLaunchCheck();
+}
+
+// dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
+                             const int *offsets, int E, int C, int OC) {
+    if (E <= 0 || OC <= 0 || C <= 0) return;
+    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
+    if (dinp) {
+        dim3 grid((C + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+        gmm_k<true, true><<<grid, 256, 0, lm_cuda_stream()>>>(dinp, dout, W, offsets, 0, C, OC, OC, 1, C, 1, C,
+                                                               (long)OC * C);
+        cudaLaunchCheck();
+    }
+    if (dW) {
+        dim3 grid((C + GM_N - 1) / GM_N, (OC + GM_M - 1) / GM_M, E);
+        gmm_k<false, true><<<grid, 256, 0, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C, 0, 1, OC, C, 1, C,
+                                                                (long)OC * C);
+        cudaLaunchCheck();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// combine
+
+// y [N, C] += Σ_slot gate · yp[slot_row] in slot order
+__global__ static void combine_fwd_k(float *y, const float *yp, const float *gate, const int *slot_row, int N, int k,
+                                     int C) {
+    size_t n = (size_t)N * C;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / C, c = e % C;
+        float acc = y[e];
+        for (int t = 0; t < k; t++) {
+            int r = slot_row[i * k + t];
+            if (r < 0) continue;
+            acc += gate[i * k + t] * yp[(size_t)r * C + c];
+        }
+        y[e] = acc;
+    }
+}
+
+void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C) {
+    size_t n = (size_t)N * C;
+    if (!n) return;
+    combine_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C);
+    cudaLaunchCheck();
+}
+
+// dyp[row] += gate · dy[i] (each row serves exactly one (token, slot))
+__global__ static void combine_bwd_dyp_k(float *dyp, const float *dy, const float *gate, const int *slot_row, int N,
+                                         int k, int C) {
+    size_t n = (size_t)N * k * C;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t it = e / C, c = e % C;
+        int r = slot_row[it];
+        if (r < 0) continue;
+        dyp[(size_t)r * C + c] += gate[it] * dy[(it / k) * C + c];
+    }
+}
+// dgate[i, t] += <dy[i], yp[row]>, one warp per (token, slot)
+__global__ static void combine_bwd_dgate_k(float *dgate, const float *dy, const float *yp, const int *slot_row, int N,
+                                           int k, int C) {
+    const int lane = threadIdx.x & 31;
+    const long it = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (it >= (long)N * k) return;
+    int r = slot_row[it];
+    if (r < 0) return;
+    const float *a = dy + (size_t)(it / k) * C, *b = yp + (size_t)r * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += a[c] * b[c];
+    s = warp_sum(s);
+    if (lane == 0) dgate[it] += s;
+}
+
+void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,
+                          const int *slot_row, int N, int k, int C) {
+    if (N <= 0 || k <= 0 || C <= 0) return;
+    if (dyp) {
+        size_t n = (size_t)N * k * C;
+        combine_bwd_dyp_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dyp, dy, gate, slot_row, N, k, C);
+        cudaLaunchCheck();
+    }
+    if (dgate) {
+        long w = (long)N * k;
+        combine_bwd_dgate_k<<<(unsigned)((w + 7) / 8), 256, 0, lm_cuda_stream()>>>(dgate, dy, yp, slot_row, N, k, C);
+        cudaLaunchCheck();
+    }
+}

@@ -1,0 +1,95 @@
+// optim.cu — AdamW and Muon. Muon runs the quintic Newton–Schulz iteration on all
+// `count` stacked matrices at once with strided-batched cuBLAS SGEMMs.
+#include "cuda_common.cuh"
+
+__global__ static void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                               float eps, float wd, float bc1, float bc2) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1 - b1) * gi;
+        float vi = b2 * v[i] + (1 - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mh = mi / bc1, vh = vi / bc2;
+        p[i] -= lr * (mh / (sqrtf(vh) + eps) + wd * p[i]);
+    }
+}
+
+void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd,
+                real bc1, real bc2) {
+    if (!n) return;
+    adamw_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    cudaLaunchCheck();
+}
+
+// m = μm + g;  X = (g + μm), stored transposed when rows > cols so that X is [r, c], r ≤ c
+__global__ static void muon_prep_k(float *X, const float *g, float *m, int count, int rows, int cols, float mu) {
+    const size_t mn = (size_t)rows * cols, n = mn * count;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t k = e / mn, s = e % mn;
+        int i = (int)(s / cols), j = (int)(s % cols);
+        float mi = mu * m[e] + g[e];
+        m[e] = mi;
+        size_t d = rows <= cols ? s : (size_t)j * rows + i;
+        X[k * mn + d] = g[e] + mu * mi;
+    }
+}
+// X_k ← X_k / (‖X_k‖_F + 1e-7), the norm summed in double by a fixed tree (one block per matrix)
+__global__ static void muon_normalize_k(float *X, size_t mn) {
+    __shared__ double sh[32];
+    float *x = X + (size_t)blockIdx.x * mn;
+    double s = 0;
+    for (size_t i = threadIdx.x; i < mn; i += blockDim.x) s += (double)x[i] * x[i];
+    s = block_sum_d(s, sh);
+    float inv = (float)(1.0 / (sqrt(s) + 1e-7));
+    for (size_t i = threadIdx.x; i < mn; i += blockDim.x) x[i] *= inv;
+}
+__global__ static void muon_poly_k(float *A2, const float *A, size_t n, float b, float c) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        A2[i] = b * A[i] + c * A2[i];
+}
+__global__ static void muon_update_k(float *p, const float *X, int count, int rows, int cols, float lr, float sc,
+                                     float wd) {
+    const size_t mn = (size_t)rows * cols, n = mn * count;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t k = e / mn, s = e % mn;
+        int i = (int)(s / cols), j = (int)(s % cols);
+        size_t d = rows <= cols ? s : (size_t)j * rows + i;
+        p[e] -= lr * (sc * X[k * mn + d] + wd * p[e]);
+    }
+}
+
+// p, g, m [count, rows, cols]; update scaled by 0.2·sqrt(max(rows, cols)), decoupled decay
+void cuda_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd) {
+    if (count <= 0 || rows <= 0 || cols <= 0) return;
+    const int r = rows < cols ? rows : cols, c = rows < cols ? cols : rows;
+    const size_t mn = (size_t)rows * cols, rr = (size_t)r * r;
+    const size_t xb = lm_align256(mn * count * sizeof(float)), ab = lm_align256(rr * count * sizeof(float));
+    char *ws = (char *)lm_cuda_scratch(2 * xb + 2 * ab);
+    float *X = (float *)ws, *T = (float *)(ws + xb), *A = (float *)(ws + 2 * xb), *A2 = (float *)(ws + 2 * xb + ab);
+    cudaStream_t st = lm_cuda_stream();
+    const size_t n = mn * count;
+    muon_prep_k<<<lm_cuda_blocks(n, 256), 256, 0, st>>>(X, g, m, count, rows, cols, mu);
+    cudaLaunchCheck();
+    muon_normalize_k<<<count, 1024, 0, st>>>(X, mn);
+    cudaLaunchCheck();
+    const float a = 3.4445f, b = -4.7750f, cc = 2.0315f, one = 1.0f, zero = 0.0f;
+    cublasHandle_t h = lm_cublas();
+    for (int it = 0; it < 5; it++) {
+        // A = X Xᵀ  [r, r]
+        cublasCheck(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, r, r, c, &one, X, c, (long long)mn, X, c,
+                                              (long long)mn, &zero, A, r, (long long)rr, count));
+        // A2 = A·A, then A2 = b·A + c·A2
+        cublasCheck(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, r, r, r, &one, A, r, (long long)rr, A, r,
+                                              (long long)rr, &zero, A2, r, (long long)rr, count));
+        muon_poly_k<<<lm_cuda_blocks(rr * count, 256), 256, 0, st>>>(A2, A, rr * count, b, cc);
+        cudaLaunchCheck();
+        // X = A2·X + a·X (through the copy T)
+        cudaCheck(cudaMemcpyAsync(T, X, n * sizeof(float), cudaMemcpyDeviceToDevice, st));
+        cublasCheck(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, c, r, r, &one, T, c, (long long)mn, A2, r,
+                                              (long long)rr, &a, X, c, (long long)mn, count));
+    }
+    const float sc = 0.2f * sqrtf((float)(rows > cols ? rows : cols));
+    muon_update_k<<<lm_cuda_blocks(n, 256), 256, 0, st>>>(p, X, count, rows, cols, lr, sc, wd);
+    cudaLaunchCheck();
+}
