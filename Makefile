@@ -37,7 +37,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda clean bench
+.PHONY: all run test test-f32 test-f64 test-san deps cuda test-cuda bench-cuda clean bench
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -100,14 +100,43 @@ deps-quiet:
 	@for p in $(DEBIAN_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps; break; }; done
 
 # ---- CUDA (compiled on every CI run so it cannot rot; run on a GPU machine) ----
+#   make cuda        compile src/cuda/*.cu (no GPU needed)
+#   make test-cuda   build and run the CUDA tests against the CPU reference, then
+#                    compute-sanitizer memcheck and racecheck on small shapes (GPU machine)
+#   make bench-cuda  build bench/bench_kda and the shared library bench/bench_kda_fla.py loads
 CUDA_SRC := $(wildcard src/cuda/*.cu)
+CUDA_OBJ := $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
 NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed-constexpr \
-            -Xcompiler -Wall,-Wno-unused-parameter
-cuda: $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
+            -Xcompiler -Wall,-Wno-unused-parameter,-fPIC
+cuda: $(CUDA_OBJ)
 	@echo "== CUDA sources compiled: $(words $(CUDA_SRC))"
 build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) src/ops.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# the CPU reference the CUDA tests compare with: the fp32 KDA and conv sources only (no
+# OpenBLAS / cJSON / Debian packages needed on the GPU machine)
+REF_SRC   := src/core/common.c src/cpu/kda.c src/cpu/kda_chunk.c src/cpu/kda_bwd.c src/cpu/conv.c
+REF_OBJ   := $(patsubst %.c,build/cuda/ref/%.o,$(REF_SRC))
+REF_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -O2 -march=native -Isrc -Iinclude -Wall -Wextra -Wno-unused-parameter
+KDA_OBJ   := $(filter-out build/cuda/obj/cuda_ops.o,$(CUDA_OBJ))
+build/cuda/ref/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(REF_FLAGS) -c $< -o $@
+build/cuda/test_kda_cuda: tests/cuda/test_kda_cuda.cu $(CUDA_OBJ) $(REF_OBJ)
+	$(NVCC) $(NVFLAGS) $^ -o $@ -Xcompiler -fopenmp -lm
+build/cuda/bench_kda: bench/bench_kda.cu $(KDA_OBJ)
+	$(NVCC) $(NVFLAGS) $^ -o $@
+build/cuda/libkda_cuda.so: $(KDA_OBJ)
+	$(NVCC) -shared -arch=sm_90a $^ -o $@
+
+test-cuda: build/cuda/test_kda_cuda
+	build/cuda/test_kda_cuda
+	compute-sanitizer --tool memcheck --error-exitcode 1 build/cuda/test_kda_cuda --small
+	compute-sanitizer --tool racecheck --error-exitcode 1 build/cuda/test_kda_cuda --small
+	@echo "== CUDA tests passed"
+bench-cuda: build/cuda/bench_kda build/cuda/libkda_cuda.so
+	bench/run_bench.sh
 
 clean:
 	rm -rf build
