@@ -96,6 +96,7 @@ int main(int argc, char **argv) {
                                  {4, 4096, 64, true},  {8, 2048, 32, true},  {1, 65536, 32, true},
                                  {1, 1048576, 32, false}};
     if (quick) shapes = {{1, 8192, 96, true}};
+    bool variants = quick || getenv("KDA_BENCH_VARIANTS");
     printf("\n%-18s %-9s %9s %9s %9s %11s %9s\n", "shape", "gate", "fwd ms", "prep ms", "scan ms", "fwd+bwd ms", "bwd ms");
     for (const Shape &s : shapes) {
         size_t Tt = (size_t)s.B * s.T, nqk = Tt * s.H * K, nv = Tt * s.H * V, nb = Tt * s.H, ns = (size_t)s.B * s.H * K * V;
@@ -155,6 +156,47 @@ int main(int argc, char **argv) {
                 bwd = time_ms([&] { p.saved = 1; CU(kda_bwd(&p)); }, warm, reps);
                 p.saved = 0;
                 p.save = 0;
+            }
+            if (s.bwd) {   // the backward's stages apart (forward checkpoints saved)
+                const char *nm[] = {"rscan", "seg", "chunk", "reduce"};
+                p.save = 1;
+                CU(kda_fwd(&p));
+                p.saved = 1;
+                double ms[4];
+                for (int st = 0; st < 4; st++) {
+                    char v[8];
+                    snprintf(v, sizeof v, "%d", 2 << st);
+                    setenv("KDA_BWD_STAGES", v, 1);
+                    ms[st] = time_ms([&] { CU(kda_bwd(&p)); }, warm, reps);
+                }
+                printf("  bwd stages %s:", gate ? "unbounded" : "bounded");
+                for (int st = 0; st < 4; st++) printf(" %s %.3f", nm[st], ms[st]);
+                printf("\n");
+                for (int st = 0; st < 4; st++)
+                    printf("RESULT %s.%s.bwd_%s %.4f\n", name, gate ? "unbounded" : "bounded", nm[st], ms[st]);
+                unsetenv("KDA_BWD_STAGES");
+                p.saved = 0;
+                p.save = 0;
+            }
+            if (variants && gate == 0) {   // scan width and the hi/lo state split
+                const char *ws_[] = {"1", "2", "4", "8"};
+                for (int sp = 0; sp < 2; sp++)
+                    for (int wi = 0; wi < 4; wi++) {
+                        setenv("KDA_SCAN_WARPS", ws_[wi], 1);
+                        setenv("KDA_SPLIT", sp ? "1" : "0", 1);
+                        double sc = time_ms([&] { CU(kda_fwd_scan(&p)); }, warm, reps);
+                        double bw = 0;
+                        if (s.bwd) {
+                            setenv("KDA_BWD_STAGES", "2", 1);
+                            p.saved = 1;
+                            bw = time_ms([&] { CU(kda_bwd(&p)); }, warm, reps);
+                            p.saved = 0;
+                            unsetenv("KDA_BWD_STAGES");
+                        }
+                        printf("  variant scan_warps=%s split=%d: scan %.3f ms, rscan %.3f ms\n", ws_[wi], sp, sc, bw);
+                    }
+                unsetenv("KDA_SCAN_WARPS");
+                unsetenv("KDA_SPLIT");
             }
             CU(cudaDeviceSynchronize());
             const char *gn = gate ? "unbounded" : "bounded";

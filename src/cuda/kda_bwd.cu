@@ -51,7 +51,7 @@ __host__ __device__ inline RStage rscan_stage(int K, int VB) {
     s.oQg = off; off += 16 * (K + 8) * 2;
     s.oKrT = off; off += K * KDA_LD16 * 2;
     s.odO = off; off += 16 * (VB + 8) * 2;
-    s.oM = off; off += 16 * KDA_LD16 * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
     s.ogl = off; off += K * 4;
     s.bytes = (off + 127) & ~127;
     return s;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const 
                                            int len, int vb0, int VB) {
     int tid = threadIdx.x, nthr = blockDim.x;
     size_t hc = (size_t)h * NC + gc;
-    const bf16 *gW = W + hc * 16 * K, *gQ = Qg + hc * 16 * K, *gK = KrT + hc * 16 * K, *gM = Mm + hc * 256;
+    const bf16 *gW = W + hc * 16 * K, *gQ = Qg + hc * 16 * K, *gK = KrT + hc * 16 * K, *gM = Mm + hc * 512;
     const float *ggl = gl + hc * K;
     bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
     bf16 *sO = (bf16 *)(st + L.odO), *sM = (bf16 *)(st + L.oM);
@@ -83,9 +83,9 @@ __device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const 
         const bf16 *src = ok ? d_o + ((size_t)(t0 + r) * H + h) * V + vb0 + pc * 8 : gW;
         cp_async16(sO + r * (VB + 8) + pc * 8, src, ok ? 16 : 0);
     }
-    for (int i = tid; i < 32 + K / 4; i += nthr) {
-        if (i < 32) cp_async16(sM + (i >> 1) * KDA_LD16 + (i & 1) * 8, gM + (i >> 1) * 16 + (i & 1) * 8);
-        else cp_async16(sgl + 4 * (i - 32), ggl + 4 * (i - 32));
+    for (int i = tid; i < 64 + K / 4; i += nthr) {
+        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
+        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
     }
 }
 
@@ -162,7 +162,7 @@ __host__ __device__ inline SegSmem seg_smem(int K, int V) {
     s.oQg = off; off += 16 * (K + 8) * 2;
     s.oKrT = off; off += K * KDA_LD16 * 2;
     s.oU = off; off += 16 * ldv * 2;
-    s.oM = off; off += 16 * KDA_LD16 * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
     s.ogl = off; off += K * 4;
     s.bytes = off;
     return s;
@@ -244,9 +244,9 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
             const bf16 *src = ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + pc * 8 : a.W;
             cp_async16(sdO + r * ldv + pc * 8, src, ok ? 16 : 0);
         }
-        for (int e = tid; e < 32 + K / 4; e += nthr) {
-            if (e < 32) cp_async16(sM + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.M + hc * 256 + (e >> 1) * 16 + (e & 1) * 8);
-            else cp_async16(sgl + 4 * (e - 32), a.gl + hc * K + 4 * (e - 32));
+        for (int e = tid; e < 64 + K / 4; e += nthr) {
+            if (e < 64) cp_async16(KDA_MTILE(sM, e), KDA_MSRC(a.M + hc * 512, e));
+            else cp_async16(sgl + 4 * (e - 64), a.gl + hc * K + 4 * (e - 64));
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -366,17 +366,48 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, VPL = V / 32;
 
-    // rows: norms, β, v, dU
-    for (int r = warp; r < 16; r += BWD_THREADS / 32) {
-        bool valid = r < len;
+    // every global load first: 16 rows of this thread's channel; 4 rows per warp
+    const int cch = tid;
+    float fr[16], qx[16], kx[16], dWr[16];
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
+            bool ok = r < len;
+            fr[r] = ok ? bf(a.f[idx]) : 0.f;
+            qx[r] = ok ? bf(a.q[idx]) : 0.f;
+            kx[r] = ok ? bf(a.k[idx]) : 0.f;
+            dWr[r] = a.dWg[hc * 16 * K + r * K + cch];
+        }
+    }
+    constexpr int RPW = 16 / (BWD_THREADS / 32);
+    float rqx[RPW][CPL], rkx[RPW][CPL], rvx[RPW][VPL], rdu[RPW][VPL], rbl[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (BWD_THREADS / 32);
+        bool ok = r < len;
         size_t row = (size_t)(t0 + r) * a.H + h;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
+            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) {
+            rvx[i][e] = ok ? bf(a.v[row * V + lane * VPL + e]) : 0.f;
+            rdu[i][e] = bf(a.dU[hc * 16 * V + (size_t)r * V + lane * VPL + e]);
+        }
+        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+    }
+    // rows: norms, β, v, dU
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (BWD_THREADS / 32);
         float sq = 0.f, sk = 0.f;
 #pragma unroll
         for (int e = 0; e < CPL; e++) {
-            float qx = valid ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
-            float kx = valid ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
-            sq += qx * qx;
-            sk += kx * kx;
+            sq = fmaf(rqx[i][e], rqx[i][e], sq);
+            sk = fmaf(rkx[i][e], rkx[i][e], sk);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -385,14 +416,13 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
 #pragma unroll
         for (int e = 0; e < VPL; e++) {
-            int vc = lane * VPL + e;
-            S.v[r][vc] = valid ? bf(a.v[row * V + vc]) : 0.f;
-            S.dU[r][vc] = bf(a.dU[hc * 16 * V + (size_t)r * V + vc]);
+            S.v[r][lane * VPL + e] = rvx[i][e];
+            S.dU[r][lane * VPL + e] = rdu[i][e];
         }
         if (lane == 0) {
             S.rq[r] = rsqrtf(sq + 1e-6f);
             S.rk[r] = rsqrtf(sk + 1e-6f);
-            S.beta[r] = valid ? sigmoidf_(bf(a.beta[row])) : 0.f;
+            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
         }
     }
     for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
@@ -404,7 +434,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     __syncthreads();
 
     // per channel: recompute the gate sum and the normalised rows
-    const int cch = tid;
     float Gs[16], qn[16], kn[16];
     float eA = expf(a.A_log[h]), db = 0.f;
     if (cch < K) {
@@ -412,21 +441,14 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            bool valid = r < len;
-            size_t row = (size_t)(t0 + r) * a.H + h;
-            float g = 0.f, qx = 0.f, kx = 0.f;
-            if (valid) {
-                g = kda_gate(a.gate_mode, a.lb, eA, bf(a.f[row * K + cch]) + db);
-                qx = bf(a.q[row * K + cch]);
-                kx = bf(a.k[row * K + cch]);
-            }
+            float g = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
             G += g * KDA_LOG2E;
             Gs[r] = G;
-            qn[r] = qx * S.rq[r];
-            kn[r] = kx * S.rk[r];
+            qn[r] = qx[r] * S.rq[r];
+            kn[r] = kx[r] * S.rk[r];
             float E = exp2f(G);
             S.u.pre.Kb[r][cch] = S.beta[r] * kn[r] * E;
-            S.dW[r][cch] = a.dWg[hc * 16 * K + r * K + cch];
+            S.dW[r][cch] = dWr[r];
             if (EXACT) {
                 S.u.pre.A1[r][cch] = kn[r];
                 S.u.pre.A2[r][cch] = G;
@@ -538,17 +560,23 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
         if (cch < K) {
             float G15 = Gs[15], gl = exp2f(G15), dG[16], dqs[16], sumKr = 0.f;
+            float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                dQgr[j] = a.dQg[hc * 16 * K + j * K + cch];
+                dKrr[j] = a.dKr[hc * 16 * K + j * K + cch];
+            }
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 float E = exp2f(Gs[j]), ER = exp2f(G15 - Gs[j]);
-                float dQgj = a.dQg[hc * 16 * K + j * K + cch], dKrj = a.dKr[hc * 16 * K + j * K + cch];
+                float dQgj = dQgr[j], dKrj = dKrr[j];
                 float qs = a.scale * qn[j];
                 dkn[j] = fmaf(S.beta[j] * E, dKbv[j], ER * dKrj);
                 dqs[j] = E * dQgj;
                 dG[j] = qs * E * dQgj + S.beta[j] * kn[j] * E * dKbv[j] - kn[j] * ER * dKrj;
                 sumKr = fmaf(kn[j] * ER, dKrj, sumKr);
             }
-            dG[15] += gl * a.dgl[hc * K + cch] + sumKr;
+            dG[15] += gl * dglc + sumKr;
             // the diagonal blocks: pairs j ≤ i with decay e^{G_i − G_j} ≤ 1
             float Fd[16], Fi[16];
             if (!EXACT) {
@@ -582,7 +610,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                 acc += dG[j];
                 if (j < len) {
                     size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
-                    float x = bf(a.f[idx]) + db, dfv;
+                    float x = fr[j] + db, dfv;
                     if (a.gate_mode == 0) {
                         float sg = sigmoidf_(eA * x);
                         dfv = acc * a.lb * sg * (1.f - sg) * eA;
@@ -742,24 +770,33 @@ extern "C" cudaError_t kda_bwd(const kda_params *p) {
         if ((e = cudaMemsetAsync(p->dA_log, 0, p->H * sizeof(float), p->stream)) != cudaSuccess) return e;
         return cudaMemsetAsync(p->ddt_bias, 0, (size_t)p->H * p->K * sizeof(float), p->stream);
     }
-    if (!p->saved) {
+    // KDA_BWD_STAGES (benchmarks only): bit mask of the stages to run, to time them apart
+    int stages = getenv("KDA_BWD_STAGES") ? atoi(getenv("KDA_BWD_STAGES")) : 31;
+    if (!p->saved && (stages & 1)) {
         if ((e = kda_launch_prep(p, w)) != cudaSuccess) return e;
         if ((e = kda_launch_scan(p, w, false, true)) != cudaSuccess) return e;
     }
-    bool split = getenv("KDA_SPLIT") ? atoi(getenv("KDA_SPLIT")) != 0 : true;
-    if (p->K == 64) e = split ? launch_rscan<64, true>(p, w) : launch_rscan<64, false>(p, w);
-    else e = split ? launch_rscan<128, true>(p, w) : launch_rscan<128, false>(p, w);
-    if (e != cudaSuccess) return e;
-    if (p->K == 64) e = split ? launch_seg<64, true>(p, w) : launch_seg<64, false>(p, w);
-    else e = split ? launch_seg<128, true>(p, w) : launch_seg<128, false>(p, w);
-    if (e != cudaSuccess) return e;
+    bool split = getenv("KDA_SPLIT") ? atoi(getenv("KDA_SPLIT")) != 0 : false;
+    if (stages & 2) {
+        if (p->K == 64) e = split ? launch_rscan<64, true>(p, w) : launch_rscan<64, false>(p, w);
+        else e = split ? launch_rscan<128, true>(p, w) : launch_rscan<128, false>(p, w);
+        if (e != cudaSuccess) return e;
+    }
+    if (stages & 4) {
+        if (p->K == 64) e = split ? launch_seg<64, true>(p, w) : launch_seg<64, false>(p, w);
+        else e = split ? launch_seg<128, true>(p, w) : launch_seg<128, false>(p, w);
+        if (e != cudaSuccess) return e;
+    }
     bool exact = p->exact || p->gate_mode == 1;
 #define BWD_CASE(KK, VV)                                                                                   \
     if (p->K == KK && p->V == VV)                                                                          \
         e = exact ? launch_bwd_chunk<KK, VV, true>(p, w) : launch_bwd_chunk<KK, VV, false>(p, w);
-    BWD_CASE(64, 64) BWD_CASE(64, 128) BWD_CASE(128, 64) BWD_CASE(128, 128)
+    if (stages & 8) {
+        BWD_CASE(64, 64) BWD_CASE(64, 128) BWD_CASE(128, 64) BWD_CASE(128, 128)
+    }
 #undef BWD_CASE
     if (e != cudaSuccess) return e;
+    if (!(stages & 16)) return cudaSuccess;
     dim3 grid(p->H, p->K / 32);
     kda_param_reduce_kernel<<<grid, 256, 0, p->stream>>>(w.pA, w.pdb, kda_seq(p, w), w.NC, p->K, p->dA_log,
                                                           p->ddt_bias);

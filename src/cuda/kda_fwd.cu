@@ -52,7 +52,7 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     TAKE(Qg, bf16, H * NC * 16 * K);
     TAKE(KrT, bf16, H * NC * 16 * K);
     TAKE(U, bf16, H * NC * 16 * V);
-    TAKE(M, bf16, H * NC * 16 * 16);
+    TAKE(M, bf16, H * NC * 2 * 16 * 16);   // hi then lo
     TAKE(gl, float, H * NC * K);
     if (p->save || backward) TAKE(ckpt, float, H * NS * V * K);
     if (backward) {
@@ -131,198 +131,247 @@ struct PrepArgs {
     float *gl;
 };
 
-template <int K, int V, bool EXACT>
+template <int K, int V>
 struct PrepSmem {
-    bf16 q[16][K + 8], k[16][K + 8];     // raw rows (zero past the sequence)
-    bf16 VbT[V][KDA_LD16], KbT[K][KDA_LD16];   // β v and β k̂ e^G, transposed
-    bf16 W[16][K + 8], U[16][V + 8];     // output staging
+    bf16 VT[V][KDA_LD16];                  // raw v, transposed: B of U = (INV·Diag β)·V (exact bf16)
+    bf16 KeT[K][KDA_LD16];                 // k̂⊙e^G, transposed: B of W = (INV·Diag β)·(K̂⊙e^G)
     float L[16][17], Mm[16][17], INV[16][17];
     float rq[16], rk[16], beta[16];
-    // factored (bounded): x⊙e^{G−c0} for q (scaled) and k, and k⊙e^{c0−G}; exact: q̂·scale, k̂, G
-    struct Fa { bf16 Qd[16][K + 8], Kd[16][K + 8], Ki[16][K + 8]; };
-    struct Ex { float Qs[16][K + 1], Kn[16][K + 1], G[16][K + 1]; };
-    struct U1 { Fa fa; };
-    struct U0 { Ex ex; };
-    typename std::conditional<EXACT, U0, U1>::type u;
+    union {
+        // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} (fp32; bf16 hi + lo
+        // on the tensor cores); exact: A0 = scale·q̂, A1 = k̂, A2 = G (log2)
+        struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
+        struct { bf16 W[16][K + 8], U[16][V + 8]; } out;   // output staging, after L and M
+    } u;
 };
 
-// Rows r ≡ warp (mod 4): raw q, k, v to shared memory, reciprocal norms, β; zero rows past the
-// sequence. Shared with the backward's recomputation (kda_bwd.cu has its own copy of the
-// same arithmetic; both use rsqrtf(Σx² + 1e-6) and σ).
-template <int K, int V, bool EXACT>
-__device__ void prep_rows(const PrepArgs &a, PrepSmem<K, V, EXACT> &S, int h, long long t0, int len) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    constexpr int CPL = K / 32, VPL = V / 32;
-    for (int r = warp; r < 16; r += PREP_THREADS / 32) {
-        bool valid = r < len;
-        size_t row = (size_t)(t0 + r) * a.H + h;
-        float qx[CPL], kx[CPL], vx[VPL], sq = 0.f, sk = 0.f;
-#pragma unroll
-        for (int e = 0; e < CPL; e += 2) {
-            __nv_bfloat162 q2 = valid ? *reinterpret_cast<const __nv_bfloat162 *>(a.q + row * K + lane * CPL + e)
-                                      : __floats2bfloat162_rn(0.f, 0.f);
-            __nv_bfloat162 k2 = valid ? *reinterpret_cast<const __nv_bfloat162 *>(a.k + row * K + lane * CPL + e)
-                                      : __floats2bfloat162_rn(0.f, 0.f);
-            *reinterpret_cast<__nv_bfloat162 *>(&S.q[r][lane * CPL + e]) = q2;
-            *reinterpret_cast<__nv_bfloat162 *>(&S.k[r][lane * CPL + e]) = k2;
-            float2 qf = __bfloat1622float2(q2), kf = __bfloat1622float2(k2);
-            qx[e] = qf.x; qx[e + 1] = qf.y; kx[e] = kf.x; kx[e + 1] = kf.y;
-        }
-#pragma unroll
-        for (int e = 0; e < CPL; e++) { sq += qx[e] * qx[e]; sk += kx[e] * kx[e]; }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
-        float beta = valid ? sigmoidf_(bf(a.beta[row])) : 0.f;
-#pragma unroll
-        for (int e = 0; e < VPL; e++) {
-            vx[e] = valid ? bf(a.v[row * V + lane * VPL + e]) : 0.f;
-            S.VbT[lane * VPL + e][r] = __float2bfloat16(beta * vx[e]);
-        }
-        if (lane == 0) {
-            S.rq[r] = rsqrtf(sq + 1e-6f);
-            S.rk[r] = rsqrtf(sk + 1e-6f);
-            S.beta[r] = beta;
-        }
-    }
+// A fragment (hi and lo) from a row-major fp32 tile X[16][ld], k offset k0
+__device__ __forceinline__ void lda_f32_split(uint32_t ah[4], uint32_t al[4], const float *X, int ld, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t);
+    float2 x2 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t + 8);
+    float2 x3 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, ah[0], al[0]);
+    split_bf16(x1.x, x1.y, ah[1], al[1]);
+    split_bf16(x2.x, x2.y, ah[2], al[2]);
+    split_bf16(x3.x, x3.y, ah[3], al[3]);
+}
+// B fragment (hi and lo) from an fp32 tile Bt[n][ld] (k contiguous), n offset n0, k offset k0
+__device__ __forceinline__ void ldb_f32_split(uint32_t bh[2], uint32_t bl[2], const float *Bt, int ld, int n0, int k0,
+                                              int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, bh[0], bl[0]);
+    split_bf16(x1.x, x1.y, bh[1], bl[1]);
 }
 
 template <int K, int V, bool EXACT>
 __global__ void __launch_bounds__(PREP_THREADS) kda_prep_kernel(PrepArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    PrepSmem<K, V, EXACT> &S = *reinterpret_cast<PrepSmem<K, V, EXACT> *>(smem_raw);
+    PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
     int n, c, len;
     long long t0;
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     size_t hc = (size_t)h * a.NC + gc;
+    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (PREP_THREADS / 32);
 
+    // every global load of the block first (16 rows per channel thread; 4 rows per warp)
+    const int cch = tid;
+    float fr[16], qr[16], kr[16];
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
+            bool ok = r < len;
+            fr[r] = ok ? bf(a.f[idx]) : 0.f;
+            qr[r] = ok ? bf(a.q[idx]) : 0.f;
+            kr[r] = ok ? bf(a.k[idx]) : 0.f;
+        }
+    }
+    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
+    bf16 rvx[RPW][VPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (PREP_THREADS / 32);
+        bool ok = r < len;
+        size_t row = (size_t)(t0 + r) * a.H + h;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
+            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
+        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+    }
     for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
         (&S.L[0][0])[e] = 0.f;
         (&S.Mm[0][0])[e] = 0.f;
     }
-    prep_rows<K, V, EXACT>(a, S, h, t0, len);
+    // rows: reciprocal norms, β, raw v transposed
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (PREP_THREADS / 32);
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            sq = fmaf(rqx[i][e], rqx[i][e], sq);
+            sk = fmaf(rkx[i][e], rkx[i][e], sk);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = rvx[i][e];
+        if (lane == 0) {
+            S.rq[r] = rsqrtf(sq + 1e-6f);
+            S.rk[r] = rsqrtf(sk + 1e-6f);
+            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
+        }
+    }
     __syncthreads();
 
     // per channel: gate, cumulative sum (log2), decayed rows
-    if (tid < K) {
-        int cch = tid;
+    if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
-        float G = 0.f, Gs[16], kn[16];
+        float G = 0.f, Gs[16];
         bf16 *Qg = a.Qg + hc * 16 * K;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float g = 0.f;
-            if (r < len) g = kda_gate(a.gate_mode, a.lb, eA, bf(a.f[((size_t)(t0 + r) * a.H + h) * K + cch]) + db);
+            float g = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
             G += g * KDA_LOG2E;
             Gs[r] = G;
-            float qs = bf(S.q[r][cch]) * S.rq[r] * a.scale;
-            kn[r] = bf(S.k[r][cch]) * S.rk[r];
+            float qs = qr[r] * S.rq[r] * a.scale;
+            kr[r] *= S.rk[r];   // k̂ from here on
             float E = exp2f(G);
             Qg[r * K + cch] = __float2bfloat16(qs * E);
-            S.KbT[cch][r] = __float2bfloat16(S.beta[r] * kn[r] * E);
+            S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
             if constexpr (EXACT) {
-                S.u.ex.Qs[r][cch] = qs;
-                S.u.ex.Kn[r][cch] = kn[r];
-                S.u.ex.G[r][cch] = G;
+                S.u.fac.A0[r][cch] = qs;
+                S.u.fac.A1[r][cch] = kr[r];
+                S.u.fac.A2[r][cch] = G;
             } else {
                 float Fd = exp2f(G - a.c0), Fi = exp2f(a.c0 - G);
-                S.u.fa.Qd[r][cch] = __float2bfloat16(qs * Fd);
-                S.u.fa.Kd[r][cch] = __float2bfloat16(kn[r] * Fd);
-                S.u.fa.Ki[r][cch] = __float2bfloat16(kn[r] * Fi);
+                S.u.fac.A0[r][cch] = qs * Fd;
+                S.u.fac.A1[r][cch] = kr[r] * Fd;
+                S.u.fac.A2[r][cch] = kr[r] * Fi;
             }
         }
         a.gl[hc * K + cch] = exp2f(G);
         uint32_t pk[8];
 #pragma unroll
         for (int r = 0; r < 16; r += 2)
-            pk[r / 2] = pack_bf16(kn[r] * exp2f(G - Gs[r]), kn[r + 1] * exp2f(G - Gs[r + 1]));
+            pk[r / 2] = pack_bf16(kr[r] * exp2f(G - Gs[r]), kr[r + 1] * exp2f(G - Gs[r + 1]));
         uint4 *dst = reinterpret_cast<uint4 *>(a.KrT + (hc * K + cch) * 16);
         dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
         dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
     }
     __syncthreads();
 
-    // L (strict, ×β) and M (inclusive, q already scaled)
+    // L (strict, ×β) and M (inclusive; q already scaled)
     if constexpr (!EXACT) {
-        if (warp < 2) {
-            const bf16 *A = warp == 0 ? &S.u.fa.Kd[0][0] : &S.u.fa.Qd[0][0];
-            float acc[2][4] = {};
+        // warps 0, 1: L columns 0–7, 8–15; warps 2, 3: M. Factors as bf16 hi + lo, three
+        // products (hi·hi + hi·lo + lo·hi): ~16-bit factors on the tensor cores
+        const float *X = warp < 2 ? &S.u.fac.A1[0][0] : &S.u.fac.A0[0][0];
+        int nt = warp & 1;
+        float acc[4] = {}, acc2[4] = {};
 #pragma unroll
-            for (int j = 0; j < K / 16; j++) {
-                uint32_t af[4], b[2];
-                lda_row(af, A, K + 8, 16 * j, lane);
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, X, K + 8, 16 * j, lane);
+            ldb_f32_split(bh, bl, &S.u.fac.A2[0][0], K + 8, 8 * nt, 16 * j, lane);
+            mma16816(acc, ah, bh);
+            mma16816(acc2, ah, bl);
+            mma16816(acc2, al, bh);
+        }
+        int g = lane >> 2, t = lane & 3;
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    ldb_nk(b, &S.u.fa.Ki[0][0], K + 8, 8 * nt, 16 * j, lane);
-                    mma16816(acc[nt], af, b);
-                }
-            }
-            int g = lane >> 2, t = lane & 3;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-                    if (warp == 0) S.L[row][col] = col < row ? S.beta[row] * acc[nt][e] : 0.f;
-                    else S.Mm[row][col] = col <= row ? acc[nt][e] : 0.f;
-                }
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+            float val = acc[e] + acc2[e];
+            if (warp < 2) S.L[row][col] = col < row ? S.beta[row] * val : 0.f;
+            else S.Mm[row][col] = col <= row ? val : 0.f;
         }
     } else {
-        // 136 pairs j ≤ i, each over all channels with the exact decay 2^{G_i − G_j} ≤ 1
-        for (int pidx = tid; pidx < 136; pidx += PREP_THREADS) {
+        // 136 pairs j ≤ i, a warp per pair, lanes over channels, exact decay 2^{G_i − G_j} ≤ 1
+        for (int pidx = warp; pidx < 136; pidx += PREP_THREADS / 32) {
             int i = 0, j = pidx;
             while (j > i) { j -= i + 1; i++; }
             float l = 0.f, m = 0.f;
-            for (int d = 0; d < K; d++) {
-                float e = exp2f(S.u.ex.G[i][d] - S.u.ex.G[j][d]);
-                float kk = S.u.ex.Kn[j][d] * e;
-                m = fmaf(S.u.ex.Qs[i][d], kk, m);
-                l = fmaf(S.u.ex.Kn[i][d], kk, l);
+#pragma unroll
+            for (int e = 0; e < CPL; e++) {
+                int d = lane + 32 * e;
+                float ex = exp2f(S.u.fac.A2[i][d] - S.u.fac.A2[j][d]);
+                float kk = S.u.fac.A1[j][d] * ex;
+                m = fmaf(S.u.fac.A0[i][d], kk, m);
+                l = fmaf(S.u.fac.A1[i][d], kk, l);
             }
-            S.Mm[i][j] = m;
-            if (i > j) S.L[i][j] = S.beta[i] * l;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                m += __shfl_xor_sync(0xffffffffu, m, o);
+                l += __shfl_xor_sync(0xffffffffu, l, o);
+            }
+            if (lane == 0) {
+                S.Mm[i][j] = m;
+                if (i > j) S.L[i][j] = S.beta[i] * l;
+            }
         }
     }
     __syncthreads();
 
-    // INV = (I + L)^{-1}: column c by forward substitution
+    // INV = (I + L)^{-1}: column c by forward substitution (4 partial sums per row)
     if (tid < 16) {
         int cc = tid;
         float x[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            float v = i == cc ? 1.f : 0.f;
+            float p0 = i == cc ? 1.f : 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
 #pragma unroll
-            for (int j = 0; j < i; j++) v = fmaf(-S.L[i][j], x[j], v);
-            x[i] = v;
+            for (int j = 0; j < i; j++) {
+                float term = -S.L[i][j] * x[j];
+                if ((j & 3) == 0) p0 += term;
+                else if ((j & 3) == 1) p1 += term;
+                else if ((j & 3) == 2) p2 += term;
+                else p3 += term;
+            }
+            x[i] = (p0 + p1) + (p2 + p3);
         }
 #pragma unroll
         for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
     }
-    for (int e = tid; e < 256; e += PREP_THREADS) a.M[hc * 256 + e] = __float2bfloat16(S.Mm[e >> 4][e & 15]);
+    // M as bf16 hi [16][16] then lo [16][16]
+    for (int e = tid; e < 256; e += PREP_THREADS) {
+        float m = S.Mm[e >> 4][e & 15];
+        bf16 mh = __float2bfloat16(m);
+        a.M[hc * 512 + e] = mh;
+        a.M[hc * 512 + 256 + e] = __float2bfloat16(m - __bfloat162float(mh));
+    }
     __syncthreads();
 
-    // [W | U] = INV · [Diag(β)(K̂⊙e^G) | Diag(β)V], INV as bf16 hi + lo
+    // [W | U] = (INV·Diag β) · [K̂⊙e^G | V], the left factor as bf16 hi + lo
     {
         int g = lane >> 2, t = lane & 3;
         uint32_t ah[4], al[4];
-        split_bf16(S.INV[g][2 * t], S.INV[g][2 * t + 1], ah[0], al[0]);
-        split_bf16(S.INV[g + 8][2 * t], S.INV[g + 8][2 * t + 1], ah[1], al[1]);
-        split_bf16(S.INV[g][2 * t + 8], S.INV[g][2 * t + 9], ah[2], al[2]);
-        split_bf16(S.INV[g + 8][2 * t + 8], S.INV[g + 8][2 * t + 9], ah[3], al[3]);
+        const float *b = S.beta;
+        split_bf16(S.INV[g][2 * t] * b[2 * t], S.INV[g][2 * t + 1] * b[2 * t + 1], ah[0], al[0]);
+        split_bf16(S.INV[g + 8][2 * t] * b[2 * t], S.INV[g + 8][2 * t + 1] * b[2 * t + 1], ah[1], al[1]);
+        split_bf16(S.INV[g][2 * t + 8] * b[2 * t + 8], S.INV[g][2 * t + 9] * b[2 * t + 9], ah[2], al[2]);
+        split_bf16(S.INV[g + 8][2 * t + 8] * b[2 * t + 8], S.INV[g + 8][2 * t + 9] * b[2 * t + 9], ah[3], al[3]);
         for (int nt = warp; nt < K / 8 + V / 8; nt += PREP_THREADS / 32) {
             bool isW = nt < K / 8;
             int n0 = isW ? 8 * nt : 8 * (nt - K / 8);
-            uint32_t b[2];
-            ldb_nk(b, isW ? &S.KbT[0][0] : &S.VbT[0][0], KDA_LD16, n0, 0, lane);
+            uint32_t bb[2];
+            ldb_nk(bb, isW ? &S.KeT[0][0] : &S.VT[0][0], KDA_LD16, n0, 0, lane);
             float acc[4] = {};
-            mma16816(acc, ah, b);
-            mma16816(acc, al, b);
-            bf16 *dst = isW ? &S.W[0][0] : &S.U[0][0];
+            mma16816(acc, ah, bb);
+            mma16816(acc, al, bb);
+            bf16 *dst = isW ? &S.u.out.W[0][0] : &S.u.out.U[0][0];
             int ld = isW ? K + 8 : V + 8;
             *reinterpret_cast<uint32_t *>(dst + g * ld + n0 + 2 * t) = pack_bf16(acc[0], acc[1]);
             *reinterpret_cast<uint32_t *>(dst + (g + 8) * ld + n0 + 2 * t) = pack_bf16(acc[2], acc[3]);
@@ -333,12 +382,12 @@ __global__ void __launch_bounds__(PREP_THREADS) kda_prep_kernel(PrepArgs a) {
         uint4 *gW = reinterpret_cast<uint4 *>(a.W + hc * 16 * K);
         for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
             int r = i / (K / 8), pc = i % (K / 8);
-            gW[i] = *reinterpret_cast<const uint4 *>(&S.W[r][pc * 8]);
+            gW[i] = *reinterpret_cast<const uint4 *>(&S.u.out.W[r][pc * 8]);
         }
         uint4 *gU = reinterpret_cast<uint4 *>(a.U + hc * 16 * V);
         for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
             int r = i / (V / 8), pc = i % (V / 8);
-            gU[i] = *reinterpret_cast<const uint4 *>(&S.U[r][pc * 8]);
+            gU[i] = *reinterpret_cast<const uint4 *>(&S.u.out.U[r][pc * 8]);
         }
     }
 }
@@ -366,7 +415,7 @@ __host__ __device__ inline ScanStage scan_stage(int K, int VB) {
     s.oQg = off; off += 16 * (K + 8) * 2;
     s.oKrT = off; off += K * KDA_LD16 * 2;
     s.oU = off; off += 16 * (VB + 8) * 2;
-    s.oM = off; off += 16 * KDA_LD16 * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
     s.ogl = off; off += K * 4;
     s.bytes = (off + 127) & ~127;
     return s;
@@ -379,7 +428,7 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
     int tid = threadIdx.x, nthr = blockDim.x;
     size_t hc = (size_t)h * a.NC + gc;
     const bf16 *gW = a.W + hc * 16 * K, *gQ = a.Qg + hc * 16 * K, *gK = a.KrT + hc * 16 * K;
-    const bf16 *gU = a.U + hc * 16 * a.V + vb0, *gM = a.M + hc * 256;
+    const bf16 *gU = a.U + hc * 16 * a.V + vb0, *gM = a.M + hc * 512;
     const float *ggl = a.gl + hc * K;
     bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
     bf16 *sU = (bf16 *)(st + L.oU), *sM = (bf16 *)(st + L.oM);
@@ -394,9 +443,9 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
         int r = i / (VB / 8), pc = i % (VB / 8);
         cp_async16(sU + r * (VB + 8) + pc * 8, gU + (size_t)r * a.V + pc * 8);
     }
-    for (int i = tid; i < 32 + K / 4; i += nthr) {
-        if (i < 32) cp_async16(sM + (i >> 1) * KDA_LD16 + (i & 1) * 8, gM + (i >> 1) * 16 + (i & 1) * 8);
-        else cp_async16(sgl + 4 * (i - 32), ggl + 4 * (i - 32));
+    for (int i = tid; i < 64 + K / 4; i += nthr) {
+        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
+        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
     }
 }
 
@@ -479,7 +528,7 @@ static int env_int(const char *name, int dflt) {
     const char *s = getenv(name);
     return s && *s ? atoi(s) : dflt;
 }
-static int scan_split(void) { return env_int("KDA_SPLIT", 1); }
+static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
 
 int kda_scan_warps(const kda_params *p) {
     int maxw = p->V / 16, nw = p->scan_warps ? p->scan_warps : env_int("KDA_SCAN_WARPS", 0);
@@ -502,7 +551,7 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
-    size_t smem = sizeof(PrepSmem<K, V, EXACT>);
+    size_t smem = sizeof(PrepSmem<K, V>);
     cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     long long blocks = (long long)w.NC * p->H;

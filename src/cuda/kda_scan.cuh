@@ -7,7 +7,7 @@
 // chunk's W, Qg [16][K], KrT [K][16], U [16][·], M [16][16] (bf16) and gl [K] (fp32) in
 // shared memory:
 //   V'ᵀ = Uᵀ − Sᵀ Wᵀ                (scan_vprime)
-//   Oᵀ  = Sᵀ Qgᵀ + V'ᵀ Mᵀ             (scan_out)
+//   Oᵀ  = Sᵀ Qgᵀ + V'ᵀ Mᵀ             (scan_out; M as bf16 hi + lo)
 //   Sᵀ ← Sᵀ Diag(gl) + V'ᵀ Kr          (scan_update)
 // and backwards, with dSᵀ in the same fragments and dO [16][·] in shared memory:
 //   dV'ᵀ = dOᵀ M + dSᵀ Krᵀ             (rscan_dvp)
@@ -20,6 +20,10 @@
 
 #define KDA_LDK(K) ((K) + 8)   // row stride (elements) of [16][K] bf16 tiles
 #define KDA_LD16 24            // row stride of [·][16] bf16 tiles
+// M (per chunk, [16][16]) is kept as bf16 hi then lo; in shared memory as two [16][KDA_LD16]
+// tiles. 16-byte piece i < 64 of the pair: tile i/32, row (i%32)/2, half i%2.
+#define KDA_MTILE(sM, i) ((sM) + ((i) >> 5) * 16 * KDA_LD16 + (((i) & 31) >> 1) * KDA_LD16 + ((i) & 1) * 8)
+#define KDA_MSRC(gM, i) ((gM) + ((i) >> 5) * 256 + (((i) & 31) >> 1) * 16 + ((i) & 1) * 8)
 
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
 template <bool SPLIT>
@@ -99,6 +103,8 @@ __device__ __forceinline__ void scan_out(const float (*s)[4], const bf16 *sQg, c
         uint32_t b[2];
         ldb_nk(b, sM, KDA_LD16, 8 * nt, 0, lane);
         mma16816(o[nt], av, b);
+        ldb_nk(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(o[nt], av, b);
     }
 }
 
@@ -132,6 +138,8 @@ __device__ __forceinline__ void rscan_dvp(const float (*ds)[4], const bf16 *sdO,
     for (int nt = 0; nt < 2; nt++) {
         uint32_t b[2];
         ldb_kn(b, sM, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(dvp[nt], aO, b);
+        ldb_kn(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
         mma16816(dvp[nt], aO, b);
     }
 #pragma unroll

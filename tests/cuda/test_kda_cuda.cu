@@ -375,8 +375,9 @@ static void test_conv_decode(int B, int nslots, int C, int W) {
     for (auto &e : x) e = rb((float)nrand());
     for (auto &e : w) e = (float)(0.5 * nrand());
     for (auto &e : cache) e = rb((float)nrand());
-    std::vector<int> slots(B);
-    for (int b = 0; b < B; b++) slots[b] = (b * 3 + 1) % nslots;
+    std::vector<int> slots(B);   // distinct slots, shuffled
+    for (int b = 0; b < B; b++) slots[b] = (nslots - 1 - b + nslots) % nslots;
+    for (int b = B - 1; b > 0; b--) std::swap(slots[b], slots[(int)(urand() * (b + 1)) % (b + 1)]);
     dbuf<bf16> dx, dc, dy;
     dbuf<float> dw;
     dbuf<int> ds;
