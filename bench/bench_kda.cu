@@ -77,6 +77,7 @@ struct Shape { int B, T, H; bool bwd; };
 
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    bool profile = argc > 1 && !strcmp(argv[1], "--profile");   // each kernel once (for ncu)
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -95,8 +96,8 @@ int main(int argc, char **argv) {
     std::vector<Shape> shapes = {{1, 8192, 96, true},  {2, 16384, 16, true}, {4, 2048, 16, true},
                                  {4, 4096, 64, true},  {8, 2048, 32, true},  {1, 65536, 32, true},
                                  {1, 1048576, 32, false}};
-    if (quick) shapes = {{1, 8192, 96, true}};
-    bool variants = quick || getenv("KDA_BENCH_VARIANTS");
+    if (quick || profile) shapes = {{1, 8192, 96, true}};
+    bool variants = (quick && !getenv("KDA_BENCH_NOVAR")) || getenv("KDA_BENCH_VARIANTS");
     printf("\n%-18s %-9s %9s %9s %9s %11s %9s\n", "shape", "gate", "fwd ms", "prep ms", "scan ms", "fwd+bwd ms", "bwd ms");
     for (const Shape &s : shapes) {
         size_t Tt = (size_t)s.B * s.T, nqk = Tt * s.H * K, nv = Tt * s.H * V, nb = Tt * s.H, ns = (size_t)s.B * s.H * K * V;
@@ -131,6 +132,20 @@ int main(int argc, char **argv) {
         int reps = s.T * s.B >= (1 << 20) ? 5 : 20, warm = 3;
         char name[64];
         snprintf(name, sizeof name, "B%d.T%d.H%d", s.B, s.T, s.H);
+        if (profile) {
+            fill_f32<<<1, 256>>>(A, s.H, 9, 0.29f, 0);
+            fill_f32<<<8, 256>>>(db, (size_t)s.H * K, 10, 1, 0);
+            p.save = 1;
+            CU(kda_fwd(&p));
+            p.saved = 1;
+            CU(kda_bwd(&p));
+            p.gate_mode = 1;
+            p.saved = 0;
+            CU(kda_fwd_prep(&p));
+            CU(cudaDeviceSynchronize());
+            printf("profile run done\n");
+            return 0;
+        }
         for (int gate = 0; gate < 2; gate++) {
             p.gate_mode = gate;
             if (gate == 0) {

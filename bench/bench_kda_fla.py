@@ -82,24 +82,19 @@ def run(B, T, H, bwd, gate, use_ctypes):
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", help="output of build/cuda/bench_kda")
-    ap.add_argument("--ctypes", action="store_true")
-    ap.add_argument("--shapes", default="all", help="'all', 'quick' or a count of shapes from the top")
-    a = ap.parse_args()
+def bench_all(ours_file=None, use_ctypes=False, shapes="all"):
     ours = {}
-    if a.ours and os.path.exists(a.ours):
-        for line in open(a.ours):
+    if ours_file and os.path.exists(ours_file):
+        for line in open(ours_file):
             if line.startswith("RESULT "):
                 _, key, val = line.split()
                 ours[key] = float(val)
-    shapes = SHAPES if a.shapes == "all" else SHAPES[:1] if a.shapes == "quick" else SHAPES[:int(a.shapes)]
+    shapes = SHAPES if shapes == "all" else SHAPES[:1] if shapes == "quick" else SHAPES[:int(shapes)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     rows = []
     for (B, T, H, bwd) in shapes:
         for gate in ("bounded", "unbounded"):
-            r = run(B, T, H, bwd, gate, a.ctypes)
+            r = run(B, T, H, bwd, gate, use_ctypes)
             name = f"B{B}.T{T}.H{H}"
             o_f, o_fb = ours.get(f"{name}.{gate}.fwd"), ours.get(f"{name}.{gate}.fwdbwd")
             rows.append((name, gate, o_f, r.get("fla_fwd"), o_fb, r.get("fla_fwdbwd"), r.get("ours_ct_fwd"),
@@ -117,6 +112,15 @@ def main():
             u = [r for r in rows if r[0] == name and r[1] == "unbounded"][0]
             print(f"{name:20s} unbounded/bounded: ours fwd {ratio(of, u[2])} f+b {ratio(ofb, u[4])}; "
                   f"fla fwd {ratio(ff, u[3])} f+b {ratio(ffb, u[5])}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", help="output of build/cuda/bench_kda")
+    ap.add_argument("--ctypes", action="store_true")
+    ap.add_argument("--shapes", default="all", help="'all', 'quick' or a count of shapes from the top")
+    a = ap.parse_args()
+    bench_all(a.ours, a.ctypes, a.shapes)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@
 //    chunk states from the checkpoint, the four dS from the dS checkpoint, and writes the
 //    products that contract over the value dimension (dQg, dW, dKr, dgl, dM, dU).
 // 3. kda_bwd_chunk_kernel: per (chunk, head): recomputes the prep quantities and applies
-//    the chunk-local chain rule; one thread per key channel (exact per-channel decays,
-//    no cross-thread reductions except the row sums of β and the L2 norms).
+//    the chunk-local chain rule: the 16×16·16×K products on tensor cores (fp32 operands as
+//    bf16 hi + lo), the rest elementwise with one thread per key channel. The unbounded gate
+//    (or exact = 1) takes the diagonal-block terms per position with exact decays instead.
 // 4. kda_param_reduce_kernel: dA_log and ddt_bias summed over chunks in a fixed order
 //    (deterministic, no atomics).
 #include "kda_common.cuh"
@@ -35,7 +36,7 @@ int kda_scan_warps(const kda_params *p);
 
 struct RScanArgs {
     KSeq sq;
-    int H, V, NC, NS;
+    int H, V, NC, NS, stages;
     const bf16 *W, *Qg, *KrT, *M, *d_o;
     const float *gl, *dS_out;
     float *dS0, *dckpt;
@@ -107,18 +108,18 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
 #define RLOAD(buf, c)                                                                                    \
     rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + (buf) * L.bytes, L, h, \
                   cbase + (c), bos + 16 * (c), min(16, len_n - 16 * (c)), vb0, VB)
-#pragma unroll
-    for (int st = 0; st < KDA_STAGES_R - 1; st++) {
+    const int NSt = a.stages;
+    for (int st = 0; st < NSt - 1; st++) {
         if (st < nc) RLOAD(st, nc - 1 - st);
         cp_async_commit();
     }
     for (int it = 0; it < nc; it++) {
-        int c = nc - 1 - it, itn = it + KDA_STAGES_R - 1;
-        if (itn < nc) RLOAD(itn % KDA_STAGES_R, nc - 1 - itn);
+        int c = nc - 1 - it, itn = it + NSt - 1;
+        if (itn < nc) RLOAD(itn % NSt, nc - 1 - itn);
         cp_async_commit();
-        cp_async_wait<KDA_STAGES_R - 1>();
+        cp_async_wait_n(NSt - 1);
         __syncthreads();
-        unsigned char *st = smem_raw + (it % KDA_STAGES_R) * L.bytes;
+        unsigned char *st = smem_raw + (it % NSt) * L.bytes;
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
         const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.odO), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
@@ -148,24 +149,35 @@ struct SegArgs {
 };
 
 struct SegSmem {
-    int oS, odS, oVp, odVp, odO, oW, oQg, oKrT, oU, oM, ogl, bytes;
+    int oS, oVp, odS, odVp, odO, oQg, oM, oW, oKrT, ogl, oF, FB, bytes;
 };
+// [S_i ×4][V'_i ×4][backward-only: dS, dV', dO, Qg, M][W, KrT, gl]; during the forward
+// sweep the backward-only region holds the forward data (W, U, KrT, gl) of chunks 1..3,
+// and chunk 0's sits at oF (all four loaded at once)
 __host__ __device__ inline SegSmem seg_smem(int K, int V) {
     SegSmem s;
     int ldv = V + 8, off = 0;
     s.oS = off; off += KDA_SEG * K * ldv * 2;
-    s.odS = off; off += K * ldv * 2;
     s.oVp = off; off += KDA_SEG * 16 * ldv * 2;
+    s.FB = 16 * (K + 8) * 2 + 16 * ldv * 2 + K * KDA_LD16 * 2 + K * 4;   // W, U, KrT, gl of one chunk
+    int r0 = off;
+    s.odS = off; off += K * ldv * 2;
     s.odVp = off; off += 16 * ldv * 2;
     s.odO = off; off += 16 * ldv * 2;
-    s.oW = off; off += 16 * (K + 8) * 2;
     s.oQg = off; off += 16 * (K + 8) * 2;
-    s.oKrT = off; off += K * KDA_LD16 * 2;
-    s.oU = off; off += 16 * ldv * 2;
     s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
-    s.ogl = off; off += K * 4;
+    if (off - r0 < (KDA_SEG - 1) * s.FB) off = r0 + (KDA_SEG - 1) * s.FB;
+    s.oF = off;                       // chunk 0's forward data, then the backward's W, KrT, gl
+    s.oW = off;
+    s.oKrT = off + 16 * (K + 8) * 2 + 16 * ldv * 2;
+    s.ogl = s.oKrT + K * KDA_LD16 * 2;
+    off += s.FB;
     s.bytes = off;
     return s;
+}
+// forward data of chunk i in the segment kernel's shared memory
+__device__ __forceinline__ unsigned char *seg_fbuf(unsigned char *smem, const SegSmem &L, int i) {
+    return i == 0 ? smem + L.oF : smem + L.odS + (i - 1) * L.FB;
 }
 
 template <int K, bool SPLIT>
@@ -182,31 +194,40 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     SegSmem L = seg_smem(K, V);
     bf16 *sS = (bf16 *)(smem_raw + L.oS), *sdS = (bf16 *)(smem_raw + L.odS), *sVp = (bf16 *)(smem_raw + L.oVp);
     bf16 *sdVp = (bf16 *)(smem_raw + L.odVp), *sdO = (bf16 *)(smem_raw + L.odO), *sW = (bf16 *)(smem_raw + L.oW);
-    bf16 *sQg = (bf16 *)(smem_raw + L.oQg), *sKrT = (bf16 *)(smem_raw + L.oKrT), *sU = (bf16 *)(smem_raw + L.oU);
+    bf16 *sQg = (bf16 *)(smem_raw + L.oQg), *sKrT = (bf16 *)(smem_raw + L.oKrT);
     bf16 *sM = (bf16 *)(smem_raw + L.oM);
     float *sgl = (float *)(smem_raw + L.ogl);
     size_t ckoff = ((size_t)h * a.NS + gs) * V * K;
+    const int fU = 16 * (K + 8) * 2, fK = fU + 16 * ldv * 2, fg = fK + K * KDA_LD16 * 2;   // offsets in a buffer
 
-    // forward through the segment: S_i and V'_i of its chunks
-    float s[K / 8][4];
-    frag_load_vk<K>(s, a.ckpt + ckoff, v0, lane);
+    // forward through the segment: S_i and V'_i of its chunks (all four chunks' data loaded at once)
     for (int i = 0; i < nsg; i++) {
         size_t hc = (size_t)h * a.NC + gcf + i;
+        unsigned char *fb = seg_fbuf(smem_raw, L, i);
+        bf16 *bW = (bf16 *)fb, *bU = (bf16 *)(fb + fU), *bK = (bf16 *)(fb + fK);
+        float *bg = (float *)(fb + fg);
         for (int e = tid; e < 2 * K; e += nthr) {
             int r = e / (K / 8), pc = e % (K / 8);
-            cp_async16(sW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8);
-            cp_async16(sKrT + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
+            cp_async16(bW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8);
+            cp_async16(bK + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
         }
         for (int e = tid; e < 2 * V; e += nthr) {
             int r = e / (V / 8), pc = e % (V / 8);
-            cp_async16(sU + r * ldv + pc * 8, a.U + hc * 16 * V + (size_t)r * V + pc * 8);
+            cp_async16(bU + r * ldv + pc * 8, a.U + hc * 16 * V + (size_t)r * V + pc * 8);
         }
-        for (int e = tid; e < K / 4; e += nthr) cp_async16(sgl + 4 * e, a.gl + hc * K + 4 * e);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+        for (int e = tid; e < K / 4; e += nthr) cp_async16(bg + 4 * e, a.gl + hc * K + 4 * e);
+    }
+    cp_async_commit();
+    float s[K / 8][4];
+    frag_load_vk<K>(s, a.ckpt + ckoff, v0, lane);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = 0; i < nsg; i++) {
+        unsigned char *fb = seg_fbuf(smem_raw, L, i);
+        const bf16 *bW = (const bf16 *)fb, *bU = (const bf16 *)(fb + fU), *bK = (const bf16 *)(fb + fK);
+        const float *bg = (const float *)(fb + fg);
         float vp[2][4];
-        scan_vprime<K, SPLIT>(s, sW, sU, ldv, v0, lane, vp);
+        scan_vprime<K, SPLIT>(s, bW, bU, ldv, v0, lane, vp);
         bf16 *Si = sS + (size_t)i * K * ldv, *Vi = sVp + (size_t)i * 16 * ldv;
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
@@ -220,9 +241,9 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
                 Si[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(s[nt][e]);
         uint32_t av[4];
         tok_afrag(vp, av, 1.f);
-        scan_update<K>(s, av, sKrT, sgl, lane);
-        __syncthreads();
+        scan_update<K>(s, av, bK, bg, lane);
     }
+    __syncthreads();   // the backward sweep reuses the forward buffers
 
     // backwards through the segment
     float (*ds)[4] = s;   // reuse the registers
@@ -344,27 +365,30 @@ struct BwdArgs {
 
 template <int K, int V>
 struct BwdSmem {
-    static constexpr int KV1 = (K > V ? K : V) + 1;
-    float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4];
-    float v[16][V + 1], dU[16][V + 1], dW[16][K + 1];
+    static constexpr int LD = (K > V ? K : V) + 8;   // row stride of the fp32 [16][·] arrays
+    // bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 = scale·q̂⊙2^{G−c0} (Qd); exact:
+    // F0 = k̂, F1 = G (log2), F2 = k̂⊙2^G; F3 = dW. In place afterwards: F0 ← P·Ki, F1 ← dM·Ki,
+    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
+    float F0[16][LD], F1[16][LD], F2[16][LD], F3[16][LD];
+    bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], L[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
-    union {
-        struct { float A1[16][K + 1], A2[16][K + 1], Kb[16][K + 1]; } pre;   // until L and dINV are made
-        struct { float b[16][KV1], q[16][KV1], k[16][KV1]; } red;            // row sums afterwards
-    } u;
+    float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
 };
 
 template <int K, int V, bool EXACT>
 __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    BwdSmem<K, V> &S = *reinterpret_cast<BwdSmem<K, V> *>(smem_raw);
+    typedef BwdSmem<K, V> Sm;
+    Sm &S = *reinterpret_cast<Sm *>(smem_raw);
+    constexpr int LD = Sm::LD;
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
     int n, c, len;
     long long t0;
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     size_t hc = (size_t)h * a.NC + gc;
-    constexpr int CPL = K / 32, VPL = V / 32;
+    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (BWD_THREADS / 32);
+    const float c0 = a.c0, p2c0 = exp2f(a.c0);
 
     // every global load first: 16 rows of this thread's channel; 4 rows per warp
     const int cch = tid;
@@ -380,8 +404,8 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             dWr[r] = a.dWg[hc * 16 * K + r * K + cch];
         }
     }
-    constexpr int RPW = 16 / (BWD_THREADS / 32);
-    float rqx[RPW][CPL], rkx[RPW][CPL], rvx[RPW][VPL], rdu[RPW][VPL], rbl[RPW];
+    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
+    bf16 rvx[RPW][VPL], rdu[RPW][VPL];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (BWD_THREADS / 32);
@@ -394,12 +418,20 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
 #pragma unroll
         for (int e = 0; e < VPL; e++) {
-            rvx[i][e] = ok ? bf(a.v[row * V + lane * VPL + e]) : 0.f;
-            rdu[i][e] = bf(a.dU[hc * 16 * V + (size_t)r * V + lane * VPL + e]);
+            rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
+            rdu[i][e] = a.dU[hc * 16 * V + (size_t)r * V + lane * VPL + e];
         }
         rbl[i] = ok ? bf(a.beta[row]) : 0.f;
     }
-    // rows: norms, β, v, dU
+    for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
+        (&S.Lraw[0][0])[e] = 0.f;
+        (&S.L[0][0])[e] = 0.f;
+        (&S.P[0][0])[e] = 0.f;
+    }
+    for (int e = tid; e < 256; e += BWD_THREADS) {
+        int i = e >> 4, j = e & 15;
+        S.dM[i][j] = j <= i ? a.dM[hc * 256 + e] : 0.f;
+    }
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (BWD_THREADS / 32);
@@ -425,15 +457,9 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
         }
     }
-    for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
-        (&S.Lraw[0][0])[e] = 0.f;
-        (&S.L[0][0])[e] = 0.f;
-        (&S.P[0][0])[e] = 0.f;
-        (&S.dM[0][0])[e] = 0.f;
-    }
     __syncthreads();
 
-    // per channel: recompute the gate sum and the normalised rows
+    // per channel: the gate sum and the normalised rows (kept in registers), factors
     float Gs[16], qn[16], kn[16];
     float eA = expf(a.A_log[h]), db = 0.f;
     if (cch < K) {
@@ -441,43 +467,77 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float g = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
-            G += g * KDA_LOG2E;
+            float gv = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
+            G += gv * KDA_LOG2E;
             Gs[r] = G;
             qn[r] = qx[r] * S.rq[r];
             kn[r] = kx[r] * S.rk[r];
-            float E = exp2f(G);
-            S.u.pre.Kb[r][cch] = S.beta[r] * kn[r] * E;
-            S.dW[r][cch] = dWr[r];
-            if (EXACT) {
-                S.u.pre.A1[r][cch] = kn[r];
-                S.u.pre.A2[r][cch] = G;
+            S.F3[r][cch] = dWr[r];
+            if constexpr (EXACT) {
+                S.F0[r][cch] = kn[r];
+                S.F1[r][cch] = G;
+                S.F2[r][cch] = kn[r] * exp2f(G);
             } else {
-                S.u.pre.A1[r][cch] = kn[r] * exp2f(G - a.c0);
-                S.u.pre.A2[r][cch] = kn[r] * exp2f(a.c0 - G);
+                float Fd = exp2f(G - c0);
+                S.F0[r][cch] = kn[r] * Fd;
+                S.F1[r][cch] = kn[r] * exp2f(c0 - G);
+                S.F2[r][cch] = a.scale * qn[r] * Fd;
             }
         }
     }
     __syncthreads();
 
-    // L (strict lower, raw and ×β) and dINV = dU Vbᵀ + dW Kbᵀ
-    for (int pidx = tid; pidx < 120; pidx += BWD_THREADS) {
-        int i = 1, j = pidx;
-        while (j >= i) { j -= i; i++; }
-        float l = 0.f;
-        for (int d = 0; d < K; d++) {
-            if (EXACT) l = fmaf(S.u.pre.A1[i][d] * S.u.pre.A1[j][d], exp2f(S.u.pre.A2[i][d] - S.u.pre.A2[j][d]), l);
-            else l = fmaf(S.u.pre.A1[i][d], S.u.pre.A2[j][d], l);
+    // L (strict lower, raw and ×β) and dINV = dU Vbᵀ + dW Kbᵀ = (dU vᵀ) Diag(β) + dW (K̂⊙e^G)ᵀ Diag(β)
+    if constexpr (EXACT) {
+        for (int pidx = tid; pidx < 120; pidx += BWD_THREADS) {
+            int i = 1, j = pidx;
+            while (j >= i) { j -= i; i++; }
+            float l = 0.f;
+            for (int d = 0; d < K; d++) l = fmaf(S.F0[i][d] * S.F0[j][d], exp2f(S.F1[i][d] - S.F1[j][d]), l);
+            S.Lraw[i][j] = l;
+            S.L[i][j] = S.beta[i] * l;
         }
-        S.Lraw[i][j] = l;
-        S.L[i][j] = S.beta[i] * l;
+    } else if (warp < 2) {
+        float acc[4] = {};
+#pragma unroll
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, &S.F0[0][0], LD, 16 * j, lane);
+            ldb_f32_split(bh, bl, &S.F1[0][0], LD, 8 * warp, 16 * j, lane);
+            mma3(acc, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * warp + 2 * t + (e & 1);
+            if (col < row) {
+                S.Lraw[row][col] = acc[e];
+                S.L[row][col] = S.beta[row] * acc[e];
+            }
+        }
     }
-    for (int e = tid; e < 256; e += BWD_THREADS) {
-        int i = e >> 4, j = e & 15;
-        float sv = 0.f, sk = 0.f;
-        for (int x = 0; x < V; x++) sv = fmaf(S.dU[i][x], S.v[j][x], sv);
-        for (int d = 0; d < K; d++) sk = fmaf(S.dW[i][d], S.u.pre.Kb[j][d], sk);
-        S.dINV[i][j] = fmaf(S.beta[j], sv, sk);
+    if (warp >= 2) {
+        int nt = warp - 2;
+        float aw[4] = {}, au[4] = {};
+#pragma unroll
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, &S.F3[0][0], LD, 16 * j, lane);
+            ldb_f32_split(bh, bl, EXACT ? &S.F2[0][0] : &S.F0[0][0], LD, 8 * nt, 16 * j, lane);
+            mma3(aw, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int j = 0; j < V / 16; j++) {
+            uint32_t af[4], b[2];
+            lda_row(af, &S.dU[0][0], V + 8, 16 * j, lane);
+            ldb_nk(b, &S.v[0][0], V + 8, 8 * nt, 16 * j, lane);
+            mma16816(au, af, b);
+        }
+        float sw = EXACT ? 1.f : p2c0;   // bounded: K̂⊙e^G = Kd·2^{c0}
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+            S.dINV[row][col] = S.beta[col] * fmaf(aw[e], sw, au[e]);
+        }
     }
     __syncthreads();
     if (tid < 16) {
@@ -485,10 +545,13 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float x[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            float v = i == cc ? 1.f : 0.f;
+            float p0 = i == cc ? 1.f : 0.f, p1 = 0.f;
 #pragma unroll
-            for (int j = 0; j < i; j++) v = fmaf(-S.L[i][j], x[j], v);
-            x[i] = v;
+            for (int j = 0; j < i; j++) {
+                if (j & 1) p1 = fmaf(-S.L[i][j], x[j], p1);
+                else p0 = fmaf(-S.L[i][j], x[j], p0);
+            }
+            x[i] = p0 + p1;
         }
 #pragma unroll
         for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
@@ -511,7 +574,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             S.P[i][j] = S.beta[i] * dl;
         }
         S.dINV[i][j] = dl * S.Lraw[i][j];   // dβ from L, summed per row below
-        if (j <= i) S.dM[i][j] = a.dM[hc * 256 + i * 16 + j];
     }
     __syncthreads();
     if (tid < 16) {
@@ -520,78 +582,115 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         S.dbL[tid] = sb;
     }
 
-    // per channel: the chain rule
-    float dqn[16], dkn[16];
-    float dAp = 0.f;
+    // tensor-core products over the chunk's 16 rows, one 8-column tile per warp at a time:
+    // dKb = INVᵀ dW and (bounded) P·Ki, dM·Ki, Pᵀ·Kd + dMᵀ·Qd in place; dVb = INVᵀ dU → dv, dβ
     {
-        float dVbv[16], dKbv[16];
-        if (cch < V) {
-            float dUc[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) dUc[i] = S.dU[i][cch];
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float x = 0.f;
-#pragma unroll
-                for (int i = j; i < 16; i++) x = fmaf(S.INV[i][j], dUc[i], x);
-                dVbv[j] = x;
-                if (j < len) a.dv[((size_t)(t0 + j) * a.H + h) * V + cch] = __float2bfloat16(S.beta[j] * x);
-            }
+        uint32_t iTh[4], iTl[4];
+        lda_f32_16(iTh, iTl, &S.INV[0][0], 17, true, lane);
+        uint32_t pH[4], pL[4], mH[4], mL[4], pTh[4], pTl[4], mTh[4], mTl[4];
+        if constexpr (!EXACT) {
+            lda_f32_16(pH, pL, &S.P[0][0], 17, false, lane);
+            lda_f32_16(mH, mL, &S.dM[0][0], 17, false, lane);
+            lda_f32_16(pTh, pTl, &S.P[0][0], 17, true, lane);
+            lda_f32_16(mTh, mTl, &S.dM[0][0], 17, true, lane);
         }
-        if (cch < K) {
-            float dWc[16];
-#pragma unroll
-            for (int i = 0; i < 16; i++) dWc[i] = S.dW[i][cch];
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float x = 0.f;
-#pragma unroll
-                for (int i = j; i < 16; i++) x = fmaf(S.INV[i][j], dWc[i], x);
-                dKbv[j] = x;
-            }
-        }
-        __syncthreads();   // the row-sum buffers alias A1, A2, Kb
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            float cb = 0.f;
-            if (cch < V) cb = S.v[j][cch] * dVbv[j];
-            if (cch < K) cb = fmaf(kn[j] * exp2f(Gs[j]), dKbv[j], cb);
-            if (cch < BwdSmem<K, V>::KV1 - 1) S.u.red.b[j][cch] = cb;
-        }
-        if (cch < K) {
-            float G15 = Gs[15], gl = exp2f(G15), dG[16], dqs[16], sumKr = 0.f;
-            float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                dQgr[j] = a.dQg[hc * 16 * K + j * K + cch];
-                dKrr[j] = a.dKr[hc * 16 * K + j * K + cch];
+        for (int nt = warp; nt < K / 8; nt += BWD_THREADS / 32) {
+            int n0 = 8 * nt;
+            uint32_t wh[2], wl[2];
+            ldb_f32kn_split(wh, wl, &S.F3[0][0], LD, n0, lane);
+            float dkb[4] = {};
+            mma3(dkb, iTh, iTl, wh, wl);
+            float r1[4] = {}, r2[4] = {}, r3[4] = {};
+            if constexpr (!EXACT) {
+                uint32_t kih[2], kil[2], kdh[2], kdl[2], qdh[2], qdl[2];
+                ldb_f32kn_split(kih, kil, &S.F1[0][0], LD, n0, lane);
+                ldb_f32kn_split(kdh, kdl, &S.F0[0][0], LD, n0, lane);
+                ldb_f32kn_split(qdh, qdl, &S.F2[0][0], LD, n0, lane);
+                mma3(r1, pH, pL, kih, kil);
+                mma3(r2, mH, mL, kih, kil);
+                mma3(r3, pTh, pTl, kdh, kdl);
+                mma3(r3, mTh, mTl, qdh, qdl);
             }
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                float E = exp2f(Gs[j]), ER = exp2f(G15 - Gs[j]);
-                float dQgj = dQgr[j], dKrj = dKrr[j];
-                float qs = a.scale * qn[j];
-                dkn[j] = fmaf(S.beta[j] * E, dKbv[j], ER * dKrj);
-                dqs[j] = E * dQgj;
-                dG[j] = qs * E * dQgj + S.beta[j] * kn[j] * E * dKbv[j] - kn[j] * ER * dKrj;
-                sumKr = fmaf(kn[j] * ER, dKrj, sumKr);
-            }
-            dG[15] += gl * dglc + sumKr;
-            // the diagonal blocks: pairs j ≤ i with decay e^{G_i − G_j} ≤ 1
-            float Fd[16], Fi[16];
-            if (!EXACT) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    Fd[j] = exp2f(Gs[j] - a.c0);
-                    Fi[j] = exp2f(a.c0 - Gs[j]);
+            for (int e = 0; e < 4; e++) {
+                int row = g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
+                S.F3[row][col] = dkb[e];
+                if constexpr (!EXACT) {
+                    S.F0[row][col] = r1[e];
+                    S.F1[row][col] = r2[e];
+                    S.F2[row][col] = r3[e];
                 }
             }
+        }
+        float pb0 = 0.f, pb1 = 0.f;   // Σ_v v·dVb for rows g, g+8
+        for (int nt = warp; nt < V / 8; nt += BWD_THREADS / 32) {
+            int n0 = 8 * nt;
+            uint32_t b[2];
+            ldb_kn(b, &S.dU[0][0], V + 8, n0, 0, lane);
+            float dvb[4] = {};
+            mma16816(dvb, iTh, b);
+            mma16816(dvb, iTl, b);
+            int col = n0 + 2 * t;
+            float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&S.v[g][col]));
+            float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&S.v[g + 8][col]));
+            pb0 = fmaf(v0.x, dvb[0], fmaf(v0.y, dvb[1], pb0));
+            pb1 = fmaf(v1.x, dvb[2], fmaf(v1.y, dvb[3], pb1));
+            if (g < len)
+                *reinterpret_cast<__nv_bfloat162 *>(a.dv + ((size_t)(t0 + g) * a.H + h) * V + col) =
+                    __floats2bfloat162_rn(S.beta[g] * dvb[0], S.beta[g] * dvb[1]);
+            if (g + 8 < len)
+                *reinterpret_cast<__nv_bfloat162 *>(a.dv + ((size_t)(t0 + g + 8) * a.H + h) * V + col) =
+                    __floats2bfloat162_rn(S.beta[g + 8] * dvb[2], S.beta[g + 8] * dvb[3]);
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            pb0 += __shfl_xor_sync(0xffffffffu, pb0, o);
+            pb1 += __shfl_xor_sync(0xffffffffu, pb1, o);
+        }
+        if (t == 0) {
+            S.dbv[warp][g] = pb0;
+            S.dbv[warp][g + 8] = pb1;
+        }
+    }
+    __syncthreads();
+
+    // per channel: the chain rule elementwise, the gate, the row-sum terms
+    float dqn[16], dkn[16];
+    float dAp = 0.f;
+    if (cch < K) {
+        float G15 = Gs[15], gl = exp2f(G15), dG[16], dqs[16], sumKr = 0.f;
+        float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            dQgr[j] = a.dQg[hc * 16 * K + j * K + cch];
+            dKrr[j] = a.dKr[hc * 16 * K + j * K + cch];
+        }
+        float dKbv[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float E = exp2f(Gs[j]), ER = exp2f(G15 - Gs[j]);
+            float qs = a.scale * qn[j], dKb = S.F3[j][cch];
+            dKbv[j] = dKb;
+            dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
+            dqs[j] = E * dQgr[j];
+            dG[j] = qs * E * dQgr[j] + S.beta[j] * kn[j] * E * dKb - kn[j] * ER * dKrr[j];
+            sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
+            if constexpr (!EXACT) {
+                float Fd = exp2f(Gs[j] - c0), Fi = exp2f(c0 - Gs[j]);
+                float r1 = S.F0[j][cch], r2 = S.F1[j][cch], r3 = S.F2[j][cch];
+                dqs[j] = fmaf(Fd, r2, dqs[j]);
+                dkn[j] = fmaf(Fd, r1, fmaf(Fi, r3, dkn[j]));
+                dG[j] += kn[j] * Fd * r1 + qs * Fd * r2 - kn[j] * Fi * r3;
+            }
+        }
+        dG[15] += gl * dglc + sumKr;
+        if constexpr (EXACT) {   // the diagonal blocks per position: exact decays e^{G_i − G_j} ≤ 1
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 float qsi = a.scale * qn[i];
 #pragma unroll
                 for (int j = 0; j <= i; j++) {
-                    float e = EXACT ? exp2f(Gs[i] - Gs[j]) : Fd[i] * Fi[j];
+                    float e = exp2f(Gs[i] - Gs[j]);
                     float av = S.P[i][j], m = S.dM[i][j];
                     float ke = kn[j] * e;
                     dqs[i] = fmaf(m, ke, dqs[i]);
@@ -603,33 +702,34 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                     dG[j] -= Y;
                 }
             }
-            // gate: dg = reverse cumulative sum of dG; activation backward
-            float acc = 0.f, ddb = 0.f;
+        }
+        // gate: dg = reverse cumulative sum of dG; activation backward
+        float acc = 0.f, ddb = 0.f;
 #pragma unroll
-            for (int j = 15; j >= 0; j--) {
-                acc += dG[j];
-                if (j < len) {
-                    size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
-                    float x = fr[j] + db, dfv;
-                    if (a.gate_mode == 0) {
-                        float sg = sigmoidf_(eA * x);
-                        dfv = acc * a.lb * sg * (1.f - sg) * eA;
-                        dAp = fmaf(dfv, x, dAp);
-                    } else {
-                        dfv = -acc * eA * sigmoidf_(x);
-                        dAp = fmaf(acc, -eA * softplusf_(x), dAp);
-                    }
-                    ddb += dfv;
-                    a.df[idx] = __float2bfloat16(dfv);
+        for (int j = 15; j >= 0; j--) {
+            acc += dG[j];
+            if (j < len) {
+                size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
+                float x = fr[j] + db, dfv;
+                if (a.gate_mode == 0) {
+                    float sg = sigmoidf_(eA * x);
+                    dfv = acc * a.lb * sg * (1.f - sg) * eA;
+                    dAp = fmaf(dfv, x, dAp);
+                } else {
+                    dfv = -acc * eA * sigmoidf_(x);
+                    dAp = fmaf(acc, -eA * softplusf_(x), dAp);
                 }
+                ddb += dfv;
+                a.df[idx] = __float2bfloat16(dfv);
             }
-            a.pdb[hc * K + cch] = ddb;
+        }
+        a.pdb[hc * K + cch] = ddb;
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                dqn[j] = a.scale * dqs[j];
-                S.u.red.q[j][cch] = qn[j] * dqn[j];
-                S.u.red.k[j][cch] = kn[j] * dkn[j];
-            }
+        for (int j = 0; j < 16; j++) {   // own column only: no other thread reads or writes it
+            dqn[j] = a.scale * dqs[j];
+            S.F0[j][cch] = qn[j] * dqn[j];
+            S.F1[j][cch] = kn[j] * dkn[j];
+            S.F2[j][cch] = kn[j] * exp2f(Gs[j]) * dKbv[j];
         }
     }
 #pragma unroll
@@ -638,10 +738,10 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     __syncthreads();
     for (int r = warp; r < 16; r += BWD_THREADS / 32) {
         float sb = 0.f, sq = 0.f, sk = 0.f;
-        for (int x = lane; x < BwdSmem<K, V>::KV1 - 1; x += 32) sb += S.u.red.b[r][x];
         for (int x = lane; x < K; x += 32) {
-            sq += S.u.red.q[r][x];
-            sk += S.u.red.k[r][x];
+            sb += S.F2[r][x];
+            sq += S.F0[r][x];
+            sk += S.F1[r][x];
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -654,7 +754,8 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             S.kdot[r] = sk;
             if (r < len) {
                 float b = S.beta[r];
-                a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16((S.dbL[r] + sb) * b * (1.f - b));
+                float dbeta = S.dbL[r] + sb + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
+                a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16(dbeta * b * (1.f - b));
             }
         }
     }
@@ -712,7 +813,10 @@ static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = w.dckpt;
     int nw = kda_scan_warps(p), VB = 16 * nw;
-    size_t smem = KDA_STAGES_R * rscan_stage(K, VB).bytes;
+    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    int sb = rscan_stage(K, VB).bytes;
+    a.stages = kda_scan_stages(blocks, sb, 0);
+    size_t smem = (size_t)a.stages * sb;
     cudaError_t e = cudaFuncSetAttribute(kda_rscan_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)(p->N * p->H), p->V / VB);

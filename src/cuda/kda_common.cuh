@@ -20,8 +20,7 @@ typedef __nv_bfloat16 bf16;
 
 #define KDA_C 16          // chunk length (tokens) of every chunked kernel
 #define KDA_SEG 4         // chunks per backward checkpoint segment (64 tokens)
-#define KDA_STAGES 3      // cp.async pipeline depth of the scan kernels
-#define KDA_STAGES_R 3
+#define KDA_STAGES_MAX 8  // cp.async pipeline depth of the scan kernels: 3..8, chosen at launch
 #define KDA_LOG2E 1.4426950408889634f
 
 // ---- bf16 ----
@@ -83,6 +82,52 @@ __device__ __forceinline__ void ldb_kn(uint32_t b[2], const bf16 *B, int ld, int
     b[1] = pack_raw(p[8 * ld], p[9 * ld]);
 }
 
+// fp32 operands as bf16 hi + lo (x = hi + lo to ~16 bits); mma3: C += Ah·Bh + Ah·Bl + Al·Bh
+__device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
+                                     const uint32_t bl[2]) {
+    mma16816(c, ah, bh);
+    mma16816(c, ah, bl);
+    mma16816(c, al, bh);
+}
+// A fragment (hi and lo) from a row-major fp32 tile X[16][ld], k offset k0
+__device__ __forceinline__ void lda_f32_split(uint32_t ah[4], uint32_t al[4], const float *X, int ld, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t);
+    float2 x2 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t + 8);
+    float2 x3 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, ah[0], al[0]);
+    split_bf16(x1.x, x1.y, ah[1], al[1]);
+    split_bf16(x2.x, x2.y, ah[2], al[2]);
+    split_bf16(x3.x, x3.y, ah[3], al[3]);
+}
+// B fragment (hi and lo) from an fp32 tile Bt[n][ld] (k contiguous), n offset n0, k offset k0
+__device__ __forceinline__ void ldb_f32_split(uint32_t bh[2], uint32_t bl[2], const float *Bt, int ld, int n0, int k0,
+                                              int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, bh[0], bl[0]);
+    split_bf16(x1.x, x1.y, bh[1], bl[1]);
+}
+
+// A fragment (hi, lo) of a 16×16 fp32 tile X (row stride ld, any alignment); trans: A = Xᵀ
+__device__ __forceinline__ void lda_f32_16(uint32_t ah[4], uint32_t al[4], const float *X, int ld, bool trans, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    auto at = [&](int m, int k) { return trans ? X[k * ld + m] : X[m * ld + k]; };
+    split_bf16(at(g, 2 * t), at(g, 2 * t + 1), ah[0], al[0]);
+    split_bf16(at(g + 8, 2 * t), at(g + 8, 2 * t + 1), ah[1], al[1]);
+    split_bf16(at(g, 2 * t + 8), at(g, 2 * t + 9), ah[2], al[2]);
+    split_bf16(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9), ah[3], al[3]);
+}
+// B fragment (hi, lo) from a row-major fp32 tile X[k][n] (n contiguous, row stride ld), n offset n0
+__device__ __forceinline__ void ldb_f32kn_split(uint32_t bh[2], uint32_t bl[2], const float *X, int ld, int n0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    const float *p = X + 2 * t * ld + n0 + g;
+    split_bf16(p[0], p[ld], bh[0], bl[0]);
+    split_bf16(p[8 * ld], p[9 * ld], bh[1], bl[1]);
+}
+
 // ---- cp.async (16 bytes; src_bytes = 0 fills zeros) ----
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes = 16) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -90,6 +135,19 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// wait until at most n (< 8) groups are pending, n at run time
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+    }
+}
 
 // ---- gate (natural log), x = f + dt_bias, eA = exp(A_log) ----
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
@@ -170,5 +228,7 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward);
 KSeq kda_seq(const kda_params *p, const KWs &w);
 cudaError_t kda_offsets(const kda_params *p, const KWs &w);
 int kda_num_sms(void);
+// pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
 
 #endif

@@ -107,6 +107,18 @@ cudaError_t kda_offsets(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes) {
+    const char *e = getenv("KDA_STAGES");
+    if (e && *e) return atoi(e) < 2 ? 2 : atoi(e) > KDA_STAGES_MAX ? KDA_STAGES_MAX : atoi(e);
+    // blocks resident per SM at once; each may use an equal share of the 227 KiB
+    long long per_sm = (blocks + kda_num_sms() - 1) / kda_num_sms();
+    if (per_sm < 1) per_sm = 1;
+    if (per_sm > 4) per_sm = 4;
+    int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024;
+    int st = budget / stage_bytes;
+    return st < 3 ? 3 : st > KDA_STAGES_MAX ? KDA_STAGES_MAX : st;
+}
+
 int kda_num_sms(void) {
     static int n = 0;
     if (!n) {
@@ -144,28 +156,6 @@ struct PrepSmem {
         struct { bf16 W[16][K + 8], U[16][V + 8]; } out;   // output staging, after L and M
     } u;
 };
-
-// A fragment (hi and lo) from a row-major fp32 tile X[16][ld], k offset k0
-__device__ __forceinline__ void lda_f32_split(uint32_t ah[4], uint32_t al[4], const float *X, int ld, int k0, int lane) {
-    int g = lane >> 2, t = lane & 3;
-    float2 x0 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t);
-    float2 x1 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t);
-    float2 x2 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t + 8);
-    float2 x3 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t + 8);
-    split_bf16(x0.x, x0.y, ah[0], al[0]);
-    split_bf16(x1.x, x1.y, ah[1], al[1]);
-    split_bf16(x2.x, x2.y, ah[2], al[2]);
-    split_bf16(x3.x, x3.y, ah[3], al[3]);
-}
-// B fragment (hi and lo) from an fp32 tile Bt[n][ld] (k contiguous), n offset n0, k offset k0
-__device__ __forceinline__ void ldb_f32_split(uint32_t bh[2], uint32_t bl[2], const float *Bt, int ld, int n0, int k0,
-                                              int lane) {
-    int g = lane >> 2, t = lane & 3;
-    float2 x0 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t);
-    float2 x1 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t + 8);
-    split_bf16(x0.x, x0.y, bh[0], bl[0]);
-    split_bf16(x1.x, x1.y, bh[1], bl[1]);
-}
 
 template <int K, int V, bool EXACT>
 __global__ void __launch_bounds__(PREP_THREADS) kda_prep_kernel(PrepArgs a) {
@@ -397,7 +387,7 @@ __global__ void __launch_bounds__(PREP_THREADS) kda_prep_kernel(PrepArgs a) {
 
 struct ScanArgs {
     KSeq sq;
-    int H, V, NC, NS;
+    int H, V, NC, NS, stages;
     const bf16 *W, *Qg, *KrT, *U, *M;
     const float *gl, *S0;
     bf16 *o;
@@ -457,7 +447,8 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
     ScanStage L = scan_stage(K, VB);
-    bf16 *sO = (bf16 *)(smem_raw + KDA_STAGES * L.bytes);
+    const int NSt = a.stages;
+    bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);
     int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
@@ -465,18 +456,17 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     float s[K / 8][4];
     frag_load_kv<K>(s, a.S0 ? a.S0 + nh * K * a.V : NULL, a.V, v0, lane);
 
-#pragma unroll
-    for (int st = 0; st < KDA_STAGES - 1; st++) {
+    for (int st = 0; st < NSt - 1; st++) {
         if (st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + st, vb0, VB, OUT);
         cp_async_commit();
     }
     for (int c = 0; c < nc; c++) {
-        int cn = c + KDA_STAGES - 1;
-        if (cn < nc) scan_load<K>(a, smem_raw + (cn % KDA_STAGES) * L.bytes, L, h, cbase + cn, vb0, VB, OUT);
+        int cn = c + NSt - 1;
+        if (cn < nc) scan_load<K>(a, smem_raw + (cn % NSt) * L.bytes, L, h, cbase + cn, vb0, VB, OUT);
         cp_async_commit();
-        cp_async_wait<KDA_STAGES - 1>();
+        cp_async_wait_n(NSt - 1);
         __syncthreads();
-        unsigned char *st = smem_raw + (c % KDA_STAGES) * L.bytes;
+        unsigned char *st = smem_raw + (c % NSt) * L.bytes;
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
         const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oU), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
@@ -538,7 +528,7 @@ int kda_scan_warps(const kda_params *p) {
     }
     nw = maxw;
     long long bh = (long long)p->N * p->H;
-    while (nw > 1 && bh * (maxw / nw) < 2LL * kda_num_sms()) nw >>= 1;
+    while (nw > 1 && bh * (maxw / nw) < kda_num_sms()) nw >>= 1;
     return nw;
 }
 
@@ -568,7 +558,10 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw) {
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
     int VB = 16 * nw;
-    size_t smem = KDA_STAGES * scan_stage(K, VB).bytes + 16 * (VB + 8) * 2;
+    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    int fixed = 16 * (VB + 8) * 2, sb = scan_stage(K, VB).bytes;
+    a.stages = kda_scan_stages(blocks, sb, fixed);
+    size_t smem = (size_t)a.stages * sb + fixed;
     cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;

@@ -110,11 +110,16 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--H", type=int, default=96)
+    ap.add_argument("--bench", help="then run bench/bench_kda_fla.py in this process (fla compiles once); "
+                                    "the value is our bench_kda output file")
     a = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     for gate in ("bounded", "unbounded"):
         compare("prod", a.T, a.H, gate, 1 if gate == "bounded" else 2)
     compare("varlen", 4096, 8, "bounded", 3, varlen=[15, 1, 300, 1000, 63, 2048, 669])
     compare("varlen", 4096, 8, "unbounded", 4, varlen=[15, 1, 300, 1000, 63, 2048, 669])
-    print(f"== fla comparison: {fails} failed")
+    print(f"== fla comparison: {fails} failed", flush=True)
+    if a.bench:
+        from bench_kda_fla import bench_all
+        bench_all(a.bench)
     sys.exit(1 if fails else 0)
