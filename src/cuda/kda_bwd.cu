@@ -376,7 +376,7 @@ struct BwdSmem {
 };
 
 template <int K, int V, bool EXACT>
-__global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(BWD_THREADS, EXACT ? 2 : 4) kda_bwd_chunk_kernel(BwdArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     typedef BwdSmem<K, V> Sm;
     Sm &S = *reinterpret_cast<Sm *>(smem_raw);
@@ -611,6 +611,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                 mma3(r3, pTh, pTl, kdh, kdl);
                 mma3(r3, mTh, mTl, qdh, qdl);
             }
+            __syncwarp();   // every lane's operand loads of this tile precede the in-place stores
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int row = g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);

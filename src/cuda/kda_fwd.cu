@@ -116,7 +116,9 @@ int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes) {
     if (per_sm > 4) per_sm = 4;
     int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024;
     int st = budget / stage_bytes;
-    return st < 3 ? 3 : st > KDA_STAGES_MAX ? KDA_STAGES_MAX : st;
+    // measured on H200 (bench/RESULTS.md): deeper pipelines than 3 did not help the scans
+    st = st > 3 ? 3 : st;
+    return st < 2 ? 2 : st;
 }
 
 int kda_num_sms(void) {
@@ -158,7 +160,7 @@ struct PrepSmem {
 };
 
 template <int K, int V, bool EXACT>
-__global__ void __launch_bounds__(PREP_THREADS) kda_prep_kernel(PrepArgs a) {
+__global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
