@@ -376,7 +376,7 @@ struct BwdSmem {
 };
 
 template <int K, int V, bool EXACT>
-__global__ void __launch_bounds__(BWD_THREADS, EXACT ? 2 : 4) kda_bwd_chunk_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     typedef BwdSmem<K, V> Sm;
     Sm &S = *reinterpret_cast<Sm *>(smem_raw);
