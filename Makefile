@@ -38,7 +38,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-tests test-cuda-ops clean bench-cpu
+.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -101,10 +101,14 @@ deps-quiet:
 	@for p in $(DEBIAN_PKGS); do dpkg -s $$p >/dev/null 2>&1 || { $(MAKE) --no-print-directory deps; break; }; done
 
 # ---- CUDA (compiled on every CI run so it cannot rot; run on a GPU machine) ----
+#   make cuda        compile src/cuda/*.cu (no GPU needed)
+#   make test-cuda   build and run the CUDA tests against the CPU reference, then
+#                    compute-sanitizer memcheck and racecheck on small shapes (GPU machine)
+#   make bench-cuda  build bench/bench_kda and the shared library bench/bench_kda_fla.py loads
 CUDA_SRC := $(wildcard src/cuda/*.cu)
-NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed-constexpr \
-            -Xcompiler -Wall,-Wno-unused-parameter
 CUDA_OBJ := $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
+NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed-constexpr \
+            -Xcompiler -Wall,-Wno-unused-parameter,-fPIC
 cuda: $(CUDA_OBJ)
 	@echo "== CUDA sources compiled: $(words $(CUDA_SRC))"
 build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) src/ops.h
@@ -124,9 +128,40 @@ build/cuda/obj/tests/%.o: tests/cuda/%.c src/ops.h $(wildcard src/cuda/*.h) | de
 build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	@mkdir -p $(dir $@)
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+# the `linmoe` program with the CUDA backend (--device cuda)
+build/cuda/obj/cli/%.o: src/cli/%.c | deps-quiet
+	@mkdir -p $(dir $@)
+	@$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
+build/cuda/linmoe: $(patsubst src/cli/%.c,build/cuda/obj/cli/%.o,$(CLI_SRC)) $(CUDA_OBJ) build/f32/liblinmoe.a
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+cuda-cli: build/cuda/linmoe
 cuda-tests: build/cuda/tests/test_cuda_ops
 test-cuda-ops: build/cuda/tests/test_cuda_ops
 	build/cuda/tests/test_cuda_ops
+
+# the CPU reference the CUDA tests compare with: the fp32 KDA and conv sources only (no
+# OpenBLAS / cJSON / Debian packages needed on the GPU machine)
+REF_SRC   := src/core/common.c src/cpu/kda.c src/cpu/kda_chunk.c src/cpu/kda_bwd.c src/cpu/conv.c
+REF_OBJ   := $(patsubst %.c,build/cuda/ref/%.o,$(REF_SRC))
+REF_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -O2 -march=native -Isrc -Iinclude -Wall -Wextra -Wno-unused-parameter
+KDA_OBJ   := $(filter build/cuda/obj/kda%.o,$(CUDA_OBJ))
+build/cuda/ref/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(REF_FLAGS) -c $< -o $@
+build/cuda/test_kda_cuda: tests/cuda/test_kda_cuda.cu $(CUDA_OBJ) $(REF_OBJ)
+	$(NVCC) $(NVFLAGS) $^ -o $@ -Xcompiler -fopenmp -lcublas -lm
+build/cuda/bench_kda: bench/bench_kda.cu $(KDA_OBJ)
+	$(NVCC) $(NVFLAGS) $^ -o $@
+build/cuda/libkda_cuda.so: $(KDA_OBJ)
+	$(NVCC) -shared -arch=sm_90a $^ -o $@
+
+test-cuda: build/cuda/test_kda_cuda
+	build/cuda/test_kda_cuda
+	compute-sanitizer --tool memcheck --error-exitcode 1 build/cuda/test_kda_cuda --small
+	compute-sanitizer --tool racecheck --error-exitcode 1 build/cuda/test_kda_cuda --small
+	@echo "== CUDA tests passed"
+bench-cuda: build/cuda/bench_kda build/cuda/libkda_cuda.so
+	bench/run_bench.sh
 
 clean:
 	rm -rf build

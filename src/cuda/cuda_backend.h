@@ -52,6 +52,7 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
 void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
 void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
 void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
+void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
 void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
 void cuda_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);

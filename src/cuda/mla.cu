@@ -325,3 +325,38 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
                                                         De, Tmax, scale);
     cudaLaunchCheck();
 }
+
+// ---- per-head max logit (QK-Clip): one block per head, a fixed-order tree reduction ----
+__global__ static void attn_max_logit_k(float *out, const float *q, const float *k, int B, int T, int H, int Dqk,
+                                        float scale) {
+    __shared__ float red[256];
+    const int h = blockIdx.x;
+    float mx = -INFINITY;
+    const long pairs = (long)T * (T + 1) / 2;
+    for (int b = 0; b < B; b++)
+        for (long p = threadIdx.x; p < pairs; p += blockDim.x) {
+            // pair index p → (t, s ≤ t): t = floor((sqrt(8p+1) − 1) / 2)
+            long t = (long)((sqrtf(8.0f * (float)p + 1.0f) - 1.0f) * 0.5f);
+            while (t * (t + 1) / 2 > p) t--;
+            while ((t + 1) * (t + 2) / 2 <= p) t++;
+            long s = p - t * (t + 1) / 2;
+            const float *qt = q + (((size_t)b * T + t) * H + h) * Dqk, *ks = k + (((size_t)b * T + s) * H + h) * Dqk;
+            float d = 0;
+            for (int c = 0; c < Dqk; c++) d += qt[c] * ks[c];
+            mx = fmaxf(mx, scale * d);
+        }
+    red[threadIdx.x] = mx;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[h] = red[0];
+}
+
+void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale) {
+    float *d = (float *)lm_cuda_scratch((size_t)H * sizeof(float));
+    attn_max_logit_k<<<H, 256, 0, lm_cuda_stream()>>>(d, q, k, B, T, H, Dqk, scale);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpy(out_host, d, (size_t)H * sizeof(float), cudaMemcpyDeviceToHost));
+}

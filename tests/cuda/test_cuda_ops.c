@@ -700,7 +700,7 @@ static lm_config small_hybrid(const char *types) {
     lm_config_preset(&c, "tiny");
     c.vocab = 23; c.d_model = 16; c.n_layers = (int)strlen(types);
     snprintf(c.layer_types, sizeof c.layer_types, "%s", types);
-    c.kda_heads = 2; c.kda_head_dim = 8; c.kda_chunk = 16;
+    c.kda_heads = 2; c.kda_head_dim = 64; c.kda_chunk = 16;   // the CUDA KDA kernels take K = V in {64, 128}
     c.mla_heads = 2; c.kv_lora_rank = 8; c.qk_nope_dim = 6; c.qk_extra_dim = 4; c.v_head_dim = 5;
     c.d_ff_dense = 24; c.n_experts = 6; c.top_k = 2; c.n_shared = 1; c.d_ff_expert = 8;
     c.route_scale = 1.7;
@@ -822,8 +822,10 @@ static void model_train(const char *label, lm_config c, train_setup su, int enfo
     train_diff f = model_pair(label, c, su, CPU, 1e-6, 0);
     char op[64];
     snprintf(op, sizeof op, "model %s", label);
-    const double tl = enforce ? 1e-4 : INFINITY;
-    record(op, "step-0 gradients (all)", g.grads0, enforce ? 1e-4 : INFINITY);
+    // the GPU's KDA runs in bf16 (fp32 state and accumulation): its ops agree with the CPU
+    // to ~3e-3 (tests/cuda/test_kda_cuda.cu), so the model is held to bf16 tolerances
+    const double tl = enforce ? 2e-2 : INFINITY;
+    record(op, "step-0 gradients (all)", g.grads0, enforce ? 3e-2 : INFINITY);
     record(op, "10-step loss, max rel diff", g.loss, tl);
     record(op, "params after 10 steps", g.params, tl);
     printf("    noise floor, CPU vs CPU with params x (1 + 1e-6 N(0,1)): loss %.2e, params %.2e\n", f.loss, f.params);
@@ -875,11 +877,12 @@ static void model_incremental(const char *label, lm_config c, const int *chunks,
     snprintf(op, sizeof op, "generate %s", label);
     // the CPU's own incremental-vs-full difference on these configs reaches 6.5e-5 (max abs);
     // relative tolerance as for the full forward below
-    record(op, "gpu incremental vs gpu full (rel)", rel_rms(inc, full, nl), 5e-5);
-    record(op, "gpu incremental vs gpu full (max abs)", max_abs(inc, full, nl), 2e-4);
+    // (bf16 KDA: the recurrent decode step and the chunked prefill round differently)
+    record(op, "gpu incremental vs gpu full (rel)", rel_rms(inc, full, nl), 1e-2);
+    record(op, "gpu incremental vs gpu full (max abs)", max_abs(inc, full, nl), 5e-2);
     // a whole forward amplifies the ops' ~1e-7 differences: the CPU against itself with
     // parameters perturbed by 1e-7 relative gives the scale (printed)
-    record(op, "gpu full vs cpu full logits (rel)", rel_rms(full, ref, nl), 5e-5);
+    record(op, "gpu full vs cpu full logits (rel)", rel_rms(full, ref, nl), 1e-2);
     for (size_t i = 0; i < np; i++) host[i] *= (real)(1 + 1e-7 * lm_rng_normal(&r));
     lm_model_set_params(mc, host);
     lm_model_forward(mc, tok, NULL, B, T, o0);

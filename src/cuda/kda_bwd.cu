@@ -1,0 +1,909 @@
+// kda_bwd.cu — chunked KDA backward (docs/cuda_kda.md). Per 16-token chunk, with S the
+// state entering it, S' the state after it, and the forward
+//   V' = U − W S,  O = Qg S + M V',  S' = Diag(gl) S + Krᵀ V',
+// the state gradients run backwards without needing S:
+//   dV' = Mᵀ dO + Kr dS',   dS = Diag(gl) dS' + Qgᵀ dO − Wᵀ dV'
+// and everything else is chunk-local:
+//   dQg = dO Sᵀ, dW = −dV' Sᵀ, dKr = V' dS'ᵀ, dgl = rowsum(S ⊙ dS'), dM = dO V'ᵀ, dU = dV',
+// then through INV = (I + L)^{-1}, L, M, the exponentials, the cumulative gate sum, the
+// gate activation, the L2 norms and the β sigmoid to the raw inputs.
+//
+// Kernels (after a recomputation of the forward's prep kernel and of its scan with 64-token
+// state checkpoints — or none when the forward kept them, params.saved):
+// 1. kda_rscan_kernel: per (sequence, head, value slice), serial over chunks backwards:
+//    dS checkpoints at every 64-token segment end, dS0.
+// 2. kda_bwd_seg_kernel: per (64-token segment, head), all values: recomputes the four
+//    chunk states from the checkpoint, the four dS from the dS checkpoint, and writes the
+//    products that contract over the value dimension (dQg, dW, dKr, dgl, dM, dU).
+// 3. kda_bwd_chunk_kernel: per (chunk, head): recomputes the prep quantities and applies
+//    the chunk-local chain rule: the 16×16·16×K products on tensor cores (fp32 operands as
+//    bf16 hi + lo), the rest elementwise with one thread per key channel. The unbounded gate
+//    (or exact = 1) takes the diagonal-block terms per position with exact decays instead.
+// 4. kda_param_reduce_kernel: dA_log and ddt_bias summed over chunks in a fixed order
+//    (deterministic, no atomics).
+#include "kda_common.cuh"
+#include "kda_scan.cuh"
+#include <stdlib.h>
+
+cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
+cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
+int kda_scan_warps(const kda_params *p);
+
+#define BWD_THREADS 128
+
+// ---------------------------------------------------------------------------------------
+// 1. the state-gradient scan
+
+struct RScanArgs {
+    KSeq sq;
+    int H, V, NC, NS, stages;
+    const bf16 *W, *Qg, *KrT, *M, *d_o;
+    const float *gl, *dS_out;
+    float *dS0, *dckpt;
+};
+
+struct RStage {
+    int oW, oQg, oKrT, odO, oM, ogl, bytes;
+};
+__host__ __device__ inline RStage rscan_stage(int K, int VB) {
+    RStage s;
+    int off = 0;
+    s.oW = off; off += 16 * (K + 8) * 2;
+    s.oQg = off; off += 16 * (K + 8) * 2;
+    s.oKrT = off; off += K * KDA_LD16 * 2;
+    s.odO = off; off += 16 * (VB + 8) * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
+    s.ogl = off; off += K * 4;
+    s.bytes = (off + 127) & ~127;
+    return s;
+}
+
+// chunk gc of head h: W, Qg, KrT, M, gl from the workspace; dO rows [0, len) of the value
+// slice [vb0, vb0+VB) from d_o (token rows t0..), zeros elsewhere or without d_o
+template <int K>
+__device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const bf16 *KrT, const bf16 *Mm,
+                                           const float *gl, const bf16 *d_o, int H, int V, int NC,
+                                           unsigned char *st, const RStage &L, int h, int gc, long long t0,
+                                           int len, int vb0, int VB) {
+    int tid = threadIdx.x, nthr = blockDim.x;
+    size_t hc = (size_t)h * NC + gc;
+    const bf16 *gW = W + hc * 16 * K, *gQ = Qg + hc * 16 * K, *gK = KrT + hc * 16 * K, *gM = Mm + hc * 512;
+    const float *ggl = gl + hc * K;
+    bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
+    bf16 *sO = (bf16 *)(st + L.odO), *sM = (bf16 *)(st + L.oM);
+    float *sgl = (float *)(st + L.ogl);
+    for (int i = tid; i < 2 * K; i += nthr) {
+        int r = i / (K / 8), pc = i % (K / 8);
+        cp_async16(sW + r * (K + 8) + pc * 8, gW + r * K + pc * 8);
+        cp_async16(sQ + r * (K + 8) + pc * 8, gQ + r * K + pc * 8);
+        cp_async16(sK + (i >> 1) * KDA_LD16 + (i & 1) * 8, gK + (i >> 1) * 16 + (i & 1) * 8);
+    }
+    for (int i = tid; i < 2 * VB; i += nthr) {
+        int r = i / (VB / 8), pc = i % (VB / 8);
+        bool ok = d_o && r < len;
+        const bf16 *src = ok ? d_o + ((size_t)(t0 + r) * H + h) * V + vb0 + pc * 8 : gW;
+        cp_async16(sO + r * (VB + 8) + pc * 8, src, ok ? 16 : 0);
+    }
+    for (int i = tid; i < 64 + K / 4; i += nthr) {
+        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
+        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
+    }
+}
+
+template <int K, bool SPLIT>
+__global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    int n = blockIdx.x / a.H, h = blockIdx.x % a.H;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
+    (void)tid;
+    int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
+    RStage L = rscan_stage(K, VB);
+    int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
+    long long bos = a.sq.seq_bos(n);
+    size_t nh = (size_t)n * a.H + h;
+
+    float ds[K / 8][4];
+    frag_load_kv<K>(ds, a.dS_out ? a.dS_out + nh * K * a.V : NULL, a.V, v0, lane);
+
+#define RLOAD(buf, c)                                                                                    \
+    rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + (buf) * L.bytes, L, h, \
+                  cbase + (c), bos + 16 * (c), min(16, len_n - 16 * (c)), vb0, VB)
+    const int NSt = a.stages;
+    for (int st = 0; st < NSt - 1; st++) {
+        if (st < nc) RLOAD(st, nc - 1 - st);
+        cp_async_commit();
+    }
+    for (int it = 0; it < nc; it++) {
+        int c = nc - 1 - it, itn = it + NSt - 1;
+        if (itn < nc) RLOAD(itn % NSt, nc - 1 - itn);
+        cp_async_commit();
+        cp_async_wait_n(NSt - 1);
+        __syncthreads();
+        unsigned char *st = smem_raw + (it % NSt) * L.bytes;
+        const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
+        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.odO), *sM = (const bf16 *)(st + L.oM);
+        const float *sgl = (const float *)(st + L.ogl);
+        if (a.dckpt && (c == nc - 1 || c % KDA_SEG == KDA_SEG - 1))
+            frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
+        float dvp[2][4];
+        uint32_t aO[4];
+        rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp, aO);
+        rscan_update<K>(ds, dvp, aO, sQ, sW, sgl, lane);
+        __syncthreads();
+    }
+#undef RLOAD
+    cp_async_wait<0>();
+    if (a.dS0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. per 64-token segment: the value-contracting products
+
+struct SegArgs {
+    KSeq sq;
+    int H, V, NC, NS;
+    const bf16 *W, *Qg, *KrT, *U, *M, *d_o;
+    const float *gl, *ckpt, *dckpt;
+    float *dQg, *dWg, *dKr, *dgl, *dM;
+    bf16 *dU;
+};
+
+struct SegSmem {
+    int oS, oVp, odS, odVp, odO, oQg, oM, oW, oKrT, ogl, oF, FB, bytes;
+};
+// [S_i ×4][V'_i ×4][backward-only: dS, dV', dO, Qg, M][W, KrT, gl]; during the forward
+// sweep the backward-only region holds the forward data (W, U, KrT, gl) of chunks 1..3,
+// and chunk 0's sits at oF (all four loaded at once)
+__host__ __device__ inline SegSmem seg_smem(int K, int V) {
+    SegSmem s;
+    int ldv = V + 8, off = 0;
+    s.oS = off; off += KDA_SEG * K * ldv * 2;
+    s.oVp = off; off += KDA_SEG * 16 * ldv * 2;
+    s.FB = 16 * (K + 8) * 2 + 16 * ldv * 2 + K * KDA_LD16 * 2 + K * 4;   // W, U, KrT, gl of one chunk
+    int r0 = off;
+    s.odS = off; off += K * ldv * 2;
+    s.odVp = off; off += 16 * ldv * 2;
+    s.odO = off; off += 16 * ldv * 2;
+    s.oQg = off; off += 16 * (K + 8) * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
+    if (off - r0 < (KDA_SEG - 1) * s.FB) off = r0 + (KDA_SEG - 1) * s.FB;
+    s.oF = off;                       // chunk 0's forward data, then the backward's W, KrT, gl
+    s.oW = off;
+    s.oKrT = off + 16 * (K + 8) * 2 + 16 * ldv * 2;
+    s.ogl = s.oKrT + K * KDA_LD16 * 2;
+    off += s.FB;
+    s.bytes = off;
+    return s;
+}
+// forward data of chunk i in the segment kernel's shared memory
+__device__ __forceinline__ unsigned char *seg_fbuf(unsigned char *smem, const SegSmem &L, int i) {
+    return i == 0 ? smem + L.oF : smem + L.odS + (i - 1) * L.FB;
+}
+
+template <int K, bool SPLIT>
+__global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    int h = blockIdx.x % a.H, gs = blockIdx.x / a.H;
+    int n, sidx;
+    if (!a.sq.segment(gs, n, sidx)) return;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5, nthr = blockDim.x;
+    int V = a.V, ldv = V + 8, v0 = 16 * warp, g = lane >> 2, t = lane & 3;
+    int nc_n = a.sq.nchunks(n), cf = KDA_SEG * sidx, nsg = min(KDA_SEG, nc_n - cf), gcf = a.sq.chunk0(n) + cf;
+    int len_n = a.sq.seq_len(n);
+    long long bos = a.sq.seq_bos(n);
+    SegSmem L = seg_smem(K, V);
+    bf16 *sS = (bf16 *)(smem_raw + L.oS), *sdS = (bf16 *)(smem_raw + L.odS), *sVp = (bf16 *)(smem_raw + L.oVp);
+    bf16 *sdVp = (bf16 *)(smem_raw + L.odVp), *sdO = (bf16 *)(smem_raw + L.odO), *sW = (bf16 *)(smem_raw + L.oW);
+    bf16 *sQg = (bf16 *)(smem_raw + L.oQg), *sKrT = (bf16 *)(smem_raw + L.oKrT);
+    bf16 *sM = (bf16 *)(smem_raw + L.oM);
+    float *sgl = (float *)(smem_raw + L.ogl);
+    size_t ckoff = ((size_t)h * a.NS + gs) * V * K;
+    const int fU = 16 * (K + 8) * 2, fK = fU + 16 * ldv * 2, fg = fK + K * KDA_LD16 * 2;   // offsets in a buffer
+
+    // forward through the segment: S_i and V'_i of its chunks (all four chunks' data loaded at once)
+    for (int i = 0; i < nsg; i++) {
+        size_t hc = (size_t)h * a.NC + gcf + i;
+        unsigned char *fb = seg_fbuf(smem_raw, L, i);
+        bf16 *bW = (bf16 *)fb, *bU = (bf16 *)(fb + fU), *bK = (bf16 *)(fb + fK);
+        float *bg = (float *)(fb + fg);
+        for (int e = tid; e < 2 * K; e += nthr) {
+            int r = e / (K / 8), pc = e % (K / 8);
+            cp_async16(bW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8);
+            cp_async16(bK + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
+        }
+        for (int e = tid; e < 2 * V; e += nthr) {
+            int r = e / (V / 8), pc = e % (V / 8);
+            cp_async16(bU + r * ldv + pc * 8, a.U + hc * 16 * V + (size_t)r * V + pc * 8);
+        }
+        for (int e = tid; e < K / 4; e += nthr) cp_async16(bg + 4 * e, a.gl + hc * K + 4 * e);
+    }
+    cp_async_commit();
+    float s[K / 8][4];
+    frag_load_vk<K>(s, a.ckpt + ckoff, v0, lane);
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = 0; i < nsg; i++) {
+        unsigned char *fb = seg_fbuf(smem_raw, L, i);
+        const bf16 *bW = (const bf16 *)fb, *bU = (const bf16 *)(fb + fU), *bK = (const bf16 *)(fb + fK);
+        const float *bg = (const float *)(fb + fg);
+        float vp[2][4];
+        scan_vprime<K, SPLIT>(s, bW, bU, ldv, v0, lane, vp);
+        bf16 *Si = sS + (size_t)i * K * ldv, *Vi = sVp + (size_t)i * 16 * ldv;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                Vi[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(vp[nt][e]);
+#pragma unroll
+        for (int nt = 0; nt < K / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                Si[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(s[nt][e]);
+        uint32_t av[4];
+        tok_afrag(vp, av, 1.f);
+        scan_update<K>(s, av, bK, bg, lane);
+    }
+    __syncthreads();   // the backward sweep reuses the forward buffers
+
+    // backwards through the segment
+    float (*ds)[4] = s;   // reuse the registers
+    frag_load_vk<K>(ds, a.dckpt + ckoff, v0, lane);
+    int CPW = K / NW, cw0 = CPW * warp;
+    for (int i = nsg - 1; i >= 0; i--) {
+        int c = cf + i, len = min(16, len_n - 16 * c);
+        size_t hc = (size_t)h * a.NC + gcf + i;
+        long long t0 = bos + 16 * c;
+        for (int e = tid; e < 2 * K; e += nthr) {
+            int r = e / (K / 8), pc = e % (K / 8);
+            cp_async16(sW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8);
+            cp_async16(sQg + r * (K + 8) + pc * 8, a.Qg + hc * 16 * K + r * K + pc * 8);
+            cp_async16(sKrT + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
+        }
+        for (int e = tid; e < 2 * V; e += nthr) {
+            int r = e / (V / 8), pc = e % (V / 8);
+            bool ok = a.d_o && r < len;
+            const bf16 *src = ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + pc * 8 : a.W;
+            cp_async16(sdO + r * ldv + pc * 8, src, ok ? 16 : 0);
+        }
+        for (int e = tid; e < 64 + K / 4; e += nthr) {
+            if (e < 64) cp_async16(KDA_MTILE(sM, e), KDA_MSRC(a.M + hc * 512, e));
+            else cp_async16(sgl + 4 * (e - 64), a.gl + hc * K + 4 * (e - 64));
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < K / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sdS[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(ds[nt][e]);
+        float dvp[2][4];
+        uint32_t aO[4];
+        rscan_dvp<K, SPLIT>(ds, sdO, ldv, v0, sM, sKrT, lane, dvp, aO);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sdVp[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(dvp[nt][e]);
+        rscan_update<K>(ds, dvp, aO, sQg, sW, sgl, lane);
+        __syncthreads();
+
+        const bf16 *Si = sS + (size_t)i * K * ldv, *Vi = sVp + (size_t)i * 16 * ldv;
+        for (int n8 = 0; n8 < CPW / 8; n8++) {
+            int n0 = cw0 + 8 * n8;
+            float aq[4] = {}, aw[4] = {}, ak[4] = {};
+            for (int j = 0; j < V / 16; j++) {
+                uint32_t fO[4], fD[4], fV[4], bS[2], bD[2];
+                lda_row(fO, sdO, ldv, 16 * j, lane);
+                lda_row(fD, sdVp, ldv, 16 * j, lane);
+                lda_row(fV, Vi, ldv, 16 * j, lane);
+                ldb_nk(bS, Si, ldv, n0, 16 * j, lane);
+                ldb_nk(bD, sdS, ldv, n0, 16 * j, lane);
+                mma16816(aq, fO, bS);
+                mma16816(aw, fD, bS);
+                mma16816(ak, fV, bD);
+            }
+            size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 2 * t, o1 = o0 + 8 * K;
+            *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[0], aq[1]);
+            *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[2], aq[3]);
+            *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[0], -aw[1]);
+            *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[2], -aw[3]);
+            *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[0], ak[1]);
+            *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[2], ak[3]);
+        }
+        {   // dgl[ch] = Σ_v S[ch][v]·dS'[ch][v]
+            int lpc = 32 / CPW, ch = cw0 + lane % CPW, part = lane / CPW;
+            float sum = 0.f;
+            for (int v = 2 * part; v < V; v += 2 * lpc) {
+                float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Si + ch * ldv + v));
+                float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(sdS + ch * ldv + v));
+                sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+            }
+            for (int o = CPW; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (part == 0) a.dgl[hc * K + ch] = sum;
+        }
+        if (warp == NW - 1) {   // dM = dO V'ᵀ (inclusive lower triangle)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                float acc[4] = {};
+                for (int j = 0; j < V / 16; j++) {
+                    uint32_t fO[4], b[2];
+                    lda_row(fO, sdO, ldv, 16 * j, lane);
+                    ldb_nk(b, Vi, ldv, 8 * nt, 16 * j, lane);
+                    mma16816(acc, fO, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+                    a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
+                }
+            }
+        }
+        for (int e = tid; e < 2 * V; e += nthr) {   // dU = dV' (bf16)
+            int r = e / (V / 8), pc = e % (V / 8);
+            *reinterpret_cast<uint4 *>(a.dU + hc * 16 * V + (size_t)r * V + pc * 8) =
+                *reinterpret_cast<const uint4 *>(sdVp + r * ldv + pc * 8);
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. per chunk: the chunk-local chain rule
+
+struct BwdArgs {
+    KSeq sq;
+    int H, NC, gate_mode;
+    float lb, scale, c0;
+    const bf16 *q, *k, *v, *f, *beta;
+    const float *A_log, *dt_bias;
+    const float *dQg, *dWg, *dKr, *dgl, *dM;
+    const bf16 *dU;
+    bf16 *dq, *dk, *dv, *df, *dbeta;
+    float *pA, *pdb;
+};
+
+template <int K, int V>
+struct BwdSmem {
+    static constexpr int LD = (K > V ? K : V) + 8;   // row stride of the fp32 [16][·] arrays
+    // bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 = scale·q̂⊙2^{G−c0} (Qd); exact:
+    // F0 = k̂, F1 = G (log2), F2 = k̂⊙2^G; F3 = dW. In place afterwards: F0 ← P·Ki, F1 ← dM·Ki,
+    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
+    float F0[16][LD], F1[16][LD], F2[16][LD], F3[16][LD];
+    bf16 v[16][V + 8], dU[16][V + 8];
+    float Lraw[16][17], L[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
+    float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
+};
+
+template <int K, int V, bool EXACT>
+__global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    typedef BwdSmem<K, V> Sm;
+    Sm &S = *reinterpret_cast<Sm *>(smem_raw);
+    constexpr int LD = Sm::LD;
+    int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
+    int n, c, len;
+    long long t0;
+    if (!a.sq.chunk(gc, n, c, t0, len)) return;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    size_t hc = (size_t)h * a.NC + gc;
+    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (BWD_THREADS / 32);
+    const float c0 = a.c0, p2c0 = exp2f(a.c0);
+
+    // every global load first: 16 rows of this thread's channel; 4 rows per warp
+    const int cch = tid;
+    float fr[16], qx[16], kx[16], dWr[16];
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
+            bool ok = r < len;
+            fr[r] = ok ? bf(a.f[idx]) : 0.f;
+            qx[r] = ok ? bf(a.q[idx]) : 0.f;
+            kx[r] = ok ? bf(a.k[idx]) : 0.f;
+            dWr[r] = a.dWg[hc * 16 * K + r * K + cch];
+        }
+    }
+    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
+    bf16 rvx[RPW][VPL], rdu[RPW][VPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (BWD_THREADS / 32);
+        bool ok = r < len;
+        size_t row = (size_t)(t0 + r) * a.H + h;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
+            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) {
+            rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
+            rdu[i][e] = a.dU[hc * 16 * V + (size_t)r * V + lane * VPL + e];
+        }
+        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+    }
+    for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
+        (&S.Lraw[0][0])[e] = 0.f;
+        (&S.L[0][0])[e] = 0.f;
+        (&S.P[0][0])[e] = 0.f;
+    }
+    for (int e = tid; e < 256; e += BWD_THREADS) {
+        int i = e >> 4, j = e & 15;
+        S.dM[i][j] = j <= i ? a.dM[hc * 256 + e] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (BWD_THREADS / 32);
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            sq = fmaf(rqx[i][e], rqx[i][e], sq);
+            sk = fmaf(rkx[i][e], rkx[i][e], sk);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) {
+            S.v[r][lane * VPL + e] = rvx[i][e];
+            S.dU[r][lane * VPL + e] = rdu[i][e];
+        }
+        if (lane == 0) {
+            S.rq[r] = rsqrtf(sq + 1e-6f);
+            S.rk[r] = rsqrtf(sk + 1e-6f);
+            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
+        }
+    }
+    __syncthreads();
+
+    // per channel: the gate sum and the normalised rows (kept in registers), factors
+    float Gs[16], qn[16], kn[16];
+    float eA = expf(a.A_log[h]), db = 0.f;
+    if (cch < K) {
+        db = a.dt_bias[(size_t)h * K + cch];
+        float G = 0.f;
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float gv = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
+            G += gv * KDA_LOG2E;
+            Gs[r] = G;
+            qn[r] = qx[r] * S.rq[r];
+            kn[r] = kx[r] * S.rk[r];
+            S.F3[r][cch] = dWr[r];
+            if constexpr (EXACT) {
+                S.F0[r][cch] = kn[r];
+                S.F1[r][cch] = G;
+                S.F2[r][cch] = kn[r] * exp2f(G);
+            } else {
+                float Fd = exp2f(G - c0);
+                S.F0[r][cch] = kn[r] * Fd;
+                S.F1[r][cch] = kn[r] * exp2f(c0 - G);
+                S.F2[r][cch] = a.scale * qn[r] * Fd;
+            }
+        }
+    }
+    __syncthreads();
+
+    // L (strict lower, raw and ×β) and dINV = dU Vbᵀ + dW Kbᵀ = (dU vᵀ) Diag(β) + dW (K̂⊙e^G)ᵀ Diag(β)
+    if constexpr (EXACT) {
+        for (int pidx = tid; pidx < 120; pidx += BWD_THREADS) {
+            int i = 1, j = pidx;
+            while (j >= i) { j -= i; i++; }
+            float l = 0.f;
+            for (int d = 0; d < K; d++) l = fmaf(S.F0[i][d] * S.F0[j][d], exp2f(S.F1[i][d] - S.F1[j][d]), l);
+            S.Lraw[i][j] = l;
+            S.L[i][j] = S.beta[i] * l;
+        }
+    } else if (warp < 2) {
+        float acc[4] = {};
+#pragma unroll
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, &S.F0[0][0], LD, 16 * j, lane);
+            ldb_f32_split(bh, bl, &S.F1[0][0], LD, 8 * warp, 16 * j, lane);
+            mma3(acc, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * warp + 2 * t + (e & 1);
+            if (col < row) {
+                S.Lraw[row][col] = acc[e];
+                S.L[row][col] = S.beta[row] * acc[e];
+            }
+        }
+    }
+    if (warp >= 2) {
+        int nt = warp - 2;
+        float aw[4] = {}, au[4] = {};
+#pragma unroll
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, &S.F3[0][0], LD, 16 * j, lane);
+            ldb_f32_split(bh, bl, EXACT ? &S.F2[0][0] : &S.F0[0][0], LD, 8 * nt, 16 * j, lane);
+            mma3(aw, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int j = 0; j < V / 16; j++) {
+            uint32_t af[4], b[2];
+            lda_row(af, &S.dU[0][0], V + 8, 16 * j, lane);
+            ldb_nk(b, &S.v[0][0], V + 8, 8 * nt, 16 * j, lane);
+            mma16816(au, af, b);
+        }
+        float sw = EXACT ? 1.f : p2c0;   // bounded: K̂⊙e^G = Kd·2^{c0}
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+            S.dINV[row][col] = S.beta[col] * fmaf(aw[e], sw, au[e]);
+        }
+    }
+    __syncthreads();
+    if (tid < 16) {
+        int cc = tid;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float p0 = i == cc ? 1.f : 0.f, p1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < i; j++) {
+                if (j & 1) p1 = fmaf(-S.L[i][j], x[j], p1);
+                else p0 = fmaf(-S.L[i][j], x[j], p0);
+            }
+            x[i] = p0 + p1;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
+    }
+    __syncthreads();
+    for (int e = tid; e < 256; e += BWD_THREADS) {   // X = dINV · INVᵀ
+        int i = e >> 4, j = e & 15;
+        float x = 0.f;
+#pragma unroll
+        for (int m = 0; m < 16; m++) x = fmaf(S.dINV[i][m], S.INV[j][m], x);
+        S.X[i][j] = x;
+    }
+    __syncthreads();
+    for (int e = tid; e < 256; e += BWD_THREADS) {   // dL = −INVᵀ X (strict lower); P = β_row dL
+        int i = e >> 4, j = e & 15;
+        float dl = 0.f;
+        if (i > j) {
+#pragma unroll
+            for (int m = 0; m < 16; m++) dl = fmaf(-S.INV[m][i], S.X[m][j], dl);
+            S.P[i][j] = S.beta[i] * dl;
+        }
+        S.dINV[i][j] = dl * S.Lraw[i][j];   // dβ from L, summed per row below
+    }
+    __syncthreads();
+    if (tid < 16) {
+        float sb = 0.f;
+        for (int j = 0; j < 16; j++) sb += S.dINV[tid][j];
+        S.dbL[tid] = sb;
+    }
+
+    // tensor-core products over the chunk's 16 rows, one 8-column tile per warp at a time:
+    // dKb = INVᵀ dW and (bounded) P·Ki, dM·Ki, Pᵀ·Kd + dMᵀ·Qd in place; dVb = INVᵀ dU → dv, dβ
+    {
+        uint32_t iTh[4], iTl[4];
+        lda_f32_16(iTh, iTl, &S.INV[0][0], 17, true, lane);
+        uint32_t pH[4], pL[4], mH[4], mL[4], pTh[4], pTl[4], mTh[4], mTl[4];
+        if constexpr (!EXACT) {
+            lda_f32_16(pH, pL, &S.P[0][0], 17, false, lane);
+            lda_f32_16(mH, mL, &S.dM[0][0], 17, false, lane);
+            lda_f32_16(pTh, pTl, &S.P[0][0], 17, true, lane);
+            lda_f32_16(mTh, mTl, &S.dM[0][0], 17, true, lane);
+        }
+        for (int nt = warp; nt < K / 8; nt += BWD_THREADS / 32) {
+            int n0 = 8 * nt;
+            uint32_t wh[2], wl[2];
+            ldb_f32kn_split(wh, wl, &S.F3[0][0], LD, n0, lane);
+            float dkb[4] = {};
+            mma3(dkb, iTh, iTl, wh, wl);
+            float r1[4] = {}, r2[4] = {}, r3[4] = {};
+            if constexpr (!EXACT) {
+                uint32_t kih[2], kil[2], kdh[2], kdl[2], qdh[2], qdl[2];
+                ldb_f32kn_split(kih, kil, &S.F1[0][0], LD, n0, lane);
+                ldb_f32kn_split(kdh, kdl, &S.F0[0][0], LD, n0, lane);
+                ldb_f32kn_split(qdh, qdl, &S.F2[0][0], LD, n0, lane);
+                mma3(r1, pH, pL, kih, kil);
+                mma3(r2, mH, mL, kih, kil);
+                mma3(r3, pTh, pTl, kdh, kdl);
+                mma3(r3, mTh, mTl, qdh, qdl);
+            }
+            __syncwarp();   // every lane's operand loads of this tile precede the in-place stores
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int row = g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
+                S.F3[row][col] = dkb[e];
+                if constexpr (!EXACT) {
+                    S.F0[row][col] = r1[e];
+                    S.F1[row][col] = r2[e];
+                    S.F2[row][col] = r3[e];
+                }
+            }
+        }
+        float pb0 = 0.f, pb1 = 0.f;   // Σ_v v·dVb for rows g, g+8
+        for (int nt = warp; nt < V / 8; nt += BWD_THREADS / 32) {
+            int n0 = 8 * nt;
+            uint32_t b[2];
+            ldb_kn(b, &S.dU[0][0], V + 8, n0, 0, lane);
+            float dvb[4] = {};
+            mma16816(dvb, iTh, b);
+            mma16816(dvb, iTl, b);
+            int col = n0 + 2 * t;
+            float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&S.v[g][col]));
+            float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&S.v[g + 8][col]));
+            pb0 = fmaf(v0.x, dvb[0], fmaf(v0.y, dvb[1], pb0));
+            pb1 = fmaf(v1.x, dvb[2], fmaf(v1.y, dvb[3], pb1));
+            if (g < len)
+                *reinterpret_cast<__nv_bfloat162 *>(a.dv + ((size_t)(t0 + g) * a.H + h) * V + col) =
+                    __floats2bfloat162_rn(S.beta[g] * dvb[0], S.beta[g] * dvb[1]);
+            if (g + 8 < len)
+                *reinterpret_cast<__nv_bfloat162 *>(a.dv + ((size_t)(t0 + g + 8) * a.H + h) * V + col) =
+                    __floats2bfloat162_rn(S.beta[g + 8] * dvb[2], S.beta[g + 8] * dvb[3]);
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            pb0 += __shfl_xor_sync(0xffffffffu, pb0, o);
+            pb1 += __shfl_xor_sync(0xffffffffu, pb1, o);
+        }
+        if (t == 0) {
+            S.dbv[warp][g] = pb0;
+            S.dbv[warp][g + 8] = pb1;
+        }
+    }
+    __syncthreads();
+
+    // per channel: the chain rule elementwise, the gate, the row-sum terms
+    float dqn[16], dkn[16];
+    float dAp = 0.f;
+    if (cch < K) {
+        float G15 = Gs[15], gl = exp2f(G15), dG[16], dqs[16], sumKr = 0.f;
+        float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            dQgr[j] = a.dQg[hc * 16 * K + j * K + cch];
+            dKrr[j] = a.dKr[hc * 16 * K + j * K + cch];
+        }
+        float dKbv[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            float E = exp2f(Gs[j]), ER = exp2f(G15 - Gs[j]);
+            float qs = a.scale * qn[j], dKb = S.F3[j][cch];
+            dKbv[j] = dKb;
+            dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
+            dqs[j] = E * dQgr[j];
+            dG[j] = qs * E * dQgr[j] + S.beta[j] * kn[j] * E * dKb - kn[j] * ER * dKrr[j];
+            sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
+            if constexpr (!EXACT) {
+                float Fd = exp2f(Gs[j] - c0), Fi = exp2f(c0 - Gs[j]);
+                float r1 = S.F0[j][cch], r2 = S.F1[j][cch], r3 = S.F2[j][cch];
+                dqs[j] = fmaf(Fd, r2, dqs[j]);
+                dkn[j] = fmaf(Fd, r1, fmaf(Fi, r3, dkn[j]));
+                dG[j] += kn[j] * Fd * r1 + qs * Fd * r2 - kn[j] * Fi * r3;
+            }
+        }
+        dG[15] += gl * dglc + sumKr;
+        if constexpr (EXACT) {   // the diagonal blocks per position: exact decays e^{G_i − G_j} ≤ 1
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                float qsi = a.scale * qn[i];
+#pragma unroll
+                for (int j = 0; j <= i; j++) {
+                    float e = exp2f(Gs[i] - Gs[j]);
+                    float av = S.P[i][j], m = S.dM[i][j];
+                    float ke = kn[j] * e;
+                    dqs[i] = fmaf(m, ke, dqs[i]);
+                    dkn[i] = fmaf(av, ke, dkn[i]);
+                    float we = fmaf(av, kn[i], m * qsi) * e;
+                    dkn[j] += we;
+                    float Y = we * kn[j];
+                    dG[i] += Y;
+                    dG[j] -= Y;
+                }
+            }
+        }
+        // gate: dg = reverse cumulative sum of dG; activation backward
+        float acc = 0.f, ddb = 0.f;
+#pragma unroll
+        for (int j = 15; j >= 0; j--) {
+            acc += dG[j];
+            if (j < len) {
+                size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
+                float x = fr[j] + db, dfv;
+                if (a.gate_mode == 0) {
+                    float sg = sigmoidf_(eA * x);
+                    dfv = acc * a.lb * sg * (1.f - sg) * eA;
+                    dAp = fmaf(dfv, x, dAp);
+                } else {
+                    dfv = -acc * eA * sigmoidf_(x);
+                    dAp = fmaf(acc, -eA * softplusf_(x), dAp);
+                }
+                ddb += dfv;
+                a.df[idx] = __float2bfloat16(dfv);
+            }
+        }
+        a.pdb[hc * K + cch] = ddb;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {   // own column only: no other thread reads or writes it
+            dqn[j] = a.scale * dqs[j];
+            S.F0[j][cch] = qn[j] * dqn[j];
+            S.F1[j][cch] = kn[j] * dkn[j];
+            S.F2[j][cch] = kn[j] * exp2f(Gs[j]) * dKbv[j];
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dAp += __shfl_xor_sync(0xffffffffu, dAp, o);
+    if (lane == 0) S.dA[warp] = dAp;
+    __syncthreads();
+    for (int r = warp; r < 16; r += BWD_THREADS / 32) {
+        float sb = 0.f, sq = 0.f, sk = 0.f;
+        for (int x = lane; x < K; x += 32) {
+            sb += S.F2[r][x];
+            sq += S.F0[r][x];
+            sk += S.F1[r][x];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sb += __shfl_xor_sync(0xffffffffu, sb, o);
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+        if (lane == 0) {
+            S.qdot[r] = sq;
+            S.kdot[r] = sk;
+            if (r < len) {
+                float b = S.beta[r];
+                float dbeta = S.dbL[r] + sb + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
+                a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16(dbeta * b * (1.f - b));
+            }
+        }
+    }
+    if (tid == 0) a.pA[hc] = (S.dA[0] + S.dA[1]) + (S.dA[2] + S.dA[3]);
+    __syncthreads();
+    if (cch < K) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            if (j < len) {
+                size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
+                a.dq[idx] = __float2bfloat16(S.rq[j] * (dqn[j] - qn[j] * S.qdot[j]));
+                a.dk[idx] = __float2bfloat16(S.rk[j] * (dkn[j] - kn[j] * S.kdot[j]));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. parameter gradients: sums over chunks in a fixed order
+// grid (H, K/32), block 256 = 32 channels × 8 chunk groups
+__global__ void kda_param_reduce_kernel(const float *pA, const float *pdb, KSeq sq, int NC, int K, float *dA_log,
+                                        float *ddt_bias) {
+    __shared__ float red[8][33];
+    __shared__ float redA[8][33];
+    int h = blockIdx.x, c = blockIdx.y * 32 + (threadIdx.x & 31), grp = threadIdx.x >> 5;
+    int total = sq.cu ? sq.coff[sq.N] : NC;
+    float s = 0.f, sa = 0.f;
+    for (int gc = grp; gc < total; gc += 8) {
+        s += pdb[((size_t)h * NC + gc) * K + c];
+        if (blockIdx.y == 0 && (threadIdx.x & 31) == 0) sa += pA[(size_t)h * NC + gc];
+    }
+    red[grp][threadIdx.x & 31] = s;
+    redA[grp][threadIdx.x & 31] = sa;
+    __syncthreads();
+    if (grp == 0) {
+        float x = 0.f;
+        for (int i = 0; i < 8; i++) x += red[i][threadIdx.x];
+        ddt_bias[(size_t)h * K + c] = x;
+        if (blockIdx.y == 0 && threadIdx.x == 0) {
+            float y = 0.f;
+            for (int i = 0; i < 8; i++) y += redA[i][0];
+            dA_log[h] = y;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// host side
+
+template <int K, bool SPLIT>
+static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
+    RScanArgs a;
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
+    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
+    a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = w.dckpt;
+    int nw = kda_scan_warps(p), VB = 16 * nw;
+    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    int sb = rscan_stage(K, VB).bytes;
+    a.stages = kda_scan_stages(blocks, sb, 0);
+    size_t smem = (size_t)a.stages * sb;
+    cudaError_t e = cudaFuncSetAttribute(kda_rscan_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    dim3 grid((unsigned)(p->N * p->H), p->V / VB);
+    kda_rscan_kernel<K, SPLIT><<<grid, 32 * nw, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int K, bool SPLIT>
+static cudaError_t launch_seg(const kda_params *p, const KWs &w) {
+    SegArgs a;
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
+    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.d_o = p->d_o;
+    a.gl = w.gl; a.ckpt = w.ckpt; a.dckpt = w.dckpt;
+    a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
+    size_t smem = seg_smem(K, p->V).bytes;
+    cudaError_t e = cudaFuncSetAttribute(kda_bwd_seg_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    long long blocks = (long long)w.NS * p->H;
+    if (blocks == 0) return cudaSuccess;
+    kda_bwd_seg_kernel<K, SPLIT><<<(unsigned)blocks, 2 * p->V, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int K, int V, bool EXACT>
+static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
+    BwdArgs a;
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.NC = w.NC; a.gate_mode = p->gate_mode;
+    a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
+    a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
+    a.A_log = p->A_log; a.dt_bias = p->dt_bias;
+    a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
+    a.dq = p->dq; a.dk = p->dk; a.dv = p->dv; a.df = p->df; a.dbeta = p->dbeta;
+    a.pA = w.pA; a.pdb = w.pdb;
+    size_t smem = sizeof(BwdSmem<K, V>);
+    cudaError_t e = cudaFuncSetAttribute(kda_bwd_chunk_kernel<K, V, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    long long blocks = (long long)w.NC * p->H;
+    if (blocks == 0) return cudaSuccess;
+    kda_bwd_chunk_kernel<K, V, EXACT><<<(unsigned)blocks, BWD_THREADS, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t kda_bwd(const kda_params *p) {
+    if (!p || !p->ws || !((p->K == 64 || p->K == 128) && (p->V == 64 || p->V == 128)) || p->H <= 0 || p->N < 0 ||
+        p->T < 0 || (p->gate_mode != 0 && p->gate_mode != 1) ||
+        (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) || !p->dq || !p->dk || !p->dv || !p->df ||
+        !p->dbeta || !p->dA_log || !p->ddt_bias)
+        return cudaErrorInvalidValue;
+    KWs w = kda_ws_layout(p, p->ws, 1);
+    cudaError_t e = kda_offsets(p, w);
+    if (e != cudaSuccess) return e;
+    if (p->N == 0) {
+        if ((e = cudaMemsetAsync(p->dA_log, 0, p->H * sizeof(float), p->stream)) != cudaSuccess) return e;
+        return cudaMemsetAsync(p->ddt_bias, 0, (size_t)p->H * p->K * sizeof(float), p->stream);
+    }
+    // KDA_BWD_STAGES (benchmarks only): bit mask of the stages to run, to time them apart
+    int stages = getenv("KDA_BWD_STAGES") ? atoi(getenv("KDA_BWD_STAGES")) : 31;
+    if (!p->saved && (stages & 1)) {
+        if ((e = kda_launch_prep(p, w)) != cudaSuccess) return e;
+        if ((e = kda_launch_scan(p, w, false, true)) != cudaSuccess) return e;
+    }
+    bool split = getenv("KDA_SPLIT") ? atoi(getenv("KDA_SPLIT")) != 0 : false;
+    if (stages & 2) {
+        if (p->K == 64) e = split ? launch_rscan<64, true>(p, w) : launch_rscan<64, false>(p, w);
+        else e = split ? launch_rscan<128, true>(p, w) : launch_rscan<128, false>(p, w);
+        if (e != cudaSuccess) return e;
+    }
+    if (stages & 4) {
+        if (p->K == 64) e = split ? launch_seg<64, true>(p, w) : launch_seg<64, false>(p, w);
+        else e = split ? launch_seg<128, true>(p, w) : launch_seg<128, false>(p, w);
+        if (e != cudaSuccess) return e;
+    }
+    bool exact = p->exact || p->gate_mode == 1;
+#define BWD_CASE(KK, VV)                                                                                   \
+    if (p->K == KK && p->V == VV)                                                                          \
+        e = exact ? launch_bwd_chunk<KK, VV, true>(p, w) : launch_bwd_chunk<KK, VV, false>(p, w);
+    if (stages & 8) {
+        BWD_CASE(64, 64) BWD_CASE(64, 128) BWD_CASE(128, 64) BWD_CASE(128, 128)
+    }
+#undef BWD_CASE
+    if (e != cudaSuccess) return e;
+    if (!(stages & 16)) return cudaSuccess;
+    dim3 grid(p->H, p->K / 32);
+    kda_param_reduce_kernel<<<grid, 256, 0, p->stream>>>(w.pA, w.pdb, kda_seq(p, w), w.NC, p->K, p->dA_log,
+                                                          p->ddt_bias);
+    return cudaGetLastError();
+}

@@ -1,0 +1,234 @@
+// kda_common.cuh — device helpers shared by the KDA kernels (internal to src/cuda/kda_*.cu):
+// bf16 packing, the m16n8k16 tensor-core product, cp.async, the gate, and the map from a
+// global chunk / segment index to its sequence.
+//
+// Tensor-core fragment layouts (PTX ISA, mma.m16n8k16, bf16 in, fp32 accumulate), with
+// g = lane / 4 and t = lane % 4:
+//   A (16×16, row):  a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+//   B (16×8, col):   b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
+//   C (16×8, fp32):  c0,c1 = C[g][2t], C[g][2t+1];  c2,c3 = C[g+8][2t], C[g+8][2t+1]
+// Two adjacent C tiles (columns 0–7 and 8–15) packed to bf16 are exactly one A fragment
+// (rows g, g+8; k columns 2t, 2t+8): the scan kernels keep the state transposed (V rows,
+// K columns) in C fragments and feed it straight back as the A operand.
+#ifndef LM_CUDA_KDA_COMMON_CUH
+#define LM_CUDA_KDA_COMMON_CUH
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "kda.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define KDA_C 16          // chunk length (tokens) of every chunked kernel
+#define KDA_SEG 4         // chunks per backward checkpoint segment (64 tokens)
+#define KDA_STAGES_MAX 8  // cp.async pipeline depth of the scan kernels: 3..8, chosen at launch
+#define KDA_LOG2E 1.4426950408889634f
+
+// ---- bf16 ----
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+// two bf16 (raw bits) into one register, lo in the low half
+__device__ __forceinline__ uint32_t pack_raw(bf16 lo, bf16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+// x = hi + lo with hi = bf16(x), lo = bf16(x − hi): ~16 mantissa bits from two bf16 products
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    float2 hf = __bfloat1622float2(h);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = pack_bf16(x0 - hf.x, x1 - hf.y);
+}
+__device__ __forceinline__ uint32_t ld_u32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+__device__ __forceinline__ float bf(bf16 x) { return __bfloat162float(x); }
+
+// ---- tensor cores: C += A·B, m16n8k16, bf16 × bf16 → fp32 ----
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// A fragment from a row-major bf16 tile A[m][k] (row stride ld elements), k offset k0
+__device__ __forceinline__ void lda_row(uint32_t a[4], const bf16 *A, int ld, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    a[0] = ld_u32(A + g * ld + k0 + 2 * t);
+    a[1] = ld_u32(A + (g + 8) * ld + k0 + 2 * t);
+    a[2] = ld_u32(A + g * ld + k0 + 2 * t + 8);
+    a[3] = ld_u32(A + (g + 8) * ld + k0 + 2 * t + 8);
+}
+// A fragment of Xᵀ from a row-major bf16 tile X[k][m] (A[m][k] = X[k][m]); m0, k0 offsets
+__device__ __forceinline__ void lda_trans(uint32_t a[4], const bf16 *X, int ld, int m0, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    const bf16 *p = X + (k0 + 2 * t) * ld + m0 + g;
+    a[0] = pack_raw(p[0], p[ld]);
+    a[1] = pack_raw(p[8], p[ld + 8]);
+    a[2] = pack_raw(p[8 * ld], p[9 * ld]);
+    a[3] = pack_raw(p[8 * ld + 8], p[9 * ld + 8]);
+}
+// B fragment from Bt[n][k] (k contiguous: "col-major" B), n offset n0, k offset k0
+__device__ __forceinline__ void ldb_nk(uint32_t b[2], const bf16 *Bt, int ld, int n0, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    const bf16 *p = Bt + (n0 + g) * ld + k0 + 2 * t;
+    b[0] = ld_u32(p);
+    b[1] = ld_u32(p + 8);
+}
+// B fragment from B[k][n] (n contiguous: row-major B), n offset n0, k offset k0
+__device__ __forceinline__ void ldb_kn(uint32_t b[2], const bf16 *B, int ld, int n0, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    const bf16 *p = B + (k0 + 2 * t) * ld + n0 + g;
+    b[0] = pack_raw(p[0], p[ld]);
+    b[1] = pack_raw(p[8 * ld], p[9 * ld]);
+}
+
+// fp32 operands as bf16 hi + lo (x = hi + lo to ~16 bits); mma3: C += Ah·Bh + Ah·Bl + Al·Bh
+__device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
+                                     const uint32_t bl[2]) {
+    mma16816(c, ah, bh);
+    mma16816(c, ah, bl);
+    mma16816(c, al, bh);
+}
+// A fragment (hi and lo) from a row-major fp32 tile X[16][ld], k offset k0
+__device__ __forceinline__ void lda_f32_split(uint32_t ah[4], uint32_t al[4], const float *X, int ld, int k0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t);
+    float2 x2 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t + 8);
+    float2 x3 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, ah[0], al[0]);
+    split_bf16(x1.x, x1.y, ah[1], al[1]);
+    split_bf16(x2.x, x2.y, ah[2], al[2]);
+    split_bf16(x3.x, x3.y, ah[3], al[3]);
+}
+// B fragment (hi and lo) from an fp32 tile Bt[n][ld] (k contiguous), n offset n0, k offset k0
+__device__ __forceinline__ void ldb_f32_split(uint32_t bh[2], uint32_t bl[2], const float *Bt, int ld, int n0, int k0,
+                                              int lane) {
+    int g = lane >> 2, t = lane & 3;
+    float2 x0 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t);
+    float2 x1 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t + 8);
+    split_bf16(x0.x, x0.y, bh[0], bl[0]);
+    split_bf16(x1.x, x1.y, bh[1], bl[1]);
+}
+
+// A fragment (hi, lo) of a 16×16 fp32 tile X (row stride ld, any alignment); trans: A = Xᵀ
+__device__ __forceinline__ void lda_f32_16(uint32_t ah[4], uint32_t al[4], const float *X, int ld, bool trans, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    auto at = [&](int m, int k) { return trans ? X[k * ld + m] : X[m * ld + k]; };
+    split_bf16(at(g, 2 * t), at(g, 2 * t + 1), ah[0], al[0]);
+    split_bf16(at(g + 8, 2 * t), at(g + 8, 2 * t + 1), ah[1], al[1]);
+    split_bf16(at(g, 2 * t + 8), at(g, 2 * t + 9), ah[2], al[2]);
+    split_bf16(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9), ah[3], al[3]);
+}
+// B fragment (hi, lo) from a row-major fp32 tile X[k][n] (n contiguous, row stride ld), n offset n0
+__device__ __forceinline__ void ldb_f32kn_split(uint32_t bh[2], uint32_t bl[2], const float *X, int ld, int n0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+    const float *p = X + 2 * t * ld + n0 + g;
+    split_bf16(p[0], p[ld], bh[0], bl[0]);
+    split_bf16(p[8 * ld], p[9 * ld], bh[1], bl[1]);
+}
+
+// ---- cp.async (16 bytes; src_bytes = 0 fills zeros) ----
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes = 16) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// wait until at most n (< 8) groups are pending, n at run time
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+    }
+}
+
+// ---- gate (natural log), x = f + dt_bias, eA = exp(A_log) ----
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float kda_gate(int mode, float lb, float eA, float x) {
+    return mode == 0 ? lb * sigmoidf_(eA * x) : -eA * softplusf_(x);
+}
+
+// ---- sequences, chunks (16 tokens) and segments (64 tokens) ----
+// Fixed length (cu == NULL): N sequences of T tokens, nc = ⌈T/16⌉ chunks and ns = ⌈T/64⌉
+// segments each. Packed (B = 1, cu_seqlens [N+1]): chunk offsets coff [N+1] and segment
+// offsets soff [N+1] (in the workspace, made by kda_offsets_kernel).
+struct KSeq {
+    const int *cu, *coff, *soff;
+    int N, T, nc, ns;
+    __device__ __forceinline__ int seq_bos(int n) const { return cu ? cu[n] : n * T; }
+    __device__ __forceinline__ int seq_len(int n) const { return cu ? cu[n + 1] - cu[n] : T; }
+    __device__ __forceinline__ int chunk0(int n) const { return cu ? coff[n] : n * nc; }
+    __device__ __forceinline__ int nchunks(int n) const { return cu ? coff[n + 1] - coff[n] : nc; }
+    __device__ __forceinline__ int seg0(int n) const { return cu ? soff[n] : n * ns; }
+    // the sequence holding item `i` of the offsets o [N+1] (largest n with o[n] ≤ i), −1 past the end
+    __device__ int find(const int *o, int i) const {
+        if (i >= o[N]) return -1;
+        int lo = 0, hi = N - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (o[mid] <= i) lo = mid; else hi = mid - 1;
+        }
+        return lo;
+    }
+    // global chunk gc → sequence n, chunk c inside it, first token t0 (packed), valid rows len
+    __device__ bool chunk(int gc, int &n, int &c, long long &t0, int &len) const {
+        if (cu) {
+            n = find(coff, gc);
+            if (n < 0) return false;
+            c = gc - coff[n];
+        } else {
+            n = gc / nc;
+            c = gc - n * nc;
+            if (n >= N) return false;
+        }
+        t0 = (long long)seq_bos(n) + 16 * c;
+        len = min(16, seq_len(n) - 16 * c);
+        return true;
+    }
+    // global segment gs → sequence n, segment s inside it
+    __device__ bool segment(int gs, int &n, int &s) const {
+        if (cu) {
+            n = find(soff, gs);
+            if (n < 0) return false;
+            s = gs - soff[n];
+        } else {
+            n = gs / ns;
+            s = gs - n * ns;
+            if (n >= N) return false;
+        }
+        return true;
+    }
+};
+
+// ---- workspace (kda_fwd.cu): every intermediate the kernels pass to each other ----
+// per head h and global chunk gc (16 tokens, padded rows zero):
+//   W, Qg [H][NC][16][K] bf16, KrT [H][NC][K][16] bf16, U [H][NC][16][V] bf16,
+//   M [H][NC][2][16][16] bf16 (hi, lo), gl [H][NC][K] fp32;
+// state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
+// backward: dQg, dWg, dKr [H][NC][16][K] fp32, dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
+//   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.
+struct KWs {
+    int NC, NS;                        // chunk and segment slots (upper bounds when packed)
+    int *coff, *soff;
+    bf16 *W, *Qg, *KrT, *U, *M;
+    float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
+    bf16 *dU;
+    size_t bytes;
+};
+// base = NULL: only sizes (bytes); backward adds the backward arrays
+KWs kda_ws_layout(const kda_params *p, void *base, int backward);
+KSeq kda_seq(const kda_params *p, const KWs &w);
+cudaError_t kda_offsets(const kda_params *p, const KWs &w);
+int kda_num_sms(void);
+// pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
+
+#endif

@@ -1,0 +1,623 @@
+// kda_fwd.cu — chunked KDA forward (docs/cuda_kda.md): two kernels in the FlashKDA style,
+// with 16-token chunks.
+//
+// 1. kda_prep_kernel — chunk-parallel (one block per (chunk, head)): L2 norms of q, k,
+//    β = σ(logit), the gate and its cumulative sum G inside the chunk (log2 units), then
+//      L = β_row ⊙ StrictTril(Σ_c k̂_ic k̂_jc e^{G_ic − G_jc}),  M = scale·Tril(Σ_c q̂_ic k̂_jc e^{G_ic − G_jc}),
+//      INV = (I + L)^{-1} (forward substitution, fp32),
+//      W = INV·Diag(β)(K̂⊙e^G),  U = INV·Diag(β)V,  Qg = scale·Q̂⊙e^G,  Kr = K̂⊙e^{G_last − G},
+//      gl = e^{G_last}.
+//    Bounded gate: L and M are tensor-core products of factored exponentials,
+//    (x⊙e^{G−c0})·(k̂⊙e^{c0−G})ᵀ with c0 = 7.5·lb: every factor within e^{±42.5} for
+//    g ≥ lb = −5 (bf16 holds them; never fp16, never clamped). The anchor depends only on
+//    the chunk start, so outputs never depend on later gates.
+//    Unbounded gate (or exact = 1): every (i, j) pair with the exact decay e^{G_i − G_j}
+//    per channel (CUDA cores), safe for any gate.
+// 2. kda_scan_kernel — one block per (sequence, head, value slice), serial over chunks:
+//      V' = U − W S;  O = Qg S + M V';  S ← Diag(gl) S + Krᵀ V'
+//    with the fp32 state in tensor-core C fragments (kda_scan.cuh), chunk data streamed
+//    through a cp.async pipeline, optional 64-token state checkpoints for the backward.
+#include "kda_common.cuh"
+#include "kda_scan.cuh"
+#include <stdlib.h>
+#include <type_traits>
+
+#define PREP_THREADS 128
+
+// ---------------------------------------------------------------------------------------
+// workspace
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
+    KWs w;
+    memset(&w, 0, sizeof w);
+    if (p->cu_seqlens) {
+        w.NC = p->T / KDA_C + p->N;
+        w.NS = p->T / (KDA_C * KDA_SEG) + p->N;
+    } else {
+        w.NC = p->N * ((p->T + KDA_C - 1) / KDA_C);
+        w.NS = p->N * ((p->T + KDA_C * KDA_SEG - 1) / (KDA_C * KDA_SEG));
+    }
+    size_t H = p->H, K = p->K, V = p->V, NC = w.NC, NS = w.NS, off = 0;
+    char *b = (char *)base;
+#define TAKE(ptr, type, n)                                  \
+    do {                                                    \
+        w.ptr = b ? (type *)(b + off) : NULL;               \
+        off += align256((size_t)(n) * sizeof(type));        \
+    } while (0)
+    TAKE(coff, int, p->N + 1);
+    TAKE(soff, int, p->N + 1);
+    TAKE(W, bf16, H * NC * 16 * K);
+    TAKE(Qg, bf16, H * NC * 16 * K);
+    TAKE(KrT, bf16, H * NC * 16 * K);
+    TAKE(U, bf16, H * NC * 16 * V);
+    TAKE(M, bf16, H * NC * 2 * 16 * 16);   // hi then lo
+    TAKE(gl, float, H * NC * K);
+    if (p->save || backward) TAKE(ckpt, float, H * NS * V * K);
+    if (backward) {
+        TAKE(dckpt, float, H * NS * V * K);
+        TAKE(dQg, float, H * NC * 16 * K);
+        TAKE(dWg, float, H * NC * 16 * K);
+        TAKE(dKr, float, H * NC * 16 * K);
+        TAKE(dgl, float, H * NC * K);
+        TAKE(dM, float, H * NC * 16 * 16);
+        TAKE(dU, bf16, H * NC * 16 * V);
+        TAKE(pA, float, H * NC);
+        TAKE(pdb, float, H * NC * K);
+    }
+#undef TAKE
+    w.bytes = off;
+    return w;
+}
+
+size_t kda_workspace_size(const kda_params *p, int backward) { return kda_ws_layout(p, NULL, backward).bytes; }
+
+KSeq kda_seq(const kda_params *p, const KWs &w) {
+    KSeq s;
+    s.cu = p->cu_seqlens;
+    s.coff = w.coff;
+    s.soff = w.soff;
+    s.N = p->N;
+    s.T = p->T;
+    s.nc = (p->T + KDA_C - 1) / KDA_C;
+    s.ns = (p->T + KDA_C * KDA_SEG - 1) / (KDA_C * KDA_SEG);
+    return s;
+}
+
+// chunk and segment offsets of a packed batch (one thread: N is small)
+__global__ void kda_offsets_kernel(const int *cu, int N, int *coff, int *soff) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int c = 0, s = 0;
+    for (int n = 0; n < N; n++) {
+        coff[n] = c;
+        soff[n] = s;
+        int len = cu[n + 1] - cu[n];
+        int nc = (len + KDA_C - 1) / KDA_C;
+        c += nc;
+        s += (nc + KDA_SEG - 1) / KDA_SEG;
+    }
+    coff[N] = c;
+    soff[N] = s;
+}
+
+cudaError_t kda_offsets(const kda_params *p, const KWs &w) {
+    if (!p->cu_seqlens) return cudaSuccess;
+    kda_offsets_kernel<<<1, 32, 0, p->stream>>>(p->cu_seqlens, p->N, w.coff, w.soff);
+    return cudaGetLastError();
+}
+
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes) {
+    const char *e = getenv("KDA_STAGES");
+    if (e && *e) return atoi(e) < 2 ? 2 : atoi(e) > KDA_STAGES_MAX ? KDA_STAGES_MAX : atoi(e);
+    // blocks resident per SM at once; each may use an equal share of the 227 KiB
+    long long per_sm = (blocks + kda_num_sms() - 1) / kda_num_sms();
+    if (per_sm < 1) per_sm = 1;
+    if (per_sm > 4) per_sm = 4;
+    int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024;
+    int st = budget / stage_bytes;
+    // measured on H200 (bench/RESULTS.md): deeper pipelines than 3 did not help the scans
+    st = st > 3 ? 3 : st;
+    return st < 2 ? 2 : st;
+}
+
+int kda_num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        if (n <= 0) n = 132;
+    }
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. chunk-parallel preparation
+
+struct PrepArgs {
+    KSeq sq;
+    int H, NC, gate_mode;
+    float lb, scale, c0;      // c0: the factored anchor shift in log2 units (7.5·lb·log2 e)
+    const bf16 *q, *k, *v, *f, *beta;
+    const float *A_log, *dt_bias;
+    bf16 *W, *Qg, *KrT, *U, *M;
+    float *gl;
+};
+
+template <int K, int V>
+struct PrepSmem {
+    bf16 VT[V][KDA_LD16];                  // raw v, transposed: B of U = (INV·Diag β)·V (exact bf16)
+    bf16 KeT[K][KDA_LD16];                 // k̂⊙e^G, transposed: B of W = (INV·Diag β)·(K̂⊙e^G)
+    float L[16][17], Mm[16][17], INV[16][17];
+    float rq[16], rk[16], beta[16];
+    union {
+        // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} (fp32; bf16 hi + lo
+        // on the tensor cores); exact: A0 = scale·q̂, A1 = k̂, A2 = G (log2)
+        struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
+        struct { bf16 W[16][K + 8], U[16][V + 8]; } out;   // output staging, after L and M
+    } u;
+};
+
+template <int K, int V, bool EXACT>
+__global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
+    int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
+    int n, c, len;
+    long long t0;
+    if (!a.sq.chunk(gc, n, c, t0, len)) return;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    size_t hc = (size_t)h * a.NC + gc;
+    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (PREP_THREADS / 32);
+
+    // every global load of the block first (16 rows per channel thread; 4 rows per warp)
+    const int cch = tid;
+    float fr[16], qr[16], kr[16];
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
+            bool ok = r < len;
+            fr[r] = ok ? bf(a.f[idx]) : 0.f;
+            qr[r] = ok ? bf(a.q[idx]) : 0.f;
+            kr[r] = ok ? bf(a.k[idx]) : 0.f;
+        }
+    }
+    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
+    bf16 rvx[RPW][VPL];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (PREP_THREADS / 32);
+        bool ok = r < len;
+        size_t row = (size_t)(t0 + r) * a.H + h;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
+            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
+        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+    }
+    for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
+        (&S.L[0][0])[e] = 0.f;
+        (&S.Mm[0][0])[e] = 0.f;
+    }
+    // rows: reciprocal norms, β, raw v transposed
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (PREP_THREADS / 32);
+        float sq = 0.f, sk = 0.f;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            sq = fmaf(rqx[i][e], rqx[i][e], sq);
+            sk = fmaf(rkx[i][e], rkx[i][e], sk);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+#pragma unroll
+        for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = rvx[i][e];
+        if (lane == 0) {
+            S.rq[r] = rsqrtf(sq + 1e-6f);
+            S.rk[r] = rsqrtf(sk + 1e-6f);
+            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
+        }
+    }
+    __syncthreads();
+
+    // per channel: gate, cumulative sum (log2), decayed rows
+    if (cch < K) {
+        float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
+        float G = 0.f, Gs[16];
+        bf16 *Qg = a.Qg + hc * 16 * K;
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float g = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
+            G += g * KDA_LOG2E;
+            Gs[r] = G;
+            float qs = qr[r] * S.rq[r] * a.scale;
+            kr[r] *= S.rk[r];   // k̂ from here on
+            float E = exp2f(G);
+            Qg[r * K + cch] = __float2bfloat16(qs * E);
+            S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
+            if constexpr (EXACT) {
+                S.u.fac.A0[r][cch] = qs;
+                S.u.fac.A1[r][cch] = kr[r];
+                S.u.fac.A2[r][cch] = G;
+            } else {
+                float Fd = exp2f(G - a.c0), Fi = exp2f(a.c0 - G);
+                S.u.fac.A0[r][cch] = qs * Fd;
+                S.u.fac.A1[r][cch] = kr[r] * Fd;
+                S.u.fac.A2[r][cch] = kr[r] * Fi;
+            }
+        }
+        a.gl[hc * K + cch] = exp2f(G);
+        uint32_t pk[8];
+#pragma unroll
+        for (int r = 0; r < 16; r += 2)
+            pk[r / 2] = pack_bf16(kr[r] * exp2f(G - Gs[r]), kr[r + 1] * exp2f(G - Gs[r + 1]));
+        uint4 *dst = reinterpret_cast<uint4 *>(a.KrT + (hc * K + cch) * 16);
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
+    __syncthreads();
+
+    // L (strict, ×β) and M (inclusive; q already scaled)
+    if constexpr (!EXACT) {
+        // warps 0, 1: L columns 0–7, 8–15; warps 2, 3: M. Factors as bf16 hi + lo, three
+        // products (hi·hi + hi·lo + lo·hi): ~16-bit factors on the tensor cores
+        const float *X = warp < 2 ? &S.u.fac.A1[0][0] : &S.u.fac.A0[0][0];
+        int nt = warp & 1;
+        float acc[4] = {}, acc2[4] = {};
+#pragma unroll
+        for (int j = 0; j < K / 16; j++) {
+            uint32_t ah[4], al[4], bh[2], bl[2];
+            lda_f32_split(ah, al, X, K + 8, 16 * j, lane);
+            ldb_f32_split(bh, bl, &S.u.fac.A2[0][0], K + 8, 8 * nt, 16 * j, lane);
+            mma16816(acc, ah, bh);
+            mma16816(acc2, ah, bl);
+            mma16816(acc2, al, bh);
+        }
+        int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+            float val = acc[e] + acc2[e];
+            if (warp < 2) S.L[row][col] = col < row ? S.beta[row] * val : 0.f;
+            else S.Mm[row][col] = col <= row ? val : 0.f;
+        }
+    } else {
+        // 136 pairs j ≤ i, a warp per pair, lanes over channels, exact decay 2^{G_i − G_j} ≤ 1
+        for (int pidx = warp; pidx < 136; pidx += PREP_THREADS / 32) {
+            int i = 0, j = pidx;
+            while (j > i) { j -= i + 1; i++; }
+            float l = 0.f, m = 0.f;
+#pragma unroll
+            for (int e = 0; e < CPL; e++) {
+                int d = lane + 32 * e;
+                float ex = exp2f(S.u.fac.A2[i][d] - S.u.fac.A2[j][d]);
+                float kk = S.u.fac.A1[j][d] * ex;
+                m = fmaf(S.u.fac.A0[i][d], kk, m);
+                l = fmaf(S.u.fac.A1[i][d], kk, l);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                m += __shfl_xor_sync(0xffffffffu, m, o);
+                l += __shfl_xor_sync(0xffffffffu, l, o);
+            }
+            if (lane == 0) {
+                S.Mm[i][j] = m;
+                if (i > j) S.L[i][j] = S.beta[i] * l;
+            }
+        }
+    }
+    __syncthreads();
+
+    // INV = (I + L)^{-1}: column c by forward substitution (4 partial sums per row)
+    if (tid < 16) {
+        int cc = tid;
+        float x[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float p0 = i == cc ? 1.f : 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
+#pragma unroll
+            for (int j = 0; j < i; j++) {
+                float term = -S.L[i][j] * x[j];
+                if ((j & 3) == 0) p0 += term;
+                else if ((j & 3) == 1) p1 += term;
+                else if ((j & 3) == 2) p2 += term;
+                else p3 += term;
+            }
+            x[i] = (p0 + p1) + (p2 + p3);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
+    }
+    // M as bf16 hi [16][16] then lo [16][16]
+    for (int e = tid; e < 256; e += PREP_THREADS) {
+        float m = S.Mm[e >> 4][e & 15];
+        bf16 mh = __float2bfloat16(m);
+        a.M[hc * 512 + e] = mh;
+        a.M[hc * 512 + 256 + e] = __float2bfloat16(m - __bfloat162float(mh));
+    }
+    __syncthreads();
+
+    // [W | U] = (INV·Diag β) · [K̂⊙e^G | V], the left factor as bf16 hi + lo
+    {
+        int g = lane >> 2, t = lane & 3;
+        uint32_t ah[4], al[4];
+        const float *b = S.beta;
+        split_bf16(S.INV[g][2 * t] * b[2 * t], S.INV[g][2 * t + 1] * b[2 * t + 1], ah[0], al[0]);
+        split_bf16(S.INV[g + 8][2 * t] * b[2 * t], S.INV[g + 8][2 * t + 1] * b[2 * t + 1], ah[1], al[1]);
+        split_bf16(S.INV[g][2 * t + 8] * b[2 * t + 8], S.INV[g][2 * t + 9] * b[2 * t + 9], ah[2], al[2]);
+        split_bf16(S.INV[g + 8][2 * t + 8] * b[2 * t + 8], S.INV[g + 8][2 * t + 9] * b[2 * t + 9], ah[3], al[3]);
+        for (int nt = warp; nt < K / 8 + V / 8; nt += PREP_THREADS / 32) {
+            bool isW = nt < K / 8;
+            int n0 = isW ? 8 * nt : 8 * (nt - K / 8);
+            uint32_t bb[2];
+            ldb_nk(bb, isW ? &S.KeT[0][0] : &S.VT[0][0], KDA_LD16, n0, 0, lane);
+            float acc[4] = {};
+            mma16816(acc, ah, bb);
+            mma16816(acc, al, bb);
+            bf16 *dst = isW ? &S.u.out.W[0][0] : &S.u.out.U[0][0];
+            int ld = isW ? K + 8 : V + 8;
+            *reinterpret_cast<uint32_t *>(dst + g * ld + n0 + 2 * t) = pack_bf16(acc[0], acc[1]);
+            *reinterpret_cast<uint32_t *>(dst + (g + 8) * ld + n0 + 2 * t) = pack_bf16(acc[2], acc[3]);
+        }
+    }
+    __syncthreads();
+    {
+        uint4 *gW = reinterpret_cast<uint4 *>(a.W + hc * 16 * K);
+        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
+            int r = i / (K / 8), pc = i % (K / 8);
+            gW[i] = *reinterpret_cast<const uint4 *>(&S.u.out.W[r][pc * 8]);
+        }
+        uint4 *gU = reinterpret_cast<uint4 *>(a.U + hc * 16 * V);
+        for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
+            int r = i / (V / 8), pc = i % (V / 8);
+            gU[i] = *reinterpret_cast<const uint4 *>(&S.u.out.U[r][pc * 8]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. the serial scan over chunks
+
+struct ScanArgs {
+    KSeq sq;
+    int H, V, NC, NS, stages;
+    const bf16 *W, *Qg, *KrT, *U, *M;
+    const float *gl, *S0;
+    bf16 *o;
+    float *S_out, *ckpt;
+};
+
+// shared-memory layout of one pipeline stage (element offsets in bytes)
+struct ScanStage {
+    int oW, oQg, oKrT, oU, oM, ogl, bytes;
+};
+__host__ __device__ inline ScanStage scan_stage(int K, int VB) {
+    ScanStage s;
+    int off = 0;
+    s.oW = off; off += 16 * (K + 8) * 2;
+    s.oQg = off; off += 16 * (K + 8) * 2;
+    s.oKrT = off; off += K * KDA_LD16 * 2;
+    s.oU = off; off += 16 * (VB + 8) * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
+    s.ogl = off; off += K * 4;
+    s.bytes = (off + 127) & ~127;
+    return s;
+}
+
+// cp.async the chunk gc of head h (value slice [vb0, vb0+VB)) into one stage
+template <int K>
+__device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, const ScanStage &L, int h, int gc,
+                                          int vb0, int VB, bool needQg) {
+    int tid = threadIdx.x, nthr = blockDim.x;
+    size_t hc = (size_t)h * a.NC + gc;
+    const bf16 *gW = a.W + hc * 16 * K, *gQ = a.Qg + hc * 16 * K, *gK = a.KrT + hc * 16 * K;
+    const bf16 *gU = a.U + hc * 16 * a.V + vb0, *gM = a.M + hc * 512;
+    const float *ggl = a.gl + hc * K;
+    bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
+    bf16 *sU = (bf16 *)(st + L.oU), *sM = (bf16 *)(st + L.oM);
+    float *sgl = (float *)(st + L.ogl);
+    for (int i = tid; i < 2 * K; i += nthr) {
+        int r = i / (K / 8), pc = i % (K / 8);
+        cp_async16(sW + r * (K + 8) + pc * 8, gW + r * K + pc * 8);
+        if (needQg) cp_async16(sQ + r * (K + 8) + pc * 8, gQ + r * K + pc * 8);
+        cp_async16(sK + (i >> 1) * KDA_LD16 + (i & 1) * 8, gK + (i >> 1) * 16 + (i & 1) * 8);
+    }
+    for (int i = tid; i < 2 * VB; i += nthr) {
+        int r = i / (VB / 8), pc = i % (VB / 8);
+        cp_async16(sU + r * (VB + 8) + pc * 8, gU + (size_t)r * a.V + pc * 8);
+    }
+    for (int i = tid; i < 64 + K / 4; i += nthr) {
+        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
+        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
+    }
+}
+
+// grid (N·H, V/VB), block VB/16 warps; OUT: write o and S_out; CKPT: state checkpoints
+template <int K, bool SPLIT, bool OUT, bool CKPT>
+__global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    int n = blockIdx.x / a.H, h = blockIdx.x % a.H;
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
+    int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
+    ScanStage L = scan_stage(K, VB);
+    const int NSt = a.stages;
+    bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);
+    int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
+    long long bos = a.sq.seq_bos(n);
+    size_t nh = (size_t)n * a.H + h;
+
+    float s[K / 8][4];
+    frag_load_kv<K>(s, a.S0 ? a.S0 + nh * K * a.V : NULL, a.V, v0, lane);
+
+    for (int st = 0; st < NSt - 1; st++) {
+        if (st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + st, vb0, VB, OUT);
+        cp_async_commit();
+    }
+    for (int c = 0; c < nc; c++) {
+        int cn = c + NSt - 1;
+        if (cn < nc) scan_load<K>(a, smem_raw + (cn % NSt) * L.bytes, L, h, cbase + cn, vb0, VB, OUT);
+        cp_async_commit();
+        cp_async_wait_n(NSt - 1);
+        __syncthreads();
+        unsigned char *st = smem_raw + (c % NSt) * L.bytes;
+        const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
+        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oU), *sM = (const bf16 *)(st + L.oM);
+        const float *sgl = (const float *)(st + L.ogl);
+        if (CKPT && (c % KDA_SEG) == 0)
+            frag_store_vk<K>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
+        float vp[2][4];
+        scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * warp, lane, vp);
+        uint32_t av[4];
+        tok_afrag(vp, av, 1.f);
+        if (OUT) {
+            float o[2][4];
+            scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
+            int g = lane >> 2, t = lane & 3;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sO[(8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * warp + g + 8 * (e >> 1)] =
+                        __float2bfloat16(o[nt][e]);
+        }
+        scan_update<K>(s, av, sK, sgl, lane);
+        __syncthreads();
+        if (OUT && a.o) {
+            int len = min(16, len_n - 16 * c);
+            for (int i = tid; i < len * VB / 8; i += blockDim.x) {
+                int r = i / (VB / 8), pc = i % (VB / 8);
+                *reinterpret_cast<uint4 *>(a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + vb0 + pc * 8) =
+                    *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + pc * 8);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    if (OUT && a.S_out) frag_store_kv<K>(s, a.S_out + nh * K * a.V, a.V, v0, lane);
+}
+
+// ---------------------------------------------------------------------------------------
+// host side
+
+static cudaError_t check_params(const kda_params *p) {
+    if (!p || p->N < 0 || p->T < 0 || p->H <= 0) return cudaErrorInvalidValue;
+    if (!((p->K == 64 || p->K == 128) && (p->V == 64 || p->V == 128))) return cudaErrorInvalidValue;
+    if (p->gate_mode != 0 && p->gate_mode != 1) return cudaErrorInvalidValue;
+    if (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) return cudaErrorInvalidValue;
+    if (!p->ws) return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+static int env_int(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : dflt;
+}
+static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
+
+int kda_scan_warps(const kda_params *p) {
+    int maxw = p->V / 16, nw = p->scan_warps ? p->scan_warps : env_int("KDA_SCAN_WARPS", 0);
+    if (nw > 0) {
+        while (maxw % nw) nw--;
+        return nw;
+    }
+    nw = maxw;
+    long long bh = (long long)p->N * p->H;
+    while (nw > 1 && bh * (maxw / nw) < kda_num_sms()) nw >>= 1;
+    return nw;
+}
+
+template <int K, int V, bool EXACT>
+static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
+    PrepArgs a;
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.NC = w.NC; a.gate_mode = p->gate_mode;
+    a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
+    a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
+    a.A_log = p->A_log; a.dt_bias = p->dt_bias;
+    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
+    size_t smem = sizeof(PrepSmem<K, V>);
+    cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    long long blocks = (long long)w.NC * p->H;
+    if (blocks == 0) return cudaSuccess;
+    kda_prep_kernel<K, V, EXACT><<<(unsigned)blocks, PREP_THREADS, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int K, bool SPLIT, bool OUT, bool CKPT>
+static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw) {
+    ScanArgs a;
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
+    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
+    a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
+    int VB = 16 * nw;
+    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    int fixed = 16 * (VB + 8) * 2, sb = scan_stage(K, VB).bytes;
+    a.stages = kda_scan_stages(blocks, sb, fixed);
+    size_t smem = (size_t)a.stages * sb + fixed;
+    cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    if ((long long)p->N * p->H == 0) return cudaSuccess;
+    dim3 grid((unsigned)(p->N * p->H), p->V / VB);
+    kda_scan_kernel<K, SPLIT, OUT, CKPT><<<grid, 32 * nw, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int K>
+static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+    int nw = kda_scan_warps(p);
+    bool split = scan_split();
+#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C>(p, w, nw)
+    SCAN_CASE(true, true, false);
+    SCAN_CASE(true, true, true);
+    SCAN_CASE(true, false, true);
+    SCAN_CASE(false, true, false);
+    SCAN_CASE(false, true, true);
+    SCAN_CASE(false, false, true);
+#undef SCAN_CASE
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {
+    bool exact = p->exact || p->gate_mode == 1;
+#define PREP_CASE(KK, VV)                                                                     \
+    if (p->K == KK && p->V == VV)                                                           \
+        return exact ? launch_prep<KK, VV, true>(p, w) : launch_prep<KK, VV, false>(p, w);
+    PREP_CASE(64, 64) PREP_CASE(64, 128) PREP_CASE(128, 64) PREP_CASE(128, 128)
+#undef PREP_CASE
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+    return p->K == 64 ? launch_scan_k<64>(p, w, out, ckpt) : launch_scan_k<128>(p, w, out, ckpt);
+}
+
+extern "C" cudaError_t kda_fwd_prep(const kda_params *p) {
+    cudaError_t e = check_params(p);
+    if (e != cudaSuccess) return e;
+    KWs w = kda_ws_layout(p, p->ws, 0);
+    if ((e = kda_offsets(p, w)) != cudaSuccess) return e;
+    return kda_launch_prep(p, w);
+}
+
+extern "C" cudaError_t kda_fwd_scan(const kda_params *p) {
+    cudaError_t e = check_params(p);
+    if (e != cudaSuccess) return e;
+    KWs w = kda_ws_layout(p, p->ws, 0);
+    return kda_launch_scan(p, w, true, p->save != 0);
+}
+
+extern "C" cudaError_t kda_fwd(const kda_params *p) {
+    cudaError_t e = kda_fwd_prep(p);
+    if (e != cudaSuccess) return e;
+    return kda_fwd_scan(p);
+}

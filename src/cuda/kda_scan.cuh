@@ -1,0 +1,226 @@
+// kda_scan.cuh — the per-warp steps of the serial chunk recurrences, shared by the forward
+// scan (kda_fwd.cu), the backward state-gradient scan and the backward segment kernel
+// (kda_bwd.cu), so that recomputed intermediates equal the forward's bit for bit.
+//
+// A warp owns 16 value rows of the transposed state Sᵀ [V,K] (fp32, K/8 C fragments:
+// s[nt] = rows v0+g, v0+g+8, columns 8nt+2t, 8nt+2t+1). Per 16-token chunk, with the
+// chunk's W, Qg [16][K], KrT [K][16], U [16][·], M [16][16] (bf16) and gl [K] (fp32) in
+// shared memory:
+//   V'ᵀ = Uᵀ − Sᵀ Wᵀ                (scan_vprime)
+//   Oᵀ  = Sᵀ Qgᵀ + V'ᵀ Mᵀ             (scan_out; M as bf16 hi + lo)
+//   Sᵀ ← Sᵀ Diag(gl) + V'ᵀ Kr          (scan_update)
+// and backwards, with dSᵀ in the same fragments and dO [16][·] in shared memory:
+//   dV'ᵀ = dOᵀ M + dSᵀ Krᵀ             (rscan_dvp)
+//   dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W (rscan_update)
+// SPLIT: the fp32 state enters the products as bf16 hi + lo (two products), ~16 mantissa
+// bits instead of 8, for the products whose result is a small difference (V' = U − W S).
+#ifndef LM_CUDA_KDA_SCAN_CUH
+#define LM_CUDA_KDA_SCAN_CUH
+#include "kda_common.cuh"
+
+#define KDA_LDK(K) ((K) + 8)   // row stride (elements) of [16][K] bf16 tiles
+#define KDA_LD16 24            // row stride of [·][16] bf16 tiles
+// M (per chunk, [16][16]) is kept as bf16 hi then lo; in shared memory as two [16][KDA_LD16]
+// tiles. 16-byte piece i < 64 of the pair: tile i/32, row (i%32)/2, half i%2.
+#define KDA_MTILE(sM, i) ((sM) + ((i) >> 5) * 16 * KDA_LD16 + (((i) & 31) >> 1) * KDA_LD16 + ((i) & 1) * 8)
+#define KDA_MSRC(gM, i) ((gM) + ((i) >> 5) * 256 + (((i) & 31) >> 1) * 16 + ((i) & 1) * 8)
+
+// A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
+template <bool SPLIT>
+__device__ __forceinline__ void state_afrag(const float s0[4], const float s1[4], uint32_t ah[4], uint32_t al[4]) {
+    if (SPLIT) {
+        split_bf16(s0[0], s0[1], ah[0], al[0]);
+        split_bf16(s0[2], s0[3], ah[1], al[1]);
+        split_bf16(s1[0], s1[1], ah[2], al[2]);
+        split_bf16(s1[2], s1[3], ah[3], al[3]);
+    } else {
+        ah[0] = pack_bf16(s0[0], s0[1]);
+        ah[1] = pack_bf16(s0[2], s0[3]);
+        ah[2] = pack_bf16(s1[0], s1[1]);
+        ah[3] = pack_bf16(s1[2], s1[3]);
+    }
+}
+
+// acc[2] (16 rows × tokens 0–7, 8–15) += Sᵀ Xᵀ for a [16][K] bf16 tile X (W or Qg).
+// k-steps go round-robin to 4 accumulator sets (short dependency chains: this product is
+// on the serial critical path of the scan), summed in a fixed order at the end.
+template <int K, bool SPLIT>
+__device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16 *X, int lane, float acc[2][4]) {
+    float part[3][2][4] = {};
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) {
+        uint32_t ah[4], al[4], b[2];
+        state_afrag<SPLIT>(s[2 * j], s[2 * j + 1], ah, al);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            ldb_nk(b, X, KDA_LDK(K), 8 * nt, 16 * j, lane);
+            float *c = (j & 3) ? part[(j & 3) - 1][nt] : acc[nt];
+            mma16816(c, ah, b);
+            if (SPLIT) mma16816(c, al, b);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] += (part[0][nt][e] + part[1][nt][e]) + part[2][nt][e];
+}
+
+// vp = V'ᵀ tile: rows = the warp's value rows (local column vl0 + g (+8) of sU [16][ldu])
+template <int K, bool SPLIT>
+__device__ __forceinline__ void scan_vprime(const float (*s)[4], const bf16 *sW, const bf16 *sU, int ldu, int vl0,
+                                            int lane, float vp[2][4]) {
+    float p[2][4] = {};
+    state_times_tile<K, SPLIT>(s, sW, lane, p);
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int tok = 8 * nt + 2 * t + (e & 1), vl = vl0 + g + 8 * (e >> 1);
+            vp[nt][e] = bf(sU[tok * ldu + vl]) - p[nt][e];
+        }
+}
+
+// bf16 A fragment of a 16 × 16 (rows × tokens) C-fragment pair, optionally negated
+__device__ __forceinline__ void tok_afrag(const float x[2][4], uint32_t a[4], float sign) {
+    a[0] = pack_bf16(sign * x[0][0], sign * x[0][1]);
+    a[1] = pack_bf16(sign * x[0][2], sign * x[0][3]);
+    a[2] = pack_bf16(sign * x[1][0], sign * x[1][1]);
+    a[3] = pack_bf16(sign * x[1][2], sign * x[1][3]);
+}
+
+// o (Oᵀ tile, fp32) = Sᵀ Qgᵀ + V'ᵀ Mᵀ
+template <int K, bool SPLIT>
+__device__ __forceinline__ void scan_out(const float (*s)[4], const bf16 *sQg, const bf16 *sM, const uint32_t av[4],
+                                         int lane, float o[2][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+    state_times_tile<K, SPLIT>(s, sQg, lane, o);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        uint32_t b[2];
+        ldb_nk(b, sM, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(o[nt], av, b);
+        ldb_nk(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(o[nt], av, b);
+    }
+}
+
+// Sᵀ ← Sᵀ Diag(gl) + V'ᵀ Kr   (av = A fragment of V'ᵀ)
+template <int K>
+__device__ __forceinline__ void scan_update(float (*s)[4], const uint32_t av[4], const bf16 *sKrT, const float *sgl,
+                                            int lane) {
+    int t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
+        s[nt][0] *= g0; s[nt][1] *= g1; s[nt][2] *= g0; s[nt][3] *= g1;
+        uint32_t b[2];
+        ldb_nk(b, sKrT, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(s[nt], av, b);
+    }
+}
+
+// dvp = dV'ᵀ tile = dOᵀ M + dSᵀ Krᵀ; aO receives the A fragment of dOᵀ (rows vl0..vl0+15
+// of sdO [16][ldo] read transposed)
+template <int K, bool SPLIT>
+__device__ __forceinline__ void rscan_dvp(const float (*ds)[4], const bf16 *sdO, int ldo, int vl0, const bf16 *sM,
+                                          const bf16 *sKrT, int lane, float dvp[2][4], uint32_t aO[4]) {
+    float odd[2][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dvp[nt][e] = 0.f;
+    lda_trans(aO, sdO, ldo, vl0, 0, lane);
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        uint32_t b[2];
+        ldb_kn(b, sM, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(dvp[nt], aO, b);
+        ldb_kn(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
+        mma16816(dvp[nt], aO, b);
+    }
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) {
+        uint32_t ah[4], al[4], b[2];
+        state_afrag<SPLIT>(ds[2 * j], ds[2 * j + 1], ah, al);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            ldb_kn(b, sKrT, KDA_LD16, 8 * nt, 16 * j, lane);
+            float *c = (j & 1) ? odd[nt] : dvp[nt];
+            mma16816(c, ah, b);
+            if (SPLIT) mma16816(c, al, b);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dvp[nt][e] += odd[nt][e];
+}
+
+// dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W
+template <int K>
+__device__ __forceinline__ void rscan_update(float (*ds)[4], const float dvp[2][4], const uint32_t aO[4],
+                                             const bf16 *sQg, const bf16 *sW, const float *sgl, int lane) {
+    int t = lane & 3;
+    uint32_t am[4];
+    tok_afrag(dvp, am, -1.f);
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
+        ds[nt][0] *= g0; ds[nt][1] *= g1; ds[nt][2] *= g0; ds[nt][3] *= g1;
+        uint32_t b[2];
+        ldb_kn(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
+        mma16816(ds[nt], aO, b);
+        ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
+        mma16816(ds[nt], am, b);
+    }
+}
+
+// state fragments ↔ memory. Transposed [V][K] fp32 (checkpoints): element (v, c) at X[v·K + c];
+// K-first [K][V] fp32 (the API's S0/S_out): at X[c·V + v]. v0 = the warp's first value row.
+template <int K>
+__device__ __forceinline__ void frag_load_vk(float (*s)[4], const float *X, int v0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        float2 a = *reinterpret_cast<const float2 *>(X + (size_t)(v0 + g) * K + 8 * nt + 2 * t);
+        float2 b = *reinterpret_cast<const float2 *>(X + (size_t)(v0 + g + 8) * K + 8 * nt + 2 * t);
+        s[nt][0] = a.x; s[nt][1] = a.y; s[nt][2] = b.x; s[nt][3] = b.y;
+    }
+}
+template <int K>
+__device__ __forceinline__ void frag_store_vk(const float (*s)[4], float *X, int v0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g) * K + 8 * nt + 2 * t) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g + 8) * K + 8 * nt + 2 * t) = make_float2(s[nt][2], s[nt][3]);
+    }
+}
+template <int K>
+__device__ __forceinline__ void frag_load_kv(float (*s)[4], const float *X, int V, int v0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = 8 * nt + 2 * t + (e & 1), v = v0 + g + 8 * (e >> 1);
+            s[nt][e] = X ? X[(size_t)c * V + v] : 0.f;
+        }
+}
+template <int K>
+__device__ __forceinline__ void frag_store_kv(const float (*s)[4], float *X, int V, int v0, int lane) {
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = 8 * nt + 2 * t + (e & 1), v = v0 + g + 8 * (e >> 1);
+            X[(size_t)c * V + v] = s[nt][e];
+        }
+}
+
+#endif

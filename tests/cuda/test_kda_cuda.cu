@@ -1,0 +1,533 @@
+// test_kda_cuda.cu — the CUDA KDA kernels (src/cuda/kda.cuh) and the lm_cuda_ops KDA
+// entries against the CPU reference (src/cpu, fp32, the source of truth) on the same
+// bf16-rounded inputs. Metric: relative RMS error ‖gpu − cpu‖/‖cpu‖ (fla's), tolerances
+// as fla's tests: outputs and final state 5e-3; dq, dk, dv, dS0 8e-3; gate (df, dA_log,
+// ddt_bias) and β gradients 2e-2. Every output buffer is poisoned with NaN first, so an
+// element left unwritten fails.
+//
+//   test_kda_cuda          all checks
+//   test_kda_cuda --small  a few tiny shapes (for compute-sanitizer memcheck / racecheck)
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tgmath.h>
+#include <vector>
+#define _Noreturn [[noreturn]]
+extern "C" {
+#include "cpu/cpu.h"
+}
+#undef _Noreturn
+#include "cuda/kda.cuh"
+
+typedef __nv_bfloat16 bf16;
+#define CU(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(2);                                                                                      \
+        }                                                                                                 \
+    } while (0)
+
+static int n_fail = 0, n_check = 0;
+static void check(const char *what, double err, double tol) {
+    n_check++;
+    bool ok = err <= tol;   // NaN fails
+    if (!ok) n_fail++;
+    printf("%-4s %-78s %.3e (tol %.0e)\n", ok ? "ok" : "FAIL", what, err, tol);
+    fflush(stdout);
+}
+
+// ---- random numbers ----
+static uint64_t rs = 0x9E3779B97F4A7C15ull;
+static void seed(uint64_t s) { rs = s * 0x9E3779B97F4A7C15ull + 1; }
+static double urand() {
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return ((rs >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+static double nrand() { return sqrt(-2 * log(urand())) * cos(6.283185307179586 * urand()); }
+static float rb(float x) { return __bfloat162float(__float2bfloat16(x)); }   // round to bf16
+
+static double rel_rms(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    if (den == 0) return num == 0 ? 0 : INFINITY;
+    return sqrt(num / den);
+}
+static double max_abs(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d;   // NaN propagates
+    }
+    return m;
+}
+
+// ---- device buffers ----
+template <typename T> struct dbuf {
+    T *p = NULL;
+    size_t n = 0;
+    void alloc(size_t n_) {
+        n = n_;
+        CU(cudaMalloc(&p, (n ? n : 1) * sizeof(T)));
+    }
+    void poison() { CU(cudaMemset(p, 0xFF, (n ? n : 1) * sizeof(T))); }
+    ~dbuf() { if (p) cudaFree(p); }
+};
+static void up_bf16(dbuf<bf16> &d, const std::vector<float> &x) {
+    std::vector<bf16> h(x.size());
+    for (size_t i = 0; i < x.size(); i++) h[i] = __float2bfloat16(x[i]);
+    d.alloc(x.size());
+    CU(cudaMemcpy(d.p, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+}
+static void up_f32(dbuf<float> &d, const std::vector<float> &x) {
+    d.alloc(x.size());
+    CU(cudaMemcpy(d.p, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+}
+static std::vector<float> down_bf16(const dbuf<bf16> &d) {
+    std::vector<bf16> h(d.n);
+    CU(cudaMemcpy(h.data(), d.p, d.n * sizeof(bf16), cudaMemcpyDeviceToHost));
+    std::vector<float> x(d.n);
+    for (size_t i = 0; i < d.n; i++) x[i] = __bfloat162float(h[i]);
+    return x;
+}
+static std::vector<float> down_f32(const dbuf<float> &d) {
+    std::vector<float> x(d.n);
+    CU(cudaMemcpy(x.data(), d.p, d.n * sizeof(float), cudaMemcpyDeviceToHost));
+    return x;
+}
+
+// ---- one problem ----
+// lens: sequence lengths; packed (cu_seqlens) when varlen, else all equal (fixed layout)
+struct Prob {
+    int N, H, K, V, gate, exact, varlen, Ttot;
+    float lb, scale;
+    std::vector<int> lens, cu;
+    std::vector<float> q, k, v, f, bl, A, db, S0, dO, dSo;
+};
+
+// bound: 0 realistic gates; 1 every gate pinned at lb (σ saturated); 2 half the channels pinned
+static void make_prob(Prob &P, std::vector<int> lens, int H, int K, int V, int gate, int varlen, uint64_t sd,
+                      int bound = 0, int exact = 0) {
+    seed(sd);
+    P.N = (int)lens.size(); P.H = H; P.K = K; P.V = V; P.gate = gate; P.exact = exact; P.varlen = varlen;
+    P.lb = -5.f; P.scale = 1.f / sqrtf((float)K);
+    P.lens = lens;
+    P.cu.assign(P.N + 1, 0);
+    for (int n = 0; n < P.N; n++) P.cu[n + 1] = P.cu[n] + lens[n];
+    P.Ttot = P.cu[P.N];
+    size_t nqk = (size_t)P.Ttot * H * K, nv = (size_t)P.Ttot * H * V, nb = (size_t)P.Ttot * H, ns = (size_t)P.N * H * K * V;
+    auto fill = [](std::vector<float> &x, size_t n, double sdv, double mean, bool bf) {
+        x.resize(n);
+        for (size_t i = 0; i < n; i++) x[i] = bf ? rb((float)(mean + sdv * nrand())) : (float)(mean + sdv * nrand());
+    };
+    fill(P.q, nqk, 1, 0, true);
+    fill(P.k, nqk, 1, 0, true);
+    fill(P.v, nv, 1, 0, true);
+    fill(P.f, nqk, 1.5, 0, true);
+    fill(P.bl, nb, 1, 0, true);
+    P.A.resize(H);
+    if (gate == 0) {
+        for (int h = 0; h < H; h++) P.A[h] = (float)(-0.5 + urand());
+        fill(P.db, (size_t)H * K, 1, 0, false);
+    } else {
+        for (int h = 0; h < H; h++) P.A[h] = (float)(log(0.5) + urand() * (log(3.0) - log(0.5)));
+        fill(P.db, (size_t)H * K, 0.5, -1, false);
+    }
+    if (bound) {   // f + dt_bias large: σ(eA·x) = 1 in fp32, g = lb exactly
+        for (size_t i = 0; i < nqk; i++)
+            if (bound == 1 || (i % K) < (size_t)K / 2) P.f[i] = rb(60.f);
+    }
+    fill(P.S0, ns, 0.5, 0, false);
+    fill(P.dO, nv, 1, 0, true);
+    fill(P.dSo, ns, 0.2, 0, false);
+}
+
+static lm_kda_args cpu_args(const Prob &P, int n) {
+    size_t r0 = P.cu[n];
+    lm_kda_args a;
+    memset(&a, 0, sizeof a);
+    a.B = 1; a.T = P.lens[n]; a.H = P.H; a.K = P.K; a.V = P.V;
+    a.gate_mode = P.gate; a.lb = P.lb; a.form = LM_KDA_NAIVE; a.chunk = 64; a.scale = P.scale;
+    a.q = P.q.data() + r0 * P.H * P.K; a.k = P.k.data() + r0 * P.H * P.K; a.v = P.v.data() + r0 * P.H * P.V;
+    a.f = P.f.data() + r0 * P.H * P.K; a.beta_logit = P.bl.data() + r0 * P.H;
+    a.A_log = P.A.data(); a.dt_bias = P.db.data();
+    a.S0 = P.S0.data() + (size_t)n * P.H * P.K * P.V;
+    return a;
+}
+
+struct Dev {
+    dbuf<bf16> q, k, v, f, bl, o, dO, dq, dk, dv, df, dbeta;
+    dbuf<float> A, db, S0, S, dSo, dA, ddb, dS0;
+    dbuf<int> cu;
+    dbuf<unsigned char> ws;
+    kda_params p;
+};
+
+static void dev_setup(Dev &D, const Prob &P, int backward, int save = 0) {
+    up_bf16(D.q, P.q); up_bf16(D.k, P.k); up_bf16(D.v, P.v); up_bf16(D.f, P.f); up_bf16(D.bl, P.bl);
+    up_f32(D.A, P.A); up_f32(D.db, P.db); up_f32(D.S0, P.S0);
+    size_t nv = (size_t)P.Ttot * P.H * P.V, nqk = (size_t)P.Ttot * P.H * P.K, ns = P.S0.size();
+    D.o.alloc(nv); D.S.alloc(ns);
+    memset(&D.p, 0, sizeof D.p);
+    kda_params &p = D.p;
+    if (P.varlen) {
+        D.cu.alloc(P.cu.size());
+        CU(cudaMemcpy(D.cu.p, P.cu.data(), P.cu.size() * sizeof(int), cudaMemcpyHostToDevice));
+        p.N = P.N; p.T = P.Ttot; p.cu_seqlens = D.cu.p;
+    } else {
+        p.N = P.N; p.T = P.lens[0];
+    }
+    p.H = P.H; p.K = P.K; p.V = P.V; p.gate_mode = P.gate; p.exact = P.exact; p.lb = P.lb; p.scale = P.scale;
+    p.q = D.q.p; p.k = D.k.p; p.v = D.v.p; p.f = D.f.p; p.beta = D.bl.p; p.A_log = D.A.p; p.dt_bias = D.db.p;
+    p.S0 = D.S0.p; p.o = D.o.p; p.S_out = D.S.p;
+    p.save = save;
+    if (backward) {
+        up_bf16(D.dO, P.dO); up_f32(D.dSo, P.dSo);
+        D.dq.alloc(nqk); D.dk.alloc(nqk); D.df.alloc(nqk); D.dv.alloc(nv); D.dbeta.alloc((size_t)P.Ttot * P.H);
+        D.dA.alloc(P.H); D.ddb.alloc((size_t)P.H * P.K); D.dS0.alloc(ns);
+        p.d_o = D.dO.p; p.dS_out = D.dSo.p;
+        p.dq = D.dq.p; p.dk = D.dk.p; p.dv = D.dv.p; p.df = D.df.p; p.dbeta = D.dbeta.p;
+        p.dA_log = D.dA.p; p.ddt_bias = D.ddb.p; p.dS0 = D.dS0.p;
+    }
+    size_t wsb = kda_workspace_size(&p, backward);
+    D.ws.alloc(wsb);
+    CU(cudaMemset(D.ws.p, 0xFF, wsb));   // poison: every workspace element used must be written
+    p.ws = D.ws.p;
+}
+
+static const char *gname(const Prob &P) { return P.gate ? "unbounded" : (P.exact ? "bounded/exact" : "bounded"); }
+static void desc(char *s, size_t n, const Prob &P, const char *what) {
+    if (P.varlen) snprintf(s, n, "%s varlen N=%d Ttot=%d H=%d K=%d V=%d %s", what, P.N, P.Ttot, P.H, P.K, P.V, gname(P));
+    else snprintf(s, n, "%s N=%d T=%d H=%d K=%d V=%d %s", what, P.N, P.lens[0], P.H, P.K, P.V, gname(P));
+}
+
+// forward vs CPU
+static void test_fwd(const Prob &P, const char *tag = "") {
+    Dev D;
+    dev_setup(D, P, 0);
+    D.o.poison(); D.S.poison();
+    CU(kda_fwd(&D.p));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> o = down_bf16(D.o), S = down_f32(D.S);
+    std::vector<float> oref(o.size()), Sref(S.size());
+    for (int n = 0; n < P.N; n++) {
+        lm_kda_args a = cpu_args(P, n);
+        a.o = oref.data() + (size_t)P.cu[n] * P.H * P.V;
+        a.S_out = Sref.data() + (size_t)n * P.H * P.K * P.V;
+        cpu_kda_fwd(&a);
+    }
+    char s[200], w[300];
+    desc(s, sizeof s, P, "fwd");
+    snprintf(w, sizeof w, "%s%s: o", s, tag);
+    check(w, rel_rms(o.data(), oref.data(), o.size()), 5e-3);
+    snprintf(w, sizeof w, "%s%s: S_out", s, tag);
+    check(w, rel_rms(S.data(), Sref.data(), S.size()), 5e-3);
+}
+
+// backward vs CPU (loss = Σ o·dO + Σ S_out·dS_out)
+static void test_bwd(const Prob &P) {
+    Dev D;
+    dev_setup(D, P, 1);
+    D.dq.poison(); D.dk.poison(); D.dv.poison(); D.df.poison(); D.dbeta.poison();
+    D.dA.poison(); D.ddb.poison(); D.dS0.poison();
+    CU(kda_bwd(&D.p));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> dq = down_bf16(D.dq), dk = down_bf16(D.dk), dv = down_bf16(D.dv), df = down_bf16(D.df);
+    std::vector<float> dbeta = down_bf16(D.dbeta), dA = down_f32(D.dA), ddb = down_f32(D.ddb), dS0 = down_f32(D.dS0);
+    size_t nqk = dq.size(), nv = dv.size(), nb = dbeta.size();
+    std::vector<float> rq(nqk), rk(nqk), rv(nv), rf(nqk), rbeta(nb), rA(P.H), rdb((size_t)P.H * P.K), rS0(dS0.size());
+    for (int n = 0; n < P.N; n++) {
+        lm_kda_args a = cpu_args(P, n);
+        size_t r0 = P.cu[n], s0 = (size_t)n * P.H * P.K * P.V;
+        a.d_o = P.dO.data() + r0 * P.H * P.V;
+        a.dS_out = P.dSo.data() + s0;
+        a.dq = rq.data() + r0 * P.H * P.K; a.dk = rk.data() + r0 * P.H * P.K; a.df = rf.data() + r0 * P.H * P.K;
+        a.dv = rv.data() + r0 * P.H * P.V; a.dbeta_logit = rbeta.data() + r0 * P.H;
+        a.dA_log = rA.data(); a.ddt_bias = rdb.data(); a.dS0 = rS0.data() + s0;
+        cpu_kda_bwd(&a);
+    }
+    char s[200], w[300];
+    desc(s, sizeof s, P, "bwd");
+    struct { const char *nm; std::vector<float> *g, *r; double tol; } L[] = {
+        {"dq", &dq, &rq, 8e-3}, {"dk", &dk, &rk, 8e-3}, {"dv", &dv, &rv, 8e-3}, {"dS0", &dS0, &rS0, 8e-3},
+        {"df", &df, &rf, 2e-2}, {"dbeta", &dbeta, &rbeta, 2e-2}, {"dA_log", &dA, &rA, 2e-2}, {"ddt_bias", &ddb, &rdb, 2e-2},
+    };
+    for (auto &x : L) {
+        snprintf(w, sizeof w, "%s: %s", s, x.nm);
+        check(w, rel_rms(x.g->data(), x.r->data(), x.g->size()), x.tol);
+    }
+}
+
+// the forward's saved checkpoints give the same backward, bit for bit; two runs agree bit for bit
+static void test_saved_and_determinism(const Prob &P) {
+    Dev D;
+    dev_setup(D, P, 1, 1);
+    CU(kda_fwd(&D.p));
+    D.p.saved = 1;
+    CU(kda_bwd(&D.p));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> a1 = down_bf16(D.dk), b1 = down_f32(D.ddb), c1 = down_f32(D.dS0), d1 = down_bf16(D.df);
+    D.p.saved = 0;
+    D.dk.poison(); D.ddb.poison(); D.dS0.poison(); D.df.poison();
+    CU(kda_bwd(&D.p));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> a2 = down_bf16(D.dk), b2 = down_f32(D.ddb), c2 = down_f32(D.dS0), d2 = down_bf16(D.df);
+    char s[200], w[300];
+    desc(s, sizeof s, P, "bwd");
+    double m = fmax(fmax(max_abs(a1.data(), a2.data(), a1.size()), max_abs(b1.data(), b2.data(), b1.size())),
+                    fmax(max_abs(c1.data(), c2.data(), c1.size()), max_abs(d1.data(), d2.data(), d1.size())));
+    snprintf(w, sizeof w, "%s: saved fwd == recompute, two runs (max abs)", s);
+    check(w, m, 0);
+}
+
+// decode on a shuffled state pool vs the CPU decode; untouched slots bit-identical
+static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64_t sd) {
+    Prob P;
+    make_prob(P, std::vector<int>(B, 1), H, K, V, gate, 0, sd);
+    seed(sd + 7);
+    std::vector<int> perm(nslots);
+    for (int i = 0; i < nslots; i++) perm[i] = i;
+    for (int i = nslots - 1; i > 0; i--) std::swap(perm[i], perm[(int)(urand() * (i + 1)) % (i + 1)]);
+    std::vector<int> slots(perm.begin(), perm.begin() + B);
+    size_t KV = (size_t)K * V, npool = (size_t)nslots * H * KV;
+    std::vector<float> pool(npool);
+    for (auto &x : pool) x = (float)(0.5 * nrand());
+    Dev D;
+    up_bf16(D.q, P.q); up_bf16(D.k, P.k); up_bf16(D.v, P.v); up_bf16(D.f, P.f); up_bf16(D.bl, P.bl);
+    up_f32(D.A, P.A); up_f32(D.db, P.db);
+    dbuf<float> st; up_f32(st, pool);
+    dbuf<int> sl; sl.alloc(B);
+    CU(cudaMemcpy(sl.p, slots.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+    D.o.alloc((size_t)B * H * V);
+    D.o.poison();
+    CU(kda_decode(B, H, K, V, gate, P.lb, P.scale, D.q.p, D.k.p, D.v.p, D.f.p, D.bl.p, D.A.p, D.db.p, st.p, sl.p, D.o.p, 0));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> o = down_bf16(D.o), pg = down_f32(st);
+    std::vector<float> pref = pool, oref((size_t)B * H * V);
+    lm_kda_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B; a.T = 1; a.H = H; a.K = K; a.V = V; a.gate_mode = gate; a.lb = P.lb; a.form = LM_KDA_NAIVE;
+    a.chunk = 64; a.scale = P.scale;
+    a.q = P.q.data(); a.k = P.k.data(); a.v = P.v.data(); a.f = P.f.data(); a.beta_logit = P.bl.data();
+    a.A_log = P.A.data(); a.dt_bias = P.db.data(); a.o = oref.data(); a.state = pref.data(); a.slots = slots.data();
+    cpu_kda_decode(&a);
+    char w[240];
+    snprintf(w, sizeof w, "decode B=%d slots=%d H=%d K=%d V=%d %s: o", B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(o.data(), oref.data(), o.size()), 5e-3);
+    std::vector<float> used, usedr;
+    double untouched = 0;
+    for (int s = 0; s < nslots; s++) {
+        bool u = false;
+        for (int b = 0; b < B; b++) u |= slots[b] == s;
+        const float *x = pg.data() + (size_t)s * H * KV, *y = pref.data() + (size_t)s * H * KV;
+        if (u) { used.insert(used.end(), x, x + H * KV); usedr.insert(usedr.end(), y, y + H * KV); }
+        else untouched = fmax(untouched, max_abs(x, y, H * KV));
+    }
+    snprintf(w, sizeof w, "decode B=%d slots=%d H=%d K=%d V=%d %s: states", B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(used.data(), usedr.data(), used.size()), 5e-3);
+    snprintf(w, sizeof w, "decode B=%d slots=%d: untouched slots (max abs)", B, nslots);
+    check(w, untouched, 0);
+}
+
+// chunked prefill of T tokens then one decode step equals a one-shot forward of T+1
+static void test_decode_after_prefill(int T, int H, int K, int gate) {
+    Prob P;
+    make_prob(P, {T + 1}, H, K, K, gate, 0, 4242 + T);
+    Dev full;
+    dev_setup(full, P, 0);
+    CU(kda_fwd(&full.p));
+    Prob Q = P;   // the first T tokens
+    Q.lens = {T};
+    Q.cu = {0, T};
+    Q.Ttot = T;
+    size_t nqk = (size_t)T * H * K, nv = (size_t)T * H * K;
+    Q.q.resize(nqk); Q.k.resize(nqk); Q.f.resize(nqk); Q.v.resize(nv); Q.bl.resize((size_t)T * H);
+    Dev pre;
+    dev_setup(pre, Q, 0);
+    CU(kda_fwd(&pre.p));
+    // decode token T on the prefill's final state (slot 0)
+    dbuf<bf16> o1;
+    o1.alloc((size_t)H * K);
+    size_t r = (size_t)T * H;
+    CU(kda_decode(1, H, K, K, gate, P.lb, P.scale, full.q.p + r * K, full.k.p + r * K, full.v.p + r * K,
+                  full.f.p + r * K, full.bl.p + r, full.A.p, full.db.p, pre.S.p, NULL, o1.p, 0));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> od = down_bf16(o1), of = down_bf16(full.o), Sd = down_f32(pre.S), Sf = down_f32(full.S);
+    char w[240];
+    snprintf(w, sizeof w, "prefill T=%d + decode vs one-shot T=%d H=%d K=%d %s: o", T, T + 1, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(od.data(), of.data() + r * K, od.size()), 5e-3);
+    snprintf(w, sizeof w, "prefill T=%d + decode vs one-shot T=%d H=%d K=%d %s: state", T, T + 1, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(Sd.data(), Sf.data(), Sd.size()), 5e-3);
+}
+
+// short-conv decode step vs the CPU conv + cache update
+static void test_conv_decode(int B, int nslots, int C, int W) {
+    seed(99 + C);
+    std::vector<float> x((size_t)B * C), w((size_t)C * W), cache((size_t)nslots * (W - 1) * C);
+    for (auto &e : x) e = rb((float)nrand());
+    for (auto &e : w) e = (float)(0.5 * nrand());
+    for (auto &e : cache) e = rb((float)nrand());
+    std::vector<int> slots(B);   // distinct slots, shuffled
+    for (int b = 0; b < B; b++) slots[b] = (nslots - 1 - b + nslots) % nslots;
+    for (int b = B - 1; b > 0; b--) std::swap(slots[b], slots[(int)(urand() * (b + 1)) % (b + 1)]);
+    dbuf<bf16> dx, dc, dy;
+    dbuf<float> dw;
+    dbuf<int> ds;
+    up_bf16(dx, x); up_bf16(dc, cache); up_f32(dw, w);
+    ds.alloc(B);
+    CU(cudaMemcpy(ds.p, slots.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+    dy.alloc((size_t)B * C);
+    dy.poison();
+    CU(kda_conv_decode(B, C, W, dx.p, dw.p, dc.p, ds.p, dy.p, 0));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> y = down_bf16(dy), cg = down_bf16(dc);
+    std::vector<float> yref((size_t)B * C), cref = cache, cb((size_t)B * (W - 1) * C);
+    for (int b = 0; b < B; b++) memcpy(&cb[(size_t)b * (W - 1) * C], &cache[(size_t)slots[b] * (W - 1) * C], (W - 1) * C * sizeof(float));
+    cpu_conv_silu_fwd(yref.data(), x.data(), w.data(), cb.data(), B, 1, C, W);
+    cpu_conv_cache_update(cb.data(), x.data(), B, 1, C, W);
+    for (int b = 0; b < B; b++) memcpy(&cref[(size_t)slots[b] * (W - 1) * C], &cb[(size_t)b * (W - 1) * C], (W - 1) * C * sizeof(float));
+    char s[200];
+    snprintf(s, sizeof s, "conv decode B=%d slots=%d C=%d W=%d: y", B, nslots, C, W);
+    check(s, rel_rms(y.data(), yref.data(), y.size()), 5e-3);
+    snprintf(s, sizeof s, "conv decode B=%d slots=%d C=%d W=%d: cache (max abs)", B, nslots, C, W);
+    check(s, max_abs(cg.data(), cref.data(), cg.size()), 0);
+}
+
+// the lm_ops entries (fp32 in, fp32 out, gradients accumulated) vs the CPU op
+static void test_ops(int B, int T, int H, int K, int gate) {
+    Prob P;
+    make_prob(P, std::vector<int>(B, T), H, K, K, gate, 0, 777 + T);
+    const lm_ops *g = &lm_cuda_ops;
+    size_t nqk = P.q.size(), nv = P.v.size(), nb = P.bl.size(), ns = P.S0.size();
+    auto up = [&](const std::vector<float> &x) {
+        float *d = (float *)g->alloc(x.size() * sizeof(float));
+        g->to_device(d, x.data(), x.size() * sizeof(float));
+        return d;
+    };
+    float *q = up(P.q), *k = up(P.k), *v = up(P.v), *f = up(P.f), *bl = up(P.bl), *A = up(P.A), *db = up(P.db);
+    float *S0 = up(P.S0), *dO = up(P.dO), *dSo = up(P.dSo);
+    float *o = (float *)g->alloc(nv * 4), *S = (float *)g->alloc(ns * 4);
+    std::vector<float> ones_q(nqk, 0.25f);   // gradients accumulate onto what is there
+    float *dq = up(ones_q), *dk = (float *)g->alloc(nqk * 4), *dv = (float *)g->alloc(nv * 4), *df = (float *)g->alloc(nqk * 4);
+    float *dbl = (float *)g->alloc(nb * 4), *dA = (float *)g->alloc(H * 4), *ddb = (float *)g->alloc((size_t)H * K * 4);
+    float *dS0 = (float *)g->alloc(ns * 4);
+    lm_kda_args a;
+    memset(&a, 0, sizeof a);
+    a.B = B; a.T = T; a.H = H; a.K = K; a.V = K; a.gate_mode = gate; a.lb = P.lb; a.form = LM_KDA_AUTO; a.chunk = 64;
+    a.scale = P.scale; a.q = q; a.k = k; a.v = v; a.f = f; a.beta_logit = bl; a.A_log = A; a.dt_bias = db; a.S0 = S0;
+    a.o = o; a.S_out = S; a.d_o = dO; a.dS_out = dSo; a.dq = dq; a.dk = dk; a.dv = dv; a.df = df; a.dbeta_logit = dbl;
+    a.dA_log = dA; a.ddt_bias = ddb; a.dS0 = dS0;
+    g->kda_fwd(&a);
+    g->kda_bwd(&a);
+    std::vector<float> ho(nv), hS(ns), hdq(nqk), hdv(nv), hdA(H);
+    g->to_host(ho.data(), o, nv * 4); g->to_host(hS.data(), S, ns * 4); g->to_host(hdq.data(), dq, nqk * 4);
+    g->to_host(hdv.data(), dv, nv * 4); g->to_host(hdA.data(), dA, H * 4);
+    // reference: CPU op on the same fp32 inputs (the CUDA op rounds them to bf16 inside)
+    lm_kda_args c = a;
+    std::vector<float> ro(nv), rS(ns), rdq(nqk, 0.25f), rdk(nqk), rdv(nv), rdf(nqk), rdbl(nb), rA(H), rdb((size_t)H * K), rdS0(ns);
+    c.q = P.q.data(); c.k = P.k.data(); c.v = P.v.data(); c.f = P.f.data(); c.beta_logit = P.bl.data(); c.A_log = P.A.data();
+    c.dt_bias = P.db.data(); c.S0 = P.S0.data(); c.o = ro.data(); c.S_out = rS.data(); c.d_o = P.dO.data();
+    c.dS_out = P.dSo.data(); c.dq = rdq.data(); c.dk = rdk.data(); c.dv = rdv.data(); c.df = rdf.data();
+    c.dbeta_logit = rdbl.data(); c.dA_log = rA.data(); c.ddt_bias = rdb.data(); c.dS0 = rdS0.data();
+    c.form = LM_KDA_NAIVE;
+    cpu_kda_fwd(&c);
+    cpu_kda_bwd(&c);
+    char w[200];
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(ho.data(), ro.data(), nv), 5e-3);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: S_out", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hS.data(), rS.data(), ns), 5e-3);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dq (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdq.data(), rdq.data(), nqk), 8e-3);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dv", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdv.data(), rdv.data(), nv), 8e-3);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dA_log", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdA.data(), rA.data(), H), 2e-2);
+    float *bufs[] = {q, k, v, f, bl, A, db, S0, dO, dSo, o, S, dq, dk, dv, df, dbl, dA, ddb, dS0};
+    for (float *b : bufs) g->free(b);
+}
+
+int main(int argc, char **argv) {
+    bool small = argc > 1 && !strcmp(argv[1], "--small");
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    Prob P;
+    if (small) {
+        make_prob(P, {2, 2}, 2, 64, 64, 0, 0, 1); test_fwd(P);   // note: {T, T} = 2 sequences of T
+        make_prob(P, {37, 37}, 2, 128, 128, 0, 0, 2); test_fwd(P); test_bwd(P);
+        make_prob(P, {37}, 2, 128, 128, 1, 0, 3); test_fwd(P); test_bwd(P);
+        make_prob(P, {15, 1, 70}, 2, 64, 64, 0, 1, 4); test_fwd(P); test_bwd(P);
+        test_decode(3, 5, 2, 128, 128, 0, 5);
+        test_conv_decode(3, 4, 96, 4);
+    } else {
+        // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
+        int Ts[] = {1, 15, 63, 500, 1000, 2048};
+        for (int gate = 0; gate < 2; gate++)
+            for (int ti = 0; ti < 6; ti++) {
+                make_prob(P, {Ts[ti], Ts[ti]}, 3, 128, 128, gate, 0, 10 + ti + 100 * gate);
+                test_fwd(P);
+                make_prob(P, {Ts[ti]}, 2, 64, 64, gate, 0, 20 + ti + 100 * gate);
+                test_fwd(P);
+            }
+        make_prob(P, {300}, 2, 128, 64, 0, 0, 31); test_fwd(P);
+        make_prob(P, {300}, 2, 64, 128, 1, 0, 32); test_fwd(P);
+        // many heads (short T: the CPU reference is slow)
+        make_prob(P, {63}, 96, 128, 128, 0, 0, 33); test_fwd(P);
+        make_prob(P, {40, 40}, 96, 128, 128, 1, 0, 34); test_fwd(P);
+        // gates at the bound (every step decays by e^{-5}), half the channels at the bound
+        make_prob(P, {500}, 3, 128, 128, 0, 0, 35, 1); test_fwd(P, " [g = lb everywhere]");
+        make_prob(P, {500}, 3, 128, 128, 0, 0, 36, 2); test_fwd(P, " [g = lb on half the channels]");
+        // the exact (per-position) path with the bounded gate
+        make_prob(P, {500}, 2, 128, 128, 0, 0, 37, 0, 1); test_fwd(P);
+        // variable lengths (packed, B = 1)
+        make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 0, 1, 38); test_fwd(P);
+        make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 39); test_fwd(P);
+        make_prob(P, {0, 65, 2048, 0, 3}, 2, 64, 64, 0, 1, 40); test_fwd(P);
+
+        // backward
+        int Tb[] = {1, 15, 63, 500, 1000};
+        for (int gate = 0; gate < 2; gate++)
+            for (int ti = 0; ti < 5; ti++) {
+                make_prob(P, {Tb[ti], Tb[ti]}, 2, 128, 128, gate, 0, 50 + ti + 100 * gate);
+                test_bwd(P);
+            }
+        make_prob(P, {2048}, 2, 64, 64, 0, 0, 60); test_bwd(P);
+        make_prob(P, {2048}, 1, 128, 128, 1, 0, 61); test_bwd(P);
+        make_prob(P, {300}, 2, 128, 64, 0, 0, 62); test_bwd(P);
+        make_prob(P, {300}, 2, 64, 128, 1, 0, 63); test_bwd(P);
+        make_prob(P, {40}, 96, 128, 128, 0, 0, 64); test_bwd(P);
+        make_prob(P, {200}, 2, 128, 128, 0, 0, 65, 1); test_bwd(P);
+        make_prob(P, {200}, 2, 128, 128, 0, 0, 66, 2); test_bwd(P);
+        make_prob(P, {300}, 2, 128, 128, 0, 0, 67, 0, 1); test_bwd(P);
+        make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 0, 1, 68); test_bwd(P);
+        make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 1, 1, 69); test_bwd(P);
+        make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 1, 1, 70); test_bwd(P);
+        make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
+        make_prob(P, {15, 100, 700}, 4, 128, 128, 1, 1, 72); test_saved_and_determinism(P);
+
+        // decode
+        test_decode(8, 12, 4, 128, 128, 0, 80);
+        test_decode(8, 12, 4, 128, 128, 1, 81);
+        test_decode(5, 7, 3, 64, 64, 0, 82);
+        test_decode(64, 64, 2, 128, 128, 0, 83);
+        test_decode_after_prefill(37, 4, 128, 0);
+        test_decode_after_prefill(64, 4, 128, 1);
+        test_conv_decode(8, 12, 3 * 4096, 4);
+        test_conv_decode(3, 3, 200, 2);
+
+        // the op table
+        test_ops(2, 100, 2, 128, 0);
+        test_ops(1, 70, 2, 64, 1);
+    }
+    printf("== %d checks, %d failed\n", n_check, n_fail);
+    return n_fail ? 1 : 0;
+}
