@@ -108,9 +108,9 @@ int lm_cmd_ablate(int argc, char **argv) {
     lm_train_opts_default(&o);
     char which[32] = "balance", out[1024] = "runs/ablate";
     int seeds = 3;
-    o.steps = 150;
+    o.steps = 160;
     o.batch = 8;
-    o.eval_every = 50;
+    o.eval_every = 40;
     o.save_every = 0;
     o.keep = 1;
     o.quiet = 1;

@@ -14,8 +14,11 @@ void lm_train_opts_default(lm_train_opts *o) {
     snprintf(o->out_dir, sizeof o->out_dir, "runs/tiny");
     o->seed = 1;
     snprintf(o->data, sizeof o->data, "tasks");
-    snprintf(o->tasks, sizeof o->tasks, "all");
-    o->steps = 600;
+    // the default run: the tasks `tiny` learns in a few CPU minutes (measured: recall 90%,
+    // copy 74%, reverse 53% after 400 steps); passkey and tool need longer examples
+    snprintf(o->tasks, sizeof o->tasks, "recall:3,copy:2,reverse,add");
+    o->max_example = 48;
+    o->steps = 400;
     o->batch = 16;
     o->seq_len = 256;
     lm_optim_default(&o->opt);
