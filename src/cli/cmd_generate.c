@@ -5,6 +5,7 @@
 #include "train/eval.h"
 #include "train/loader.h"
 #include "train/tokens.h"
+#include "train/train.h"
 
 // Loads the model stored in a weights file (its config comes from the file).
 static lm_model *load_model(const char *path, const lm_ops *ops) {
@@ -88,14 +89,18 @@ int lm_cmd_generate(int argc, char **argv) {
 int lm_cmd_eval(int argc, char **argv) {
     lm_model_flags mf;
     lm_model_flags_default(&mf);
-    char model[1024] = "", data[1024] = "tasks", mix[256] = "all";
-    int batches = 8, B = 8, T = 0;
+    lm_train_opts td;   // the training defaults: same task mix and example length
+    lm_train_opts_default(&td);
+    char model[1024] = "", data[1024] = "tasks", mix[256];
+    snprintf(mix, sizeof mix, "%s", td.tasks);
+    int batches = 8, B = 8, T = 0, max_example = td.max_example;
     uint64_t seed = 1;
     lm_flag fl[32];
     int n = 0;
     fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, "checkpoint folder or model.safetensors (required)"};
     fl[n++] = (lm_flag){"data", 0, FL_STR, data, sizeof data, "'tasks', a text file, or shards:a.bin,b.bin (held-out part)"};
     fl[n++] = (lm_flag){"tasks", 0, FL_STR, mix, sizeof mix, "task mix for task data"};
+    fl[n++] = (lm_flag){"max-example", 0, FL_INT, &max_example, 0, "longest task example in tokens (0 = a whole row)"};
     fl[n++] = (lm_flag){"seed", 's', FL_U64, &seed, 0, "the training seed (held-out tasks derive from it)"};
     fl[n++] = (lm_flag){"batches", 'n', FL_INT, &batches, 0, "batches to evaluate"};
     fl[n++] = (lm_flag){"batch", 'b', FL_INT, &B, 0, "sequences per batch"};
@@ -118,7 +123,7 @@ int lm_cmd_eval(int argc, char **argv) {
     if (strcmp(data, "tasks") == 0) {
         lm_task_mix tm;
         st = lm_task_mix_parse(&tm, mix);
-        if (st == LM_OK) st = lm_loader_init_tasks(&tr, seed, &tm, 0, m->cfg.vocab);
+        if (st == LM_OK) st = lm_loader_init_tasks(&tr, seed, &tm, max_example, m->cfg.vocab);
     } else if (strncmp(data, "shards:", 7) == 0) {
         const char *p[1] = {data + 7};
         st = lm_loader_init_shards(&tr, p, 1, m->cfg.vocab);

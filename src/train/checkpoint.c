@@ -1,5 +1,6 @@
 // checkpoint.c — see checkpoint.h.
 #include "train/checkpoint.h"
+#include "core/json_diff.h"
 #include "core/safetensors.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -65,28 +66,12 @@ lm_status lm_read_weights_config(const char *path, lm_config *c) {
 // Names the first config field that differs (both configs serialised the same way).
 static lm_status configs_match(const lm_config *a, const lm_config *b, const char *path) {
     char *ja = lm_config_to_json(a), *jb = lm_config_to_json(b);
-    lm_status r = LM_OK;
-    if (strcmp(ja, jb) != 0) {
-        cJSON *oa = cJSON_Parse(ja), *ob = cJSON_Parse(jb);
-        const char *key = "?";
-        char va[64] = "", vb[64] = "";
-        for (cJSON *x = oa->child; x; x = x->next) {
-            cJSON *y = cJSON_GetObjectItemCaseSensitive(ob, x->string);
-            char *sx = cJSON_PrintUnformatted(x), *sy = y ? cJSON_PrintUnformatted(y) : lm_strdup("(absent)");
-            int diff = strcmp(sx, sy) != 0;
-            if (diff) { key = x->string; snprintf(va, sizeof va, "%s", sx); snprintf(vb, sizeof vb, "%s", sy); }
-            free(sx);
-            free(sy);
-            if (diff) break;
-        }
-        lm_set_error("config mismatch: '%s' has %s = %s, the model has %s", path, key, vb, va);
-        cJSON_Delete(oa);
-        cJSON_Delete(ob);
-        r = LM_ERR;
-    }
+    char key[64], va[96], vb[96];
+    int diff = lm_json_first_diff(ja, jb, key, sizeof key, va, vb, sizeof va);
+    if (diff) lm_set_error("config mismatch: '%s' has %s = %s, the model has %s", path, key, vb, va);
     free(ja);
     free(jb);
-    return r;
+    return diff ? LM_ERR : LM_OK;
 }
 
 // Reads tensors named prefix+<param name> for every registered tensor into host[].

@@ -1,5 +1,6 @@
 // train.c — see train.h.
 #include "train/train.h"
+#include "core/json_diff.h"
 #include "core/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
@@ -231,12 +232,12 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     if (parse_stages(o, st, &nst) != LM_OK) FAIL("%s", lm_last_error());
     long total_steps = 0;
     for (int i = 0; i < nst; i++) total_steps += st[i].steps;
+    if (o->batch < 1) FAIL("--batch must be at least 1");
     const long tokens_per_step = (long)o->batch * st[0].seq;
     for (int i = 0; i < nst; i++)
         if (tokens_per_step / st[i].seq < 1)
             FAIL("stage %d: sequence length %d exceeds the %ld tokens per step (batch x first length)", i, st[i].seq,
                  tokens_per_step);
-    if (o->batch < 1) FAIL("--batch must be at least 1");
     if (!(o->opt.lr > 0)) FAIL("--lr must be positive");
     if (o->opt.clip < 0 || o->opt.wd < 0) FAIL("--clip and --wd must be >= 0");
     if (!(o->opt.b1 >= 0 && o->opt.b1 < 1 && o->opt.b2 >= 0 && o->opt.b2 < 1)) FAIL("--beta1/--beta2 must be in [0, 1)");
@@ -265,9 +266,10 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (lm_ckpt_latest(o->out_dir, ck, sizeof ck) != LM_OK) FAIL("--resume: %s", lm_last_error());
         lm_train_state saved;
         if (lm_ckpt_load(ck, m, &opt, &saved) != LM_OK) FAIL("--resume: %s", lm_last_error());
-        if (strcmp(saved.train_json, ts.train_json) != 0)
-            FAIL("--resume: the training options differ from the checkpoint's (%s vs %s)", ts.train_json,
-                 saved.train_json);
+        char key[64], now[96], was[96];
+        if (lm_json_first_diff(ts.train_json, saved.train_json, key, sizeof key, now, was, sizeof now))
+            FAIL("--resume: the training options differ from the checkpoint's: %s is %s, the checkpoint has %s", key,
+                 now, was);
         uint64_t blob[LM_LOADER_STATE_WORDS];
         memcpy(blob, saved.loader, sizeof blob);
         if (lm_loader_set_state(&ld, blob) != LM_OK) FAIL("--resume: %s", lm_last_error());
