@@ -1,8 +1,7 @@
 // gates.cu — sigmoid output gate (gated MLA) and the GLU activations of the FFNs.
 #include "cuda_common.cuh"
+#include "ops_math.h"
 
-#define SITU_B1 4.0f
-#define SITU_B2 25.0f
 #define GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
@@ -28,34 +27,21 @@ void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, 
     cudaLaunchCheck();
 }
 
-// SwiGLU: h = silu(g)·u;  SiTU-GLU: h = [b1·tanh(g/b1)·σ(g)]·[b2·tanh(u/b2)]
+// GLU h = a(g)·b(u): the scalar parts are lm_glu_parts of ops_math.h (the CPU's code)
 __global__ static void glu_fwd_k(float *h, const float *g, const float *u, size_t n, int act) {
     GRID_STRIDE(i, n) {
-        if (act == LM_ACT_SITU)
-            h[i] = SITU_B1 * tanhf(g[i] / SITU_B1) * dsigmoid(g[i]) * (SITU_B2 * tanhf(u[i] / SITU_B2));
-        else
-            h[i] = g[i] * dsigmoid(g[i]) * u[i];
+        float a, da, b, db;
+        lm_glu_parts(g[i], u[i], act, &a, &da, &b, &db);
+        h[i] = a * b;
     }
 }
 __global__ static void glu_bwd_k(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n,
                                  int act) {
     GRID_STRIDE(i, n) {
-        float s = dsigmoid(g[i]);
-        float ag, dag, bu, dbu;
-        if (act == LM_ACT_SITU) {
-            float tg = tanhf(g[i] / SITU_B1), tu = tanhf(u[i] / SITU_B2);
-            ag = SITU_B1 * tg * s;
-            dag = (1 - tg * tg) * s + SITU_B1 * tg * s * (1 - s);
-            bu = SITU_B2 * tu;
-            dbu = 1 - tu * tu;
-        } else {
-            ag = g[i] * s;
-            dag = s * (1 + g[i] * (1 - s));
-            bu = u[i];
-            dbu = 1;
-        }
-        if (dg) dg[i] += dh[i] * bu * dag;
-        if (du) du[i] += dh[i] * ag * dbu;
+        float a, da, b, db;
+        lm_glu_parts(g[i], u[i], act, &a, &da, &b, &db);
+        if (dg) dg[i] += dh[i] * b * da;
+        if (du) du[i] += dh[i] * a * db;
     }
 }
 

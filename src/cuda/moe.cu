@@ -5,51 +5,23 @@
 // trip is in moe_gather_bwd, which reads offsets[E] (the number of used rows, one int,
 // synchronising the stream) to size its stable sort.
 #include "cuda_common.cuh"
+#include "ops_math.h"
 #include <cub/device/device_radix_sort.cuh>
 
-#define MOE_MAX_TOPK 63
-
 // ---------------------------------------------------------------------------
-// router: one thread per token, the CPU's insertion list (ties to the lower expert)
+// router: one thread per token, lm_route_token of ops_math.h (the CPU's code)
 __global__ static void route_fwd_k(int *idx, float *gate, float *s, float *alpha, const float *z, const float *bias,
                                    int N, int E, int k, float route_scale, int renorm) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    const int m = k < E ? k + 1 : E;
-    const float *zi = z + (size_t)i * E;
-    float *si = s + (size_t)i * E;
-    int top[MOE_MAX_TOPK + 1];
-    float val[MOE_MAX_TOPK + 1];
-    int len = 0;
-    for (int j = 0; j < E; j++) {
-        float sj = dsigmoid(zi[j]);
-        si[j] = sj;
-        float v = sj + (bias ? bias[j] : 0.0f);
-        if (len == m && !(v > val[m - 1])) continue;
-        int p = len < m ? len : m - 1;
-        while (p > 0 && v > val[p - 1]) {
-            val[p] = val[p - 1];
-            top[p] = top[p - 1];
-            p--;
-        }
-        val[p] = v;
-        top[p] = j;
-        if (len < m) len++;
-    }
-    alpha[i] = k < E ? val[k] : val[k - 1] - 1;
-    float sum = 0;
-    for (int t = 0; t < k; t++) sum += si[top[t]];
-    for (int t = 0; t < k; t++) {
-        idx[(size_t)i * k + t] = top[t];
-        float st = si[top[t]];
-        gate[(size_t)i * k + t] = renorm ? route_scale * (st / sum) : route_scale * st;
-    }
+    lm_route_token(idx + (size_t)i * k, gate + (size_t)i * k, s + (size_t)i * E, alpha + i, z + (size_t)i * E, bias,
+                   E, k, route_scale, renorm);
 }
 
 void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias,
                         int N, int E, int k, real route_scale, int renorm) {
-    LM_CHECK(k >= 1 && k <= E && k <= MOE_MAX_TOPK, "moe_route: need 1 <= k <= min(E, %d), got k=%d E=%d",
-             MOE_MAX_TOPK, k, E);
+    LM_CHECK(k >= 1 && k <= E && k <= LM_MAX_TOPK, "moe_route: need 1 <= k <= min(E, %d), got k=%d E=%d",
+             LM_MAX_TOPK, k, E);
     if (N <= 0) return;
     route_fwd_k<<<(N + 127) / 128, 128, 0, lm_cuda_stream()>>>(idx, gate, s, alpha, z, bias, N, E, k, route_scale,
                                                                renorm);
