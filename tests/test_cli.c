@@ -175,6 +175,38 @@ static void test_kill_during_save(void **state) {
     tu_check("killed at the step-10 save, resumed from 5: weights differ", !same_file(p1, p2), 0);
 }
 
+// context stages: the sequence length follows the stage list and the tokens per step
+// stay constant (fewer sequences per batch at longer lengths)
+static void test_context_stages(void **state) {
+    (void)state;
+    char args[2048];
+    snprintf(args, sizeof args,
+             "train %s --stages 32:3,64:2,128:2 --batch 8 --eval-every 0 --save-every 0 --samples 0 -q -t 2 "
+             "--out %s/stages", MODEL, dir);
+    result r = run(NULL, args);
+    if (r.status) printf("stderr: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+    char p[700];
+    path_of(p, sizeof p, "stages", "metrics.jsonl");
+    size_t n;
+    char *b = (char *)slurp(p, &n);
+    const int want[7] = {32, 32, 32, 64, 64, 128, 128};
+    int k = 0;
+    for (char *line = strtok(b, "\n"); line; line = strtok(NULL, "\n")) {
+        if (!strstr(line, "\"type\":\"train\"")) continue;
+        char *q = strstr(line, "\"seq_len\":");
+        assert_non_null(q);
+        assert_true(k < 7);
+        assert_int_equal(atoi(q + 10), want[k]);
+        k++;
+    }
+    assert_int_equal(k, 7);
+    free(b);
+    b = (char *)slurp(p, &n);
+    assert_non_null(strstr(b, "\"tokens_per_step\":256"));
+    free(b);
+}
+
 // ---------------------------------------------------------------------------
 // bad input
 
@@ -265,7 +297,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_seed_same_run), cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_nonfinite_steps),    cmocka_unit_test(test_kill_during_save),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_context_stages),     cmocka_unit_test(test_bad_input),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
