@@ -84,16 +84,16 @@ static void path_of(char *buf, size_t n, const char *run_dir, const char *file) 
 static void test_same_seed_same_run(void **state) {
     (void)state;
     train("a", NULL, NULL);
-    train("a2", NULL, NULL);
+    train("new/nested/a2", NULL, NULL);   // --out parents that do not exist yet are created (like `make run`'s runs/tiny)
     char p1[700], p2[700], l1[4096], l2[4096];
     path_of(p1, sizeof p1, "a", "metrics.jsonl");
-    path_of(p2, sizeof p2, "a2", "metrics.jsonl");
+    path_of(p2, sizeof p2, "new/nested/a2", "metrics.jsonl");
     losses(p1, l1, sizeof l1);
     losses(p2, l2, sizeof l2);
     printf("losses: %s\n", l1);
     assert_string_equal(l1, l2);
     path_of(p1, sizeof p1, "a", "ckpt_000020/model.safetensors");
-    path_of(p2, sizeof p2, "a2", "ckpt_000020/model.safetensors");
+    path_of(p2, sizeof p2, "new/nested/a2", "ckpt_000020/model.safetensors");
     tu_check("same seed: final weights differ (files equal = 0)", !same_file(p1, p2), 0);
 }
 

@@ -53,8 +53,8 @@ static int run_study(const study *s, const lm_config *base, const lm_train_opts 
         fprintf(stderr, "linmoe ablate: error: --out path too long\n");
         return 1;
     }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "linmoe ablate: error: cannot create '%s': %s\n", dir, strerror(errno));
+    if (lm_make_dirs(dir) != LM_OK) {
+        fprintf(stderr, "linmoe ablate: error: %s\n", lm_last_error());
         return 1;
     }
     printf("== study %s: %s (%d variants x %d seeds, %d steps each)\n", s->name, s->what, s->n, seeds, to->steps);
@@ -147,8 +147,8 @@ int lm_cmd_ablate(int argc, char **argv) {
         return 1;
     }
     int found = 0, rc = 0;
-    if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "linmoe ablate: error: cannot create '%s': %s\n", out, strerror(errno));
+    if (lm_make_dirs(out) != LM_OK) {
+        fprintf(stderr, "linmoe ablate: error: %s\n", lm_last_error());
         return 1;
     }
     for (int i = 0; i < N_STUDIES && rc == 0; i++) {

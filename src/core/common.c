@@ -3,6 +3,8 @@
 #include <stdarg.h>
 #include <time.h>
 #include <omp.h>
+#include <errno.h>
+#include <sys/stat.h>
 
 static _Thread_local char g_last_error[512];
 
@@ -42,6 +44,27 @@ char *lm_strdup(const char *s) {
     char *d = lm_malloc(n);
     memcpy(d, s, n);
     return d;
+}
+
+lm_status lm_make_dirs(const char *dir) {
+    char *p = lm_strdup(dir);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != 0) continue;
+        char keep = *s;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            lm_set_error("cannot create folder '%s': %s", p, strerror(errno));
+            free(p);
+            return LM_ERR;
+        }
+        *s = keep;
+        if (!keep) break;
+    }
+    struct stat st;
+    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    if (!ok) lm_set_error("'%s' is not a folder", p);
+    free(p);
+    return ok ? LM_OK : LM_ERR;
 }
 
 double lm_time_sec(void) {

@@ -46,6 +46,8 @@ _Noreturn void lm_die(const char *fmt, ...) __attribute__((format(printf, 1, 2))
 void *lm_malloc(size_t bytes);   // zeroed, dies on failure
 void *lm_realloc(void *p, size_t bytes);
 char *lm_strdup(const char *s);
+// mkdir -p: creates dir and every missing parent; fails (with lm_last_error) if dir is not a folder
+lm_status lm_make_dirs(const char *dir);
 
 static inline real lm_sigmoid(real x) { return (real)1 / ((real)1 + exp(-x)); }
 // log(1 + e^x) without overflow for large x

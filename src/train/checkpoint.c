@@ -247,10 +247,7 @@ static void prune(const char *out_dir, int keep_last, int protect_step) {
 lm_status lm_ckpt_save(const char *out_dir, const lm_model *m, const lm_optim *o, const lm_train_state *st,
                        int keep_last, char *saved_path, size_t saved_len) {
     char final[4096], tmp[4200], p[4300];
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        lm_set_error("cannot create '%s': %s", out_dir, strerror(errno));
-        return LM_ERR;
-    }
+    if (lm_make_dirs(out_dir) != LM_OK) return LM_ERR;
     snprintf(final, sizeof final, "%s/ckpt_%06ld", out_dir, st->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     remove_dir(tmp);   // a previous save of this step that was interrupted

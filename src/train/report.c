@@ -6,28 +6,6 @@
 #include <errno.h>
 #include <sys/stat.h>
 
-// mkdir -p
-static lm_status make_dirs(const char *dir) {
-    char *p = lm_strdup(dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != 0) continue;
-        char keep = *s;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            lm_set_error("cannot create folder '%s': %s", p, strerror(errno));
-            free(p);
-            return LM_ERR;
-        }
-        *s = keep;
-        if (!keep) break;
-    }
-    struct stat st;
-    int ok = stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-    if (!ok) lm_set_error("'%s' is not a folder", p);
-    free(p);
-    return ok ? LM_OK : LM_ERR;
-}
-
 static lm_status write_text(const char *dir, const char *name, const char *text) {
     size_t n = strlen(dir) + strlen(name) + 2;
     char *path = lm_malloc(n);
@@ -65,7 +43,7 @@ lm_status lm_report_write(const char *out_dir, const char *title, const lm_repor
         rp_report_build(&rep);
         html = rp_render_html(&rep);
         md = rp_render_markdown(&rep);
-        st = make_dirs(out_dir);
+        st = lm_make_dirs(out_dir);
     }
     if (!st) st = write_text(out_dir, "report.html", html);
     if (!st) st = write_text(out_dir, "report.md", md);

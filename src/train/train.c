@@ -246,7 +246,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     if (o->opt.warmup < 0 || o->micro_batch < 0 || o->eval_every < 0 || o->save_every < 0 || o->keep < 0)
         FAIL("--warmup, --micro-batch, --eval-every, --save-every and --keep must be >= 0");
     if (o->eval_batches < 1 || o->log_every < 1) FAIL("--eval-batches and --log-every must be positive");
-    if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) FAIL("cannot create '%s': %s", o->out_dir, strerror(errno));
+    if (lm_make_dirs(o->out_dir) != LM_OK) FAIL("%s", lm_last_error());
 
     // model
     m = lm_model_create(cfg, ops, o->seed);
