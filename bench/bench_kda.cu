@@ -78,6 +78,7 @@ struct Shape { int B, T, H; bool bwd; };
 int main(int argc, char **argv) {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     bool profile = argc > 1 && !strcmp(argv[1], "--profile");   // each kernel once (for ncu)
+    bool decode_only = argc > 1 && !strcmp(argv[1], "--decode");
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -97,6 +98,7 @@ int main(int argc, char **argv) {
                                  {4, 4096, 64, true},  {8, 2048, 32, true},  {1, 65536, 32, true},
                                  {1, 1048576, 32, false}};
     if (quick || profile) shapes = {{1, 8192, 96, true}};
+    if (decode_only) shapes.clear();
     bool variants = (quick && !getenv("KDA_BENCH_NOVAR")) || getenv("KDA_BENCH_VARIANTS");
     printf("\n%-18s %-9s %9s %9s %9s %11s %9s\n", "shape", "gate", "fwd ms", "prep ms", "scan ms", "fwd+bwd ms", "bwd ms");
     for (const Shape &s : shapes) {

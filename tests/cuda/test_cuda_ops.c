@@ -1043,7 +1043,7 @@ int main(int argc, char **argv) {
         t_muon(2, 40, 24);
     }
     if (!only_ops) {
-        printf("== model level (KDA through the TEMPORARY host bridge of cuda_table_tmp.cu)\n");
+        printf("== model level (the whole model on the CUDA backend vs the CPU backend)\n");
         t_model();
     }
     if (bench) t_bench();

@@ -519,6 +519,8 @@ int main(int argc, char **argv) {
         test_decode(8, 12, 4, 128, 128, 1, 81);
         test_decode(5, 7, 3, 64, 64, 0, 82);
         test_decode(64, 64, 2, 128, 128, 0, 83);
+        test_decode(6, 9, 3, 128, 64, 1, 84);
+        test_decode(6, 9, 3, 64, 128, 0, 85);
         test_decode_after_prefill(37, 4, 128, 0);
         test_decode_after_prefill(64, 4, 128, 1);
         test_conv_decode(8, 12, 3 * 4096, 4);
