@@ -13,6 +13,7 @@ fwd 2·B·H·T²/2·(Dqk+Dv), bwd 2.5× that (fwd+bwd 3.5×).
 """
 import contextlib
 import statistics
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,7 @@ def run(T, H, Dqk, Dv, name, backend):
 
 
 def main():
+    warnings.filterwarnings("ignore", category=UserWarning)   # the "kernel not used because" notes
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"{'shape':<26} {'backend':<10} {'fwd ms':>9} {'TFLOP/s':>8} {'fwd+bwd ms':>11} {'TFLOP/s':>8} {'bwd≈ ms':>8} {'TFLOP/s':>8}")
     for Dqk, Dv in DIMS:

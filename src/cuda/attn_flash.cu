@@ -2,21 +2,23 @@
 // style: the T×T score matrix is never stored; the forward keeps an online softmax per query
 // row, the backward recomputes the probabilities from the saved lse.
 //
-// Precision: the op interface is fp32. Tiles are read from global memory as fp32, rounded to
-// bf16 while they are staged in shared memory, and multiplied with mma.sync m16n8k16 (bf16 in,
-// fp32 accumulate). Scores, the softmax statistics (max, sum, lse), D = rowsum(dO∘O) and all
-// accumulators are fp32; the probabilities P and dS are rounded to bf16 only as mma operands.
-// Results agree with the fp32 CPU reference to ~3e-3 relative RMS (forward) and ~1e-2
-// (gradients); the fallback kernels of mla.cu serve the head dims not instantiated here.
+// Precision: the op interface is fp32. q, k, v (and dO) are rounded to bf16 copies in the
+// workspace by one elementwise pass (a few % of the attention time; it halves the bytes every
+// tile load moves and lets the tiles stream into shared memory with cp.async, double-buffered,
+// while the previous tile is multiplied: measured ~2× faster than converting fp32 tiles inside
+// the kernels). Products run on mma.sync m16n8k16 (bf16 in, fp32 accumulate). Scores, the
+// softmax statistics (max, sum, lse), D = rowsum(dO∘O) (from the fp32 dO, O) and all
+// accumulators are fp32; P and dS are rounded to bf16 only as mma operands. Errors against
+// the fp32 CPU reference: ≤ ~4e-3 relative RMS (o), ≤ ~7e-3 (lse, T = 1), ≤ ~5e-3 (grads).
+// The fallback kernels of mla.cu serve the head dims not instantiated here.
 //
 // Layouts (as the op): q, k [B,T,H,Dqk], v, o, dO [B,T,H,Dv], lse, D [B,H,T].
 //
-// Kernels (row-major bf16 tiles with a row stride of D+8 elements,
-// which makes every ldmatrix of 8 rows hit 8 distinct bank groups):
-//   fa_fwd_k   one block of 4 warps per (64-query tile, head, batch), 3 blocks per SM; warp w
-//              owns query rows 16w..16w+15.
-//              Key/value tiles of 64 rows are visited up to the diagonal (tiles wholly above it
-//              are skipped, and a warp whose 16 rows all precede the tile skips its products).
+// Kernels (row-major bf16 tiles with a row stride of D+8 elements, which makes every ldmatrix
+// of 8 rows hit 8 distinct bank groups):
+//   fa_fwd_k   one block of 4 warps per (64-query tile, head, batch), 2 blocks per SM; warp w
+//              owns query rows 16w..16w+15 (S = Q·K^T and O += P·V from registers). Key/value
+//              tiles of 64 rows are visited up to the diagonal; tiles above it are skipped.
 //   fa_dkdv_k  one block per (64-key tile, head, batch) holding K, V; visits the 64-query tiles
 //              at and below the diagonal with 16 warps: S^T = K·Q^T and dP^T = V·dO^T (each warp a
 //              16×16 slice), P^T and dS^T go through shared memory as bf16, then dV += P^T·dO and
@@ -33,12 +35,12 @@
 
 typedef __nv_bfloat16 fa_bf16;
 
-#define FA_WF 4          // forward: warps per block, 16 query rows each
+#define FA_WF 4           // forward: warps per block, 16 query rows each
 #define FA_BMF (16 * FA_WF)
-#define FA_MINBF 3       // forward blocks per SM (≤ 170 registers: accumulators without spills)
-#define FA_WC 4          // backward: warps per 16-row slice of a tile (4 slices: 16·FA_WC warps)
+#define FA_MINBF 2        // forward blocks per SM (shared memory: Q and two K/V stages ≈ 109 KiB)
+#define FA_WC 4           // backward: warps per 16-row slice of a tile (4 slices: 16·FA_WC warps)
 #define FA_TB (128 * FA_WC)
-#define FA_BN 64         // key rows per tile (forward and backward), query rows per backward tile
+#define FA_BN 64          // key rows per tile (forward and backward), query rows per backward tile
 #define FA_LP (FA_BN + 8) // row stride of the backward's P / dS tiles
 #define FA_LOG2E 1.4426950408889634f
 
@@ -97,66 +99,68 @@ __device__ __forceinline__ void fa_warp_mma(float (*acc)[4], const fa_bf16 *A, i
     }
 }
 
-// Stages ROWS rows of D fp32 channels (global rows row0.., stride ld floats, the first `valid`
-// rows exist) into a bf16 tile dst [ROWS][D+8] with NTHR threads; rows past `valid` are zeros.
-// float4 loads (the host checks 16-byte alignment) in batches of up to 4 issued before their
-// conversions: loads in flight without holding a whole tile in registers (which spills next to
-// the accumulators).
+// cp.async of 16 bytes; src_bytes = 0 writes zeros (src must still be a valid address)
+__device__ __forceinline__ void fa_cp16(void *smem, const void *gmem, int src_bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;\n"); }
+// waits until at most N of this thread's committed groups are still in flight
+template <int N> __device__ __forceinline__ void fa_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Starts copying ROWS rows of D bf16 channels (global rows row0.., row stride ld elements; the
+// first `valid` rows exist, later ones are zero-filled) into dst [ROWS][D+8], NTHR threads.
+// Asynchronous: the caller commits, waits and synchronises.
 template <int D, int ROWS, int NTHR>
-__device__ __forceinline__ void fa_stage(fa_bf16 *dst, const float *src, size_t ld, int row0, int valid) {
-    constexpr int C4 = D / 4, N = ROWS * C4, PER = N / NTHR;
-    constexpr int LB = PER % 4 == 0 ? 4 : PER % 3 == 0 ? 3 : PER % 2 == 0 ? 2 : 1;
-    static_assert(N % NTHR == 0, "tile of whole float4 rounds");
+__device__ __forceinline__ void fa_load(fa_bf16 *dst, const fa_bf16 *src, size_t ld, int row0, int valid) {
+    constexpr int C8 = D / 8, N = ROWS * C8;
+    static_assert(N % NTHR == 0, "whole rounds of 16-byte chunks");
 #pragma unroll
-    for (int i0 = 0; i0 < PER; i0 += LB) {
-        float4 x[LB];
-#pragma unroll
-        for (int i = 0; i < LB; i++) {
-            int idx = threadIdx.x + (i0 + i) * NTHR, r = idx / C4, c = idx % C4;
-            x[i] = r < valid ? __ldg(reinterpret_cast<const float4 *>(src + (size_t)(row0 + r) * ld) + c)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int i = 0; i < LB; i++) {
-            int idx = threadIdx.x + (i0 + i) * NTHR, r = idx / C4, c = idx % C4;
-            uint2 u = make_uint2(fa_pack(x[i].x, x[i].y), fa_pack(x[i].z, x[i].w));
-            *reinterpret_cast<uint2 *>(dst + r * (D + 8) + 4 * c) = u;
-        }
+    for (int it = 0; it < N / NTHR; it++) {
+        const int idx = threadIdx.x + it * NTHR, r = idx / C8, c = idx % C8;
+        const bool ok = r < valid;
+        fa_cp16(dst + r * (D + 8) + 8 * c, src + (size_t)(row0 + (ok ? r : 0)) * ld + 8 * c, ok ? 16 : 0);
     }
 }
 
 // ---- forward ----
-// o [B,T,H,DV], lse [B,H,T] (natural log, scaled scores); q, k [B,T,H,DQK], v [B,T,H,DV].
-// grid (⌈T/64⌉, H, B); the heaviest query tiles (most keys) are launched first.
+// o [B,T,H,DV], lse [B,H,T] (natural log, scaled scores); q, k [B,T,H,DQK], v [B,T,H,DV] (bf16
+// copies). grid (⌈T/64⌉, H, B); the heaviest query tiles (most keys) are launched first.
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
-    fa_fwd_k(float *o, float *lse, const float *q, const float *k, const float *v, int T, int H, float scale,
+    fa_fwd_k(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int T, int H, float scale,
              float scale_log2) {
-    constexpr int LQ = DQK + 8, LV = DV + 8, NTV = DV / 8;
+    constexpr int LQ = DQK + 8, LV = DV + 8, NTV = DV / 8, NT = 32 * FA_WF;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    fa_bf16 *Qs = (fa_bf16 *)fa_smem, *Ks = Qs + FA_BMF * LQ, *Vs = Ks + FA_BN * LQ;
+    fa_bf16 *Qs = (fa_bf16 *)fa_smem, *Ks0 = Qs + FA_BMF * LQ, *Vs0 = Ks0 + 2 * FA_BN * LQ;   // K, V: 2 stages
     const int nqb = (T + FA_BMF - 1) / FA_BMF, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int q0 = qb * FA_BMF;
     const size_t ldq = (size_t)H * DQK, ldv = (size_t)H * DV;
-    const float *qh = q + (size_t)b * T * ldq + (size_t)h * DQK, *kh = k + (size_t)b * T * ldq + (size_t)h * DQK;
-    const float *vh = v + (size_t)b * T * ldv + (size_t)h * DV;
+    const fa_bf16 *qh = q + (size_t)b * T * ldq + (size_t)h * DQK, *kh = k + (size_t)b * T * ldq + (size_t)h * DQK;
+    const fa_bf16 *vh = v + (size_t)b * T * ldv + (size_t)h * DV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int r0 = q0 + 16 * warp;   // the warp's first query row; this thread holds rows r0+g, r0+g+8
-    fa_stage<DQK, FA_BMF, 32 * FA_WF>(Qs, qh, ldq, q0, T - q0);
+    const int nkb = min((q0 + FA_BMF - 1) / FA_BN + 1, (T + FA_BN - 1) / FA_BN);
+    fa_load<DQK, FA_BMF, NT>(Qs, qh, ldq, q0, T - q0);
+    fa_load<DQK, FA_BN, NT>(Ks0, kh, ldq, 0, T);
+    fa_load<DV, FA_BN, NT>(Vs0, vh, ldv, 0, T);
+    fa_cp_commit();
 
     float acc[NTV][4];
 #pragma unroll
     for (int n = 0; n < NTV; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     // running max of the raw scores q·k (per row) and this thread's part of the row sum
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    const int nkb = min((q0 + FA_BMF - 1) / FA_BN + 1, (T + FA_BN - 1) / FA_BN);
     for (int kb = 0; kb < nkb; kb++) {
-        const int k0 = kb * FA_BN;
-        __syncthreads();   // every warp is done with the previous K, V tiles
-        fa_stage<DQK, FA_BN, 32 * FA_WF>(Ks, kh, ldq, k0, T - k0);
-        fa_stage<DV, FA_BN, 32 * FA_WF>(Vs, vh, ldv, k0, T - k0);
+        const int k0 = kb * FA_BN, st = kb & 1;
+        if (kb + 1 < nkb) {   // the next tile streams in while this one is multiplied
+            fa_load<DQK, FA_BN, NT>(Ks0 + (st ^ 1) * FA_BN * LQ, kh, ldq, k0 + FA_BN, T - k0 - FA_BN);
+            fa_load<DV, FA_BN, NT>(Vs0 + (st ^ 1) * FA_BN * LV, vh, ldv, k0 + FA_BN, T - k0 - FA_BN);
+        }
+        fa_cp_commit();
+        fa_cp_wait<1>();   // everything but the group just committed: this tile (and Q) landed
         __syncthreads();
-        if (k0 > r0 + 15) continue;   // all 16 rows of this warp precede every key of the tile
+        const fa_bf16 *Ks = Ks0 + st * FA_BN * LQ, *Vs = Vs0 + st * FA_BN * LV;
         float s[8][4];
 #pragma unroll
         for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -207,6 +211,7 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
                 fa_mma(acc[n + 1], a, bb[2], bb[3]);
             }
         }
+        __syncthreads();   // every warp is done with this stage before the next iteration refills it
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -224,8 +229,9 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
     }
 }
 
-// lse (natural log) and D of the 64 rows row0.. into shared memory; lse in log2 units.
-// Rows past T get lse = +inf, so their probabilities are exactly 0.
+// lse (natural log) and D of the 64 rows row0.. into shared memory; lse in log2 units. Rows
+// past T get lse = +inf, so their probabilities are exactly 0. Plain loads: visible after the
+// caller's next __syncthreads.
 __device__ __forceinline__ void fa_stage_rows(float *lse_s, float *D_s, const float *lse, const float *D, int row0,
                                               int T) {
     if (threadIdx.x < FA_BN) {
@@ -236,17 +242,19 @@ __device__ __forceinline__ void fa_stage_rows(float *lse_s, float *D_s, const fl
 }
 
 // ---- backward: dK, dV ----
-// dk [B,T,H,DQK], dv [B,T,H,DV] (accumulated; either may be NULL); d_o [B,T,H,DV]; q, k; v;
-// lse, D [B,H,T]. grid (⌈T/64⌉, H, B), block j owns keys 64j..64j+63.
+// dk [B,T,H,DQK], dv [B,T,H,DV] (fp32, accumulated; either may be NULL); d_o [B,T,H,DV], q, k
+// [B,T,H,DQK], v [B,T,H,DV] (bf16 copies); lse, D [B,H,T]. grid (⌈T/64⌉, H, B), block j owns
+// keys 64j..64j+63.
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(FA_TB, 1)
-    fa_dkdv_k(float *dk, float *dv, const float *d_o, const float *q, const float *k, const float *v, const float *lse,
-              const float *D, int T, int H, float scale, float scale_log2) {
+    fa_dkdv_k(float *dk, float *dv, const fa_bf16 *d_o, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v,
+              const float *lse, const float *D, int T, int H, float scale, float scale_log2) {
     constexpr int LQ = DQK + 8, LV = DV + 8, NTK = DQK / (8 * FA_WC), NTV = DV / (8 * FA_WC), CW = FA_BN / FA_WC;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    fa_bf16 *Ks = (fa_bf16 *)fa_smem, *Qs = Ks + FA_BN * LQ, *Vs = Qs + FA_BN * LQ, *dOs = Vs + FA_BN * LV;
-    fa_bf16 *Ps = dOs + FA_BN * LV, *dSs = Ps + FA_BN * FA_LP;
-    float *lse_s = (float *)(dSs + FA_BN * FA_LP), *D_s = lse_s + FA_BN;
+    // K, V; Q, dO, lse, D in 2 stages; P^T, dS^T
+    fa_bf16 *Ks = (fa_bf16 *)fa_smem, *Vs = Ks + FA_BN * LQ, *Qs0 = Vs + FA_BN * LV, *dOs0 = Qs0 + 2 * FA_BN * LQ;
+    fa_bf16 *Ps = dOs0 + 2 * FA_BN * LV, *dSs = Ps + FA_BN * FA_LP;
+    float *lse_s0 = (float *)(dSs + FA_BN * FA_LP), *D_s0 = lse_s0 + 2 * FA_BN;
     const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, k0 = j * FA_BN;
     const size_t ldq = (size_t)H * DQK, ldv = (size_t)H * DV;
     const size_t qoff = (size_t)b * T * ldq + (size_t)h * DQK, voff = (size_t)b * T * ldv + (size_t)h * DV;
@@ -255,8 +263,12 @@ __global__ static void __launch_bounds__(FA_TB, 1)
     const int wr = 16 * (warp & 3);   // the warp's 16 key rows in the tile
     const int cg = warp >> 2;         // its column group: query columns cg·CW.. of S^T, and the
     const int wc = CW * cg;           // cg-th 1/FA_WC of the head dims of dK, dV
-    fa_stage<DQK, FA_BN, FA_TB>(Ks, k + qoff, ldq, k0, T - k0);
-    fa_stage<DV, FA_BN, FA_TB>(Vs, v + voff, ldv, k0, T - k0);
+    fa_load<DQK, FA_BN, FA_TB>(Ks, k + qoff, ldq, k0, T - k0);
+    fa_load<DV, FA_BN, FA_TB>(Vs, v + voff, ldv, k0, T - k0);
+    fa_load<DQK, FA_BN, FA_TB>(Qs0, q + qoff, ldq, k0, T - k0);   // query tile j first
+    fa_load<DV, FA_BN, FA_TB>(dOs0, d_o + voff, ldv, k0, T - k0);
+    fa_cp_commit();
+    fa_stage_rows(lse_s0, D_s0, lh, Dh, k0, T);
     float dka[NTK][4], dva[NTV][4];
 #pragma unroll
     for (int n = 0; n < NTK; n++) dka[n][0] = dka[n][1] = dka[n][2] = dka[n][3] = 0.f;
@@ -264,16 +276,22 @@ __global__ static void __launch_bounds__(FA_TB, 1)
     for (int n = 0; n < NTV; n++) dva[n][0] = dva[n][1] = dva[n][2] = dva[n][3] = 0.f;
     const int nqt = (T + FA_BN - 1) / FA_BN;
     for (int i = j; i < nqt; i++) {   // query tiles at and below the diagonal
-        const int q0 = i * FA_BN;
-        __syncthreads();   // every warp is done with the previous Q, dO, P, dS
-        fa_stage<DQK, FA_BN, FA_TB>(Qs, q + qoff, ldq, q0, T - q0);
-        fa_stage<DV, FA_BN, FA_TB>(dOs, d_o + voff, ldv, q0, T - q0);
-        fa_stage_rows(lse_s, D_s, lh, Dh, q0, T);
+        const int q0 = i * FA_BN, st = (i - j) & 1;
+        if (i + 1 < nqt) {   // the next query tile streams in while this one is used
+            const int q1 = q0 + FA_BN;
+            fa_load<DQK, FA_BN, FA_TB>(Qs0 + (st ^ 1) * FA_BN * LQ, q + qoff, ldq, q1, T - q1);
+            fa_load<DV, FA_BN, FA_TB>(dOs0 + (st ^ 1) * FA_BN * LV, d_o + voff, ldv, q1, T - q1);
+            fa_stage_rows(lse_s0 + (st ^ 1) * FA_BN, D_s0 + (st ^ 1) * FA_BN, lh, Dh, q1, T);
+        }
+        fa_cp_commit();
+        fa_cp_wait<1>();
         __syncthreads();
-        float st[CW / 8][4], dpt[CW / 8][4];
+        const fa_bf16 *Qs = Qs0 + st * FA_BN * LQ, *dOs = dOs0 + st * FA_BN * LV;
+        const float *lse_s = lse_s0 + st * FA_BN, *D_s = D_s0 + st * FA_BN;
+        float sT[CW / 8][4], dpt[CW / 8][4];
 #pragma unroll
-        for (int n = 0; n < CW / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
-        fa_warp_mma<DQK / 16, CW / 8, false>(st, Ks + wr * LQ, LQ, Qs + wc * LQ, LQ, lane);
+        for (int n = 0; n < CW / 8; n++) sT[n][0] = sT[n][1] = sT[n][2] = sT[n][3] = dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.f;
+        fa_warp_mma<DQK / 16, CW / 8, false>(sT, Ks + wr * LQ, LQ, Qs + wc * LQ, LQ, lane);
         fa_warp_mma<DV / 16, CW / 8, false>(dpt, Vs + wr * LV, LV, dOs + wc * LV, LV, lane);
         // P^T[key][query] = exp(scale·s − lse), dS^T = P^T ∘ (dP^T − D) · scale; causal: key ≤ query
 #pragma unroll
@@ -285,7 +303,7 @@ __global__ static void __launch_bounds__(FA_TB, 1)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int qc = wc + 8 * n + 2 * t4 + e, query = q0 + qc;
-                    p[e] = key <= query ? fa_exp2(fmaf(st[n][2 * hi + e], scale_log2, -lse_s[qc])) : 0.f;
+                    p[e] = key <= query ? fa_exp2(fmaf(sT[n][2 * hi + e], scale_log2, -lse_s[qc])) : 0.f;
                     ds[e] = p[e] * (dpt[n][2 * hi + e] - D_s[qc]) * scale;
                 }
                 *reinterpret_cast<uint32_t *>(Ps + kr * FA_LP + wc + 8 * n + 2 * t4) = fa_pack(p[0], p[1]);
@@ -294,6 +312,7 @@ __global__ static void __launch_bounds__(FA_TB, 1)
         __syncthreads();
         fa_warp_mma<FA_BN / 16, NTV, true>(dva, Ps + wr * FA_LP, FA_LP, dOs + cg * (DV / FA_WC), LV, lane);
         fa_warp_mma<FA_BN / 16, NTK, true>(dka, dSs + wr * FA_LP, FA_LP, Qs + cg * (DQK / FA_WC), LQ, lane);
+        __syncthreads();   // this stage and P, dS are free for the next iteration
     }
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
@@ -319,16 +338,17 @@ __global__ static void __launch_bounds__(FA_TB, 1)
 }
 
 // ---- backward: dQ ----
-// dq [B,T,H,DQK] (accumulated); the other tensors as fa_dkdv_k. grid (⌈T/64⌉, H, B), block
-// owns queries 64i..64i+63 with i = ⌈T/64⌉−1−blockIdx.x (heaviest first).
+// dq [B,T,H,DQK] (fp32, accumulated); the other tensors as fa_dkdv_k. grid (⌈T/64⌉, H, B),
+// block owns queries 64i..64i+63 with i = ⌈T/64⌉−1−blockIdx.x (heaviest first).
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(FA_TB, 1)
-    fa_dq_k(float *dq, const float *d_o, const float *q, const float *k, const float *v, const float *lse,
+    fa_dq_k(float *dq, const fa_bf16 *d_o, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, const float *lse,
             const float *D, int T, int H, float scale, float scale_log2) {
     constexpr int LQ = DQK + 8, LV = DV + 8, NTK = DQK / (8 * FA_WC), CW = FA_BN / FA_WC;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    fa_bf16 *Qs = (fa_bf16 *)fa_smem, *Ks = Qs + FA_BN * LQ, *dOs = Ks + FA_BN * LQ, *Vs = dOs + FA_BN * LV;
-    fa_bf16 *dSs = Vs + FA_BN * LV;
+    // Q, dO; K, V in 2 stages; dS
+    fa_bf16 *Qs = (fa_bf16 *)fa_smem, *dOs = Qs + FA_BN * LQ, *Ks0 = dOs + FA_BN * LV, *Vs0 = Ks0 + 2 * FA_BN * LQ;
+    fa_bf16 *dSs = Vs0 + 2 * FA_BN * LV;
     float *lse_s = (float *)(dSs + FA_BN * FA_LP), *D_s = lse_s + FA_BN;
     const int nqt = (T + FA_BN - 1) / FA_BN, i = nqt - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int q0 = i * FA_BN;
@@ -336,18 +356,26 @@ __global__ static void __launch_bounds__(FA_TB, 1)
     const size_t qoff = (size_t)b * T * ldq + (size_t)h * DQK, voff = (size_t)b * T * ldv + (size_t)h * DV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int wr = 16 * (warp & 3), cg = warp >> 2, wc = CW * cg;   // as in fa_dkdv_k, rows are queries
-    fa_stage<DQK, FA_BN, FA_TB>(Qs, q + qoff, ldq, q0, T - q0);
-    fa_stage<DV, FA_BN, FA_TB>(dOs, d_o + voff, ldv, q0, T - q0);
+    fa_load<DQK, FA_BN, FA_TB>(Qs, q + qoff, ldq, q0, T - q0);
+    fa_load<DV, FA_BN, FA_TB>(dOs, d_o + voff, ldv, q0, T - q0);
+    fa_load<DQK, FA_BN, FA_TB>(Ks0, k + qoff, ldq, 0, T);
+    fa_load<DV, FA_BN, FA_TB>(Vs0, v + voff, ldv, 0, T);
+    fa_cp_commit();
     fa_stage_rows(lse_s, D_s, lse + ((size_t)b * H + h) * T, D + ((size_t)b * H + h) * T, q0, T);
     float dqa[NTK][4];
 #pragma unroll
     for (int n = 0; n < NTK; n++) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
     for (int jt = 0; jt <= i; jt++) {   // key tiles up to the diagonal
-        const int k0 = jt * FA_BN;
-        __syncthreads();   // every warp is done with the previous K, V, dS
-        fa_stage<DQK, FA_BN, FA_TB>(Ks, k + qoff, ldq, k0, T - k0);
-        fa_stage<DV, FA_BN, FA_TB>(Vs, v + voff, ldv, k0, T - k0);
+        const int k0 = jt * FA_BN, st = jt & 1;
+        if (jt < i) {
+            const int k1 = k0 + FA_BN;
+            fa_load<DQK, FA_BN, FA_TB>(Ks0 + (st ^ 1) * FA_BN * LQ, k + qoff, ldq, k1, T - k1);
+            fa_load<DV, FA_BN, FA_TB>(Vs0 + (st ^ 1) * FA_BN * LV, v + voff, ldv, k1, T - k1);
+        }
+        fa_cp_commit();
+        fa_cp_wait<1>();
         __syncthreads();
+        const fa_bf16 *Ks = Ks0 + st * FA_BN * LQ, *Vs = Vs0 + st * FA_BN * LV;
         float s[CW / 8][4], dp[CW / 8][4];
 #pragma unroll
         for (int n = 0; n < CW / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
@@ -369,6 +397,7 @@ __global__ static void __launch_bounds__(FA_TB, 1)
             }
         __syncthreads();
         fa_warp_mma<FA_BN / 16, NTK, true>(dqa, dSs + wr * FA_LP, FA_LP, Ks + cg * (DQK / FA_WC), LQ, lane);
+        __syncthreads();   // this stage and dS are free for the next iteration
     }
 #pragma unroll
     for (int hi = 0; hi < 2; hi++) {
@@ -383,17 +412,44 @@ __global__ static void __launch_bounds__(FA_TB, 1)
     }
 }
 
+// ---- conversions ----
+// y [n] = bf16(x [n]); n4 = n / 4 float4 groups (x 16-byte aligned)
+__global__ static void fa_to_bf16_k(fa_bf16 *y, const float *x, size_t n4) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        float4 v = __ldg(reinterpret_cast<const float4 *>(x) + i);
+        reinterpret_cast<uint2 *>(y)[i] = make_uint2(fa_pack(v.x, v.y), fa_pack(v.z, v.w));
+    }
+}
+static void fa_to_bf16(fa_bf16 *y, const float *x, size_t n) {
+    fa_to_bf16_k<<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(y, x, n / 4);
+    cudaLaunchCheck();
+}
+
+// D [B,H,T] = rowsum(dO∘O) per head, one warp per row (fp32 inputs)
+__global__ static void fa_D_k(float *D, const float *d_o, const float *o, int B, int T, int H, int Dv) {
+    const int lane = threadIdx.x & 31;
+    const long gw = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b·H + h)·T + t
+    if (gw >= (long)B * H * T) return;
+    const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
+    const size_t off = ((size_t)b * T + t) * H * Dv + (size_t)h * Dv;
+    float s = 0.0f;
+    for (int d = lane; d < Dv; d += 32) s += d_o[off + d] * o[off + d];
+    s = warp_sum(s);
+    if (lane == 0) D[gw] = s;
+}
+
 // ---- host ----
 template <int DQK, int DV> static size_t fa_fwd_smem(void) {
-    return (size_t)((FA_BMF + FA_BN) * (DQK + 8) + FA_BN * (DV + 8)) * sizeof(fa_bf16);
+    return (size_t)(FA_BMF * (DQK + 8) + 2 * FA_BN * (DQK + 8) + 2 * FA_BN * (DV + 8)) * sizeof(fa_bf16);
 }
+// the larger of fa_dkdv_k (K, V, 2 stages of Q, dO, P, dS, 2 stages of lse, D) and fa_dq_k
 template <int DQK, int DV> static size_t fa_bwd_smem(void) {
-    return (size_t)(2 * FA_BN * (DQK + 8) + 2 * FA_BN * (DV + 8) + 2 * FA_BN * FA_LP) * sizeof(fa_bf16) +
-           2 * FA_BN * sizeof(float);
+    return (size_t)(3 * FA_BN * (DQK + 8) + 3 * FA_BN * (DV + 8) + 2 * FA_BN * FA_LP) * sizeof(fa_bf16) +
+           4 * FA_BN * sizeof(float);
 }
 
 template <int DQK, int DV>
-static void fa_fwd(float *o, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+static void fa_fwd(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int B, int T, int H,
                    float scale) {
     static int ready;   // the > 48 KiB dynamic shared memory opt-in, once per instantiation
     const size_t smem = fa_fwd_smem<DQK, DV>();
@@ -407,8 +463,8 @@ static void fa_fwd(float *o, float *lse, const float *q, const float *k, const f
 }
 
 template <int DQK, int DV>
-static void fa_bwd(float *dq, float *dk, float *dv, const float *d_o, const float *q, const float *k, const float *v,
-                   const float *lse, const float *D, int B, int T, int H, float scale) {
+static void fa_bwd(float *dq, float *dk, float *dv, const fa_bf16 *d_o, const fa_bf16 *q, const fa_bf16 *k,
+                   const fa_bf16 *v, const float *lse, const float *D, int B, int T, int H, float scale) {
     static int ready;
     const size_t smem = fa_bwd_smem<DQK, DV>();
     if (!ready) {
@@ -419,40 +475,66 @@ static void fa_bwd(float *dq, float *dk, float *dv, const float *d_o, const floa
     dim3 grid((T + FA_BN - 1) / FA_BN, H, B);
     if (dk || dv) {
         fa_dkdv_k<DQK, DV><<<grid, FA_TB, smem, lm_cuda_stream()>>>(dk, dv, d_o, q, k, v, lse, D, T, H, scale,
-                                                                          scale * FA_LOG2E);
+                                                                    scale * FA_LOG2E);
         cudaLaunchCheck();
     }
     if (dq) {
         fa_dq_k<DQK, DV><<<grid, FA_TB, smem, lm_cuda_stream()>>>(dq, d_o, q, k, v, lse, D, T, H, scale,
-                                                                        scale * FA_LOG2E);
+                                                                  scale * FA_LOG2E);
         cudaLaunchCheck();
     }
 }
 
 static int fa_aligned(const void *p) { return p == NULL || ((uintptr_t)p & 15) == 0; }
 
-// the instantiated head dims: Dqk ∈ {64, 128, 192}, Dv ∈ {64, 128}; every pointer 16-byte
-// aligned (float4 loads and float2 read-modify-writes)
+// the instantiated head dims: Dqk ∈ {64, 128, 192}, Dv ∈ {64, 128}
 #define FA_DIMS(X) X(64, 64) X(64, 128) X(128, 64) X(128, 128) X(192, 64) X(192, 128)
-
-int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H,
-                        int Dqk, int Dv, real scale) {
-    if (!fa_aligned(o) || !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v)) return 0;
-#define FA_CASE(a, c) \
-    if (Dqk == a && Dv == c) { fa_fwd<a, c>(o, lse, q, k, v, B, T, H, scale); return 1; }
+static int fa_supported(int Dqk, int Dv) {
+#define FA_CASE(a, c) if (Dqk == a && Dv == c) return 1;
     FA_DIMS(FA_CASE)
 #undef FA_CASE
     return 0;
 }
 
-int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
-                        const real *lse, const real *D, int B, int T, int H, int Dqk, int Dv, real scale) {
-    if (!fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) || !fa_aligned(q) ||
-        !fa_aligned(k) || !fa_aligned(v))
-        return 0;
+// Every fp32 pointer must be 16-byte aligned (float4 conversion loads, float2 read-modify-writes).
+int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H,
+                        int Dqk, int Dv, real scale) {
+    if (!fa_supported(Dqk, Dv) || !fa_aligned(o) || !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v)) return 0;
+    const size_t nq = (size_t)B * T * H * Dqk, nv = (size_t)B * T * H * Dv;
+    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bv = lm_align256(nv * sizeof(fa_bf16));
+    char *ws = (char *)lm_cuda_scratch(2 * bq + bv);
+    fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + bq), *vb = (fa_bf16 *)(ws + 2 * bq);
+    fa_to_bf16(qb, q, nq);
+    fa_to_bf16(kb, k, nq);
+    fa_to_bf16(vb, v, nv);
 #define FA_CASE(a, c) \
-    if (Dqk == a && Dv == c) { fa_bwd<a, c>(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, scale); return 1; }
+    if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, H, scale);
     FA_DIMS(FA_CASE)
 #undef FA_CASE
-    return 0;
+    return 1;
+}
+
+int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
+                        const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
+    if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||
+        !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v))
+        return 0;
+    const size_t nq = (size_t)B * T * H * Dqk, nv = (size_t)B * T * H * Dv, rows = (size_t)B * H * T;
+    const size_t bD = lm_align256(rows * sizeof(float));
+    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bv = lm_align256(nv * sizeof(fa_bf16));
+    char *ws = (char *)lm_cuda_scratch(bD + 2 * bq + 2 * bv);
+    float *D = (float *)ws;
+    fa_bf16 *qb = (fa_bf16 *)(ws + bD), *kb = (fa_bf16 *)(ws + bD + bq), *vb = (fa_bf16 *)(ws + bD + 2 * bq);
+    fa_bf16 *dob = (fa_bf16 *)(ws + bD + 2 * bq + bv);
+    fa_D_k<<<(unsigned)((rows + 7) / 8), 256, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
+    cudaLaunchCheck();
+    fa_to_bf16(qb, q, nq);
+    fa_to_bf16(kb, k, nq);
+    fa_to_bf16(vb, v, nv);
+    fa_to_bf16(dob, d_o, nv);
+#define FA_CASE(a, c) \
+    if (Dqk == a && Dv == c) fa_bwd<a, c>(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, scale);
+    FA_DIMS(FA_CASE)
+#undef FA_CASE
+    return 1;
 }

@@ -256,13 +256,13 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dkdv_k(float *dk, 
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                    const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
     if (B <= 0 || T <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    if (cuda_attn_flash_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale)) return;
     attn_check_dims(Dqk, Dv);
     long rows = (long)B * H * T;
     unsigned grid = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
     float *D = (float *)lm_cuda_scratch((size_t)rows * sizeof(float));
     attn_D_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
     cudaLaunchCheck();
-    if (cuda_attn_flash_bwd(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, Dqk, Dv, scale)) return;
     if (dq) {
         attn_dq_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(dq, d_o, q, k, v, lse, D, B, T, H, Dqk, Dv, scale);
         cudaLaunchCheck();
