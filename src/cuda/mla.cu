@@ -8,8 +8,8 @@
 // and sum, rescaled per tile); the backward recomputes the probabilities from the saved
 // lse, as the CPU does, and never stores a T×T matrix. Each output element is written
 // by exactly one warp, so results are deterministic without atomics.
-// This is the straightforward version; a tiled flash-attention kernel on tensor cores is
-// the follow-up for speed.
+// These fp32 kernels are the fallback: the head dims of attn_flash.cu (Dqk ∈ {64,128,192},
+// Dv ∈ {64,128}) go to its tensor-core kernels (bf16 operands, fp32 accumulation).
 #include "cuda_common.cuh"
 
 #define ATT_ND 8                    // channels per lane: head dims up to 32·ATT_ND = 256
@@ -139,6 +139,7 @@ static void attn_check_dims(int Dqk, int Dv) {
 void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
                    int B, int T, int H, int Dqk, int Dv, real scale) {
     if (B <= 0 || T <= 0 || H <= 0) return;
+    if (cuda_attn_flash_fwd(o, lse, q, k, v, B, T, H, Dqk, Dv, scale)) return;
     attn_check_dims(Dqk, Dv);
     long rows = (long)B * H * T;
     attn_fwd_k<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(
@@ -255,6 +256,7 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dkdv_k(float *dk, 
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                    const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
     if (B <= 0 || T <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    if (cuda_attn_flash_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale)) return;
     attn_check_dims(Dqk, Dv);
     long rows = (long)B * H * T;
     unsigned grid = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
