@@ -428,19 +428,6 @@ static void fa_to_bf16(fa_bf16 *y, const float *x, size_t n) {
     cudaLaunchCheck();
 }
 
-// D [B,H,T] = rowsum(dO∘O) per head, one warp per row (fp32 inputs)
-__global__ static void fa_D_k(float *D, const float *d_o, const float *o, int B, int T, int H, int Dv) {
-    const int lane = threadIdx.x & 31;
-    const long gw = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b·H + h)·T + t
-    if (gw >= (long)B * H * T) return;
-    const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
-    const size_t off = ((size_t)b * T + t) * H * Dv + (size_t)h * Dv;
-    float s = 0.0f;
-    for (int d = lane; d < Dv; d += 32) s += d_o[off + d] * o[off + d];
-    s = warp_sum(s);
-    if (lane == 0) D[gw] = s;
-}
-
 // ---- host ----
 template <int DQK, int DV> static size_t fa_fwd_smem(void) {
     return (size_t)(FA_BMF * (DQK + 8) + 2 * FA_BN * (DQK + 8) + 2 * FA_BN * (DV + 8)) * sizeof(fa_bf16);
@@ -529,8 +516,7 @@ int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const rea
     float *D = (float *)ws;
     fa_bf16 *qb = (fa_bf16 *)(ws + bD), *kb = (fa_bf16 *)(ws + bD + bq), *vb = (fa_bf16 *)(ws + bD + 2 * bq);
     fa_bf16 *dob = (fa_bf16 *)(ws + bD + 2 * bq + bv);
-    fa_D_k<<<(unsigned)((rows + 7) / 8), 256, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
-    cudaLaunchCheck();
+    cuda_attn_D(D, d_o, o, B, T, H, Dv);
     fa_to_bf16(qb, q, nq);
     fa_to_bf16(kb, k, nq);
     fa_to_bf16(vb, v, nv);

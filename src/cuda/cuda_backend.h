@@ -55,6 +55,8 @@ void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, i
 void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
 void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+// D [B,H,T] = rowsum(dO∘O) per head (o, d_o [B,T,H,Dv]): the softmax-backward term of both attention kernels
+void cuda_attn_D(real *D, const real *d_o, const real *o, int B, int T, int H, int Dv);
 // tensor-core attention (attn_flash.cu): returns 0, doing nothing, for head dims or pointer
 // alignments it does not handle (the caller falls back to the fp32 kernels of mla.cu).
 int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);

@@ -160,6 +160,12 @@ __global__ static void attn_D_k(float *D, const float *d_o, const float *o, int 
     if (lane == 0) D[gw / T * T + t] = s;   // ((b·H + h)·T + t)
 }
 
+void cuda_attn_D(real *D, const real *d_o, const real *o, int B, int T, int H, int Dv) {
+    long rows = (long)B * H * T;
+    attn_D_k<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
+    cudaLaunchCheck();
+}
+
 // dq_t += Σ_{s≤t} dS_ts k_s, one warp per query row t
 __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dq_k(float *dq, const float *d_o, const float *q,
                                                                     const float *k, const float *v, const float *lse,
@@ -261,8 +267,7 @@ void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q,
     long rows = (long)B * H * T;
     unsigned grid = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
     float *D = (float *)lm_cuda_scratch((size_t)rows * sizeof(float));
-    attn_D_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(D, d_o, o, B, T, H, Dv);
-    cudaLaunchCheck();
+    cuda_attn_D(D, d_o, o, B, T, H, Dv);
     if (dq) {
         attn_dq_k<<<grid, 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(dq, d_o, q, k, v, lse, D, B, T, H, Dqk, Dv, scale);
         cudaLaunchCheck();
