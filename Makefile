@@ -85,7 +85,7 @@ test: deps
 	@echo "== all tests passed"
 
 run: deps build/f32/linmoe
-	build/f32/linmoe train --preset tiny --out runs/tiny
+	build/f32/linmoe train --preset tiny --out runs/tiny --overwrite
 
 # Install missing Debian packages (the project is built as root on a fresh machine).
 deps:

@@ -95,6 +95,13 @@ static void test_same_seed_same_run(void **state) {
     path_of(p1, sizeof p1, "a", "ckpt_000020/model.safetensors");
     path_of(p2, sizeof p2, "new/nested/a2", "ckpt_000020/model.safetensors");
     tu_check("same seed: final weights differ (files equal = 0)", !same_file(p1, p2), 0);
+    // --overwrite starts the run in a2 over: the same run again, bit for bit
+    train("new/nested/a2", "--overwrite", NULL);
+    path_of(p2, sizeof p2, "new/nested/a2", "metrics.jsonl");
+    losses(p2, l2, sizeof l2);
+    assert_string_equal(l1, l2);
+    path_of(p2, sizeof p2, "new/nested/a2", "ckpt_000020/model.safetensors");
+    tu_check("--overwrite: final weights differ (files equal = 0)", !same_file(p1, p2), 0);
 }
 
 static void test_resume_is_bit_exact(void **state) {
@@ -284,6 +291,18 @@ static void test_bad_input(void **state) {
     expect_error("bad preset", "train --preset enormous", "enormous");
     snprintf(args, sizeof args, "train %s %s --out %s/a --resume", MODEL, "--steps 30 --batch 2 --seq 64 -q", dir);
     expect_error("resume with other options", args, "differ");
+    // a fresh run into a folder that holds one: refused without --overwrite (files untouched)
+    path_of(p, sizeof p, ck, "model.safetensors");
+    path_of(q, sizeof q, "a", "metrics.jsonl");
+    size_t nw, nm;
+    uint8_t *w0 = slurp(p, &nw), *m0 = slurp(q, &nm);
+    snprintf(args, sizeof args, "train %s %s --out %s/a", MODEL, TRAIN, dir);
+    expect_error("existing run", args, "--overwrite");
+    size_t nw1, nm1;
+    uint8_t *w1 = slurp(p, &nw1), *m1 = slurp(q, &nm1);
+    tu_check("refused run: checkpoint and metrics changed (bytes differ = 1)",
+             !(nw == nw1 && nm == nm1 && memcmp(w0, w1, nw) == 0 && memcmp(m0, m1, nm) == 0), 0);
+    free(w0); free(m0); free(w1); free(m1);
     // the checkpoint we damaged copies of still loads
     snprintf(args, sizeof args, "eval --model %s/%s --batches 1 --batch 2 --seq 64 -t 2", dir, ck);
     assert_int_equal(run(NULL, args).status, 0);

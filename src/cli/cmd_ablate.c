@@ -113,6 +113,7 @@ int lm_cmd_ablate(int argc, char **argv) {
     o.eval_every = 40;
     o.save_every = 0;
     o.keep = 1;
+    o.overwrite = 1;   // a study re-run replaces its runs
     o.quiet = 1;
     o.log_attnres_every = 25;
     lm_flag fl[48];

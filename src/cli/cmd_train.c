@@ -45,6 +45,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"keep", 0, FL_INT, &o.keep, 0, "checkpoints to keep"};
     fl[n++] = (lm_flag){"max-skips", 0, FL_INT, &o.max_skips, 0, "stop after N non-finite steps in a row"};
     fl[n++] = (lm_flag){"resume", 'r', FL_BOOL, &o.resume, 0, "continue bit-exactly from <out>/latest"};
+    fl[n++] = (lm_flag){"overwrite", 0, FL_BOOL, &o.overwrite, 0, "<out> holds an earlier run: start over (removes its checkpoints)"};
     fl[n++] = (lm_flag){"init", 0, FL_STR, o.init, sizeof o.init, "start from these weights (model.safetensors)"};
     fl[n++] = (lm_flag){"samples", 0, FL_INT, &samples, 0, "at the end, print N generated answers per task (task data)"};
     fl[n++] = (lm_flag){"quiet", 'q', FL_BOOL, &o.quiet, 0, "no progress lines"};

@@ -274,6 +274,21 @@ lm_status lm_ckpt_save(const char *out_dir, const lm_model *m, const lm_optim *o
     return LM_OK;
 }
 
+void lm_ckpt_clear(const char *out_dir) {
+    DIR *d = opendir(out_dir);
+    if (!d) return;
+    char p[4096];
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt_", 5) != 0) continue;
+        snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
+        remove_dir(p);
+    }
+    closedir(d);
+    snprintf(p, sizeof p, "%s/latest", out_dir);
+    unlink(p);
+}
+
 lm_status lm_ckpt_latest(const char *out_dir, char *path, size_t len) {
     char latest[4100];
     snprintf(latest, sizeof latest, "%s/latest", out_dir);

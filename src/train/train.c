@@ -247,6 +247,15 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         FAIL("--warmup, --micro-batch, --eval-every, --save-every and --keep must be >= 0");
     if (o->eval_batches < 1 || o->log_every < 1) FAIL("--eval-batches and --log-every must be positive");
     if (lm_make_dirs(o->out_dir) != LM_OK) FAIL("%s", lm_last_error());
+    if (!o->resume) {   // never replace an earlier run's checkpoints and metrics by accident
+        char prev[4200];
+        if (lm_ckpt_latest(o->out_dir, prev, sizeof prev) == LM_OK) {
+            if (!o->overwrite)
+                FAIL("'%s' already holds a training run (%s): continue it with --resume, start over with "
+                     "--overwrite, or choose another --out", o->out_dir, prev);
+            lm_ckpt_clear(o->out_dir);
+        }
+    }
 
     // model
     m = lm_model_create(cfg, ops, o->seed);
