@@ -35,10 +35,10 @@ lm_status lm_load_weights(lm_model *m, const char *path);
 // A complete checkpoint folder
 lm_status lm_ckpt_save(const char *out_dir, const lm_model *m, const lm_optim *o, const lm_train_state *st,
                        int keep_last, char *saved_path, size_t saved_len);
-// Path of the newest complete checkpoint in out_dir (via `latest`); LM_ERR if none.
 // Removes every checkpoint folder (finished or interrupted) and `latest` from out_dir, so a
 // fresh run that replaces an earlier one cannot be confused with it.
 void lm_ckpt_clear(const char *out_dir);
+// Path of the newest complete checkpoint in out_dir (via `latest`); LM_ERR if none.
 lm_status lm_ckpt_latest(const char *out_dir, char *path, size_t len);
 // Restores model weights, optimizer moments and the training state.
 lm_status lm_ckpt_load(const char *ckpt_dir, lm_model *m, lm_optim *o, lm_train_state *st);

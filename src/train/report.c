@@ -4,7 +4,6 @@
 #include "train/report_data.h"
 #include "core/safetensors.h"   // lm_write_file_atomic
 #include <errno.h>
-#include <sys/stat.h>
 
 static lm_status write_text(const char *dir, const char *name, const char *text) {
     size_t n = strlen(dir) + strlen(name) + 2;
