@@ -2,7 +2,7 @@
 // 10 steps + resume 10 ⇒ the 20-step run bit for bit; non-finite steps are skipped;
 // a kill -9 in the middle of a save leaves the previous checkpoint usable; and every
 // kind of bad input gets one clear error line, a non-zero exit, and leaves the files
-// on disk untouched.
+// on disk untouched; `linmoe ablate` runs a study end to end.
 #include "harness.h"
 #include "core/safetensors.h"
 #include <sys/stat.h>
@@ -308,6 +308,39 @@ static void test_bad_input(void **state) {
     assert_int_equal(run(NULL, args).status, 0);
 }
 
+// `linmoe ablate` end to end on a tiny model: one run per variant, the report, and no
+// checkpoints unless --checkpoints asks for them.
+static int exists(const char *run_dir, const char *file) {
+    char p[800];
+    path_of(p, sizeof p, run_dir, file);
+    return access(p, F_OK) == 0;
+}
+
+static void test_ablate(void **state) {
+    (void)state;
+    char args[3000];
+    const char *study = "--study gate --seeds 1 --steps 4 --batch 2 --seq 64 --eval-every 2 --eval-batches 1 -t 2";
+    snprintf(args, sizeof args, "ablate %s %s --out %s/abl", MODEL, study, dir);
+    result r = run(NULL, args);
+    if (r.status != 0) printf("stderr: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+    assert_true(exists("abl/gate", "report.html") && exists("abl/gate", "report.md"));
+    assert_true(exists("abl/gate/bounded-seed1", "metrics.jsonl") && exists("abl/gate/unbounded-seed1", "metrics.jsonl"));
+    tu_check("ablate: checkpoint written without --checkpoints (exists = 1)", exists("abl/gate/bounded-seed1", "latest"), 0);
+    char p[800];
+    path_of(p, sizeof p, "abl/gate", "report.md");
+    size_t n;
+    char *md = (char *)slurp(p, &n);
+    assert_non_null(strstr(md, "| bounded | 1 |"));
+    assert_non_null(strstr(md, "| unbounded | 1 |"));
+    free(md);
+    // the same study again, keeping checkpoints: it replaces its runs and saves each one's last step
+    snprintf(args, sizeof args, "ablate %s %s --out %s/abl --checkpoints", MODEL, study, dir);
+    assert_int_equal(run(NULL, args).status, 0);
+    assert_true(exists("abl/gate/bounded-seed1", "ckpt_000004/model.safetensors"));
+    assert_true(exists("abl/gate/unbounded-seed1", "latest"));
+}
+
 int main(void) {
     const char *b = getenv("LM_BIN");
     snprintf(bin, sizeof bin, "%s", b ? b : "build/f32/linmoe");
@@ -317,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_same_seed_same_run), cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_nonfinite_steps),    cmocka_unit_test(test_kill_during_save),
         cmocka_unit_test(test_context_stages),     cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_ablate),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];

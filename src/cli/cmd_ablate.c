@@ -114,12 +114,15 @@ int lm_cmd_ablate(int argc, char **argv) {
     o.save_every = 0;
     o.keep = 1;
     o.overwrite = 1;   // a study re-run replaces its runs
+    int keep_checkpoints = 0;
     o.quiet = 1;
     o.log_attnres_every = 25;
     lm_flag fl[48];
     int n = lm_model_flags_add(&mf, fl, 0);
     fl[n++] = (lm_flag){"study", 0, FL_STR, which, sizeof which, "balance, residual, gate, mix, or all"};
     fl[n++] = (lm_flag){"seeds", 0, FL_INT, &seeds, 0, "seeds per variant"};
+    fl[n++] = (lm_flag){"checkpoints", 0, FL_BOOL, &keep_checkpoints, 0,
+                        "save each run's final checkpoint (off: a study writes only metrics and reports)"};
     fl[n++] = (lm_flag){"out", 'o', FL_STR, out, sizeof out, "output folder (a subfolder per study)"};
     fl[n++] = (lm_flag){"seed", 's', FL_U64, &o.seed, 0, "first seed"};
     fl[n++] = (lm_flag){"steps", 'n', FL_INT, &o.steps, 0, "optimizer steps per run"};
@@ -141,6 +144,7 @@ int lm_cmd_ablate(int argc, char **argv) {
     int rc0 = lm_flags_run("ablate", usage, fl, n, argc, argv);
     if (rc0 >= 0) return rc0;
     if (seeds < 1 || seeds > 16) { fprintf(stderr, "linmoe ablate: error: --seeds must be in [1, 16]\n"); return 1; }
+    o.no_checkpoints = !keep_checkpoints;
     lm_config base;
     const lm_ops *ops;
     if (lm_model_flags_backend(&mf, &ops) != LM_OK || lm_model_flags_config(&mf, &base) != LM_OK) {

@@ -462,23 +462,23 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             cJSON_Delete(e);
             if (!o->quiet) lm_eval_print(&er, stdout);
         }
-        if ((o->save_every > 0 && ts.step % o->save_every == 0) || last || stop) {
+        char saved[2048] = "";
+        if (!o->no_checkpoints && ((o->save_every > 0 && ts.step % o->save_every == 0) || last || stop)) {
             lm_loader_get_state(&ld, ts.loader);
             lm_loader_get_state(&ev, ts.loader_eval);
-            char saved[2048];
             if (lm_ckpt_save(o->out_dir, m, &opt, &ts, o->keep, saved, sizeof saved) != LM_OK)
                 FAIL("checkpoint: %s", lm_last_error());
             if (!o->quiet) printf("saved %s\n", saved);
-            if (last) {
-                cJSON *e = cJSON_CreateObject();
-                cJSON_AddStringToObject(e, "type", "end");
-                cJSON_AddNumberToObject(e, "step", (double)ts.step);
-                cJSON_AddNumberToObject(e, "elapsed_s", ts.elapsed_s);
-                cJSON_AddNumberToObject(e, "tok_s", ema_tok_s);
-                cJSON_AddStringToObject(e, "checkpoint", saved);
-                write_line(log, e);
-                cJSON_Delete(e);
-            }
+        }
+        if (last) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "type", "end");
+            cJSON_AddNumberToObject(e, "step", (double)ts.step);
+            cJSON_AddNumberToObject(e, "elapsed_s", ts.elapsed_s);
+            cJSON_AddNumberToObject(e, "tok_s", ema_tok_s);
+            if (saved[0]) cJSON_AddStringToObject(e, "checkpoint", saved);
+            write_line(log, e);
+            cJSON_Delete(e);
         }
         if (stop && !last) {
             if (!o->quiet) printf("stopping at step %ld as asked (--debug-stop-at); continue with --resume\n", ts.step);

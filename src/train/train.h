@@ -27,6 +27,7 @@ typedef struct {
     real qk_clip;             // QK-Clip threshold τ on MLA max logits (Muon only; 0 = off)
     int resume;               // continue from <out_dir>/latest
     int overwrite;            // out_dir holds an earlier run: start over (its checkpoints are removed)
+    int no_checkpoints;       // write none (ablation runs: only their metrics are wanted)
     char init[1024];          // start from these weights (model.safetensors)
     int quiet;                // no progress lines (logs still written)
     char nan_steps[128];      // debug: steps whose gradients are poisoned with NaN ("5,6")
