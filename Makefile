@@ -125,7 +125,7 @@ bench-cpu: deps build/f32/bench_cpu
 build/cuda/obj/tests/%.o: tests/cuda/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_f32) -DLM_CUDA -c $< -o $@
-build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o $(CUDA_OBJ) build/f32/liblinmoe.a
+build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o build/f32/obj/tests/compare.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	@mkdir -p $(dir $@)
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
 # the `linmoe` program with the CUDA backend (--device cuda)

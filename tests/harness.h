@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include "core/common.h"
 #include "core/rng.h"
+#include "compare.h"
 
 // TOL(f64, f32): the tolerance for the build being tested
 #ifdef LM_DOUBLE
@@ -21,9 +22,6 @@ real *tu_alloc(size_t n);                                        // zeroed
 real *tu_randn(size_t n, lm_rng *r, double std);                 // N(0, std²)
 real *tu_rand_uniform(size_t n, lm_rng *r, double lo, double hi);
 real *tu_copy(const real *x, size_t n);
-// ‖a − b‖ / ‖b‖ (relative RMS error, fla's metric); 0 when both are zero
-double tu_rel_rms(const real *a, const real *b, size_t n);
-double tu_max_abs_diff(const real *a, const real *b, size_t n);
 double tu_dot(const real *a, const real *b, size_t n);
 
 // Prints "measured <test>: <what> = <err> (tol <tol>)" and fails the test if err > tol

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/cache.h"
 #include "train/optimizer.h"
+#include "compare.h"
 
 #ifdef TEST_HARNESS_ON_CPU
 // self-test of this file without a GPU: the "GPU" side is the CPU table (every error 0)
@@ -93,32 +94,11 @@ static int *dpoison_int(size_t n) {
     return d;
 }
 
-static double rel_rms(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (double)b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    if (num != num) return INFINITY;
-    if (den == 0) return num == 0 ? 0 : INFINITY;
-    return sqrt(num / den);
-}
-static double max_abs(const float *a, const float *b, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d != d) return INFINITY;
-        if (d > m) m = d;
-    }
-    return m;
-}
-
 // compares a device tensor with the CPU result
 static void cmp(const char *op, const char *what, const float *dev, const float *ref, size_t n, double tol) {
     float *h = lm_malloc((n ? n : 1) * sizeof(float));
     GPU->to_host(h, dev, n * sizeof(float));
-    record(op, what, rel_rms(h, ref, n), tol);
+    record(op, what, tu_rel_rms(h, ref, n), tol);
     free(h);
 }
 static void cmp_int(const char *op, const char *what, const int *dev, const int *ref, size_t n) {
@@ -677,7 +657,7 @@ static void t_adamw(void) {
     float *hp = lm_malloc(n * sizeof(float));
     GPU->to_host(hp, gp, n * sizeof(float));
     for (size_t i = 0; i < n; i++) { hp[i] -= p0[i]; p[i] -= p0[i]; }
-    record("adamw (3 steps)", "update p - p0", rel_rms(hp, p, n), TOL);
+    record("adamw (3 steps)", "update p - p0", tu_rel_rms(hp, p, n), TOL);
     DFREE(gp, gg, gm, gv); HFREE(p, g, m, v, p0, hp);
 }
 
@@ -696,7 +676,7 @@ static void t_muon(int count, int rows, int cols) {
     GPU->to_host(hp, gp, n * sizeof(float));
     for (size_t i = 0; i < n; i++) { hp[i] -= p0[i]; p[i] -= p0[i]; }
     // the update alone (five Newton–Schulz steps through two BLAS libraries): 3.6e-6 on an H200
-    record(op, "update p - p0", rel_rms(hp, p, n), TOL);
+    record(op, "update p - p0", tu_rel_rms(hp, p, n), TOL);
     DFREE(gp, gg, gm); HFREE(p, g, m, p0, hp);
 }
 
@@ -798,7 +778,7 @@ static train_diff model_pair(const char *label, lm_config c, train_setup su, con
                 real *g = lm_malloc(np * sizeof(real));
                 lm_model_get_grads(m, g);
                 if (s == 0) g0 = g;
-                else { d.grads0 = rel_rms(g, g0, np); free(g); free(g0); }
+                else { d.grads0 = tu_rel_rms(g, g0, np); free(g); free(g0); }
             }
             gn[s] = lm_optim_step(os[s], m, lr);
             lm_moe_metrics met;
@@ -813,7 +793,7 @@ static train_diff model_pair(const char *label, lm_config c, train_setup su, con
     real *pa = lm_malloc(np * sizeof(real)), *pb = lm_malloc(np * sizeof(real));
     lm_model_get_params(ma, pa);
     lm_model_get_params(mb, pb);
-    d.params = rel_rms(pb, pa, np);
+    d.params = tu_rel_rms(pb, pa, np);
     lm_optim_free(&opa, ma);
     lm_optim_free(&opb, mb);
     lm_model_free(ma);
@@ -889,18 +869,18 @@ static void model_incremental(const char *label, lm_config c, const int *chunks,
     // the CPU's own incremental-vs-full difference on these configs reaches 6.5e-5 (max abs);
     // relative tolerance as for the full forward below
     // (bf16 KDA: the recurrent decode step and the chunked prefill round differently)
-    record(op, "gpu incremental vs gpu full (rel)", rel_rms(inc, full, nl), 1e-2);
-    record(op, "gpu incremental vs gpu full (max abs)", max_abs(inc, full, nl), 5e-2);
+    record(op, "gpu incremental vs gpu full (rel)", tu_rel_rms(inc, full, nl), 1e-2);
+    record(op, "gpu incremental vs gpu full (max abs)", tu_max_abs_diff(inc, full, nl), 5e-2);
     // a whole forward amplifies the ops' ~1e-7 differences: the CPU against itself with
     // parameters perturbed by 1e-7 relative gives the scale (printed)
     // bf16 KDA agrees with the CPU op to ~3e-3 per layer (fla's 5e-3 tolerance); through
     // 3-4 KDA layers the logits move by ~1e-2 (measured 1.09e-2 on the tiny preset, H200)
-    record(op, "gpu full vs cpu full logits (rel)", rel_rms(full, ref, nl), 2e-2);
+    record(op, "gpu full vs cpu full logits (rel)", tu_rel_rms(full, ref, nl), 2e-2);
     for (size_t i = 0; i < np; i++) host[i] *= (real)(1 + 1e-7 * lm_rng_normal(&r));
     lm_model_set_params(mc, host);
     lm_model_forward(mc, tok, NULL, B, T, o0);
     printf("    forward noise floor, CPU vs CPU with params x (1 + 1e-7 N(0,1)): logits %.2e\n",
-           rel_rms(mc->acts.logits, ref, nl));
+           tu_rel_rms(mc->acts.logits, ref, nl));
     lm_cache_free(kc);
     lm_model_free(mg);
     lm_model_free(mc);

@@ -1,0 +1,13 @@
+// compare.h — error metrics between a result and its reference. No test framework here:
+// the CUDA backend test (tests/cuda/test_cuda_ops.c) links it as well as the cmocka tests.
+#ifndef LM_TEST_COMPARE_H
+#define LM_TEST_COMPARE_H
+#include <stddef.h>
+#include "core/common.h"
+
+// ‖a − b‖ / ‖b‖ (relative RMS error, fla's metric); 0 when both are zero, ∞ on NaN
+double tu_rel_rms(const real *a, const real *b, size_t n);
+// max |a − b|, ∞ on NaN
+double tu_max_abs_diff(const real *a, const real *b, size_t n);
+
+#endif
