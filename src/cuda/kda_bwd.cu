@@ -42,35 +42,19 @@ struct RScanArgs {
     float *dS0, *dckpt;
 };
 
-struct RStage {
-    int oW, oQg, oKrT, odO, oM, ogl, bytes;
-};
-__host__ __device__ inline RStage rscan_stage(int K, int VB) {
-    RStage s;
-    int off = 0;
-    s.oW = off; off += 16 * (K + 8) * 2;
-    s.oQg = off; off += 16 * (K + 8) * 2;
-    s.oKrT = off; off += K * KDA_LD16 * 2;
-    s.odO = off; off += 16 * (VB + 8) * 2;
-    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
-    s.ogl = off; off += K * 4;
-    s.bytes = (off + 127) & ~127;
-    return s;
-}
-
 // chunk gc of head h: W, Qg, KrT, M, gl from the workspace; dO rows [0, len) of the value
 // slice [vb0, vb0+VB) from d_o (token rows t0..), zeros elsewhere or without d_o
 template <int K>
 __device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const bf16 *KrT, const bf16 *Mm,
                                            const float *gl, const bf16 *d_o, int H, int V, int NC,
-                                           unsigned char *st, const RStage &L, int h, int gc, long long t0,
+                                           unsigned char *st, const ScanStage &L, int h, int gc, long long t0,
                                            int len, int vb0, int VB) {
     int tid = threadIdx.x, nthr = blockDim.x;
     size_t hc = (size_t)h * NC + gc;
     const bf16 *gW = W + hc * 16 * K, *gQ = Qg + hc * 16 * K, *gK = KrT + hc * 16 * K, *gM = Mm + hc * 512;
     const float *ggl = gl + hc * K;
     bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
-    bf16 *sO = (bf16 *)(st + L.odO), *sM = (bf16 *)(st + L.oM);
+    bf16 *sO = (bf16 *)(st + L.oVal), *sM = (bf16 *)(st + L.oM);
     float *sgl = (float *)(st + L.ogl);
     for (int i = tid; i < 2 * K; i += nthr) {
         int r = i / (K / 8), pc = i % (K / 8);
@@ -97,7 +81,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
-    RStage L = rscan_stage(K, VB);
+    ScanStage L = scan_stage(K, VB);
     int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
@@ -121,7 +105,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
         __syncthreads();
         unsigned char *st = smem_raw + (it % NSt) * L.bytes;
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
-        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.odO), *sM = (const bf16 *)(st + L.oM);
+        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
         if (a.dckpt && (c == nc - 1 || c % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
@@ -815,7 +799,7 @@ static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = w.dckpt;
     int nw = kda_scan_warps(p), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * (p->V / VB);
-    int sb = rscan_stage(K, VB).bytes;
+    int sb = scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, 0);
     size_t smem = (size_t)a.stages * sb;
     cudaError_t e = cudaFuncSetAttribute(kda_rscan_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -396,23 +396,6 @@ struct ScanArgs {
     float *S_out, *ckpt;
 };
 
-// shared-memory layout of one pipeline stage (element offsets in bytes)
-struct ScanStage {
-    int oW, oQg, oKrT, oU, oM, ogl, bytes;
-};
-__host__ __device__ inline ScanStage scan_stage(int K, int VB) {
-    ScanStage s;
-    int off = 0;
-    s.oW = off; off += 16 * (K + 8) * 2;
-    s.oQg = off; off += 16 * (K + 8) * 2;
-    s.oKrT = off; off += K * KDA_LD16 * 2;
-    s.oU = off; off += 16 * (VB + 8) * 2;
-    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
-    s.ogl = off; off += K * 4;
-    s.bytes = (off + 127) & ~127;
-    return s;
-}
-
 // cp.async the chunk gc of head h (value slice [vb0, vb0+VB)) into one stage
 template <int K>
 __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, const ScanStage &L, int h, int gc,
@@ -423,7 +406,7 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
     const bf16 *gU = a.U + hc * 16 * a.V + vb0, *gM = a.M + hc * 512;
     const float *ggl = a.gl + hc * K;
     bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
-    bf16 *sU = (bf16 *)(st + L.oU), *sM = (bf16 *)(st + L.oM);
+    bf16 *sU = (bf16 *)(st + L.oVal), *sM = (bf16 *)(st + L.oM);
     float *sgl = (float *)(st + L.ogl);
     for (int i = tid; i < 2 * K; i += nthr) {
         int r = i / (K / 8), pc = i % (K / 8);
@@ -470,7 +453,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
         __syncthreads();
         unsigned char *st = smem_raw + (c % NSt) * L.bytes;
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
-        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oU), *sM = (const bf16 *)(st + L.oM);
+        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
         if (CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<K>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);

@@ -25,6 +25,25 @@
 #define KDA_MTILE(sM, i) ((sM) + ((i) >> 5) * 16 * KDA_LD16 + (((i) & 31) >> 1) * KDA_LD16 + ((i) & 1) * 8)
 #define KDA_MSRC(gM, i) ((gM) + ((i) >> 5) * 256 + (((i) & 31) >> 1) * 16 + ((i) & 1) * 8)
 
+// Shared-memory layout of one pipeline stage of the forward scan and of the backward
+// state-gradient scan (byte offsets): W, Qg [16][K+8], KrT [K][KDA_LD16], a 16-row slice of
+// VB value columns (U forward, dO backward), M as bf16 hi + lo, gl [K] fp32.
+struct ScanStage {
+    int oW, oQg, oKrT, oVal, oM, ogl, bytes;
+};
+__host__ __device__ inline ScanStage scan_stage(int K, int VB) {
+    ScanStage s;
+    int off = 0;
+    s.oW = off; off += 16 * (K + 8) * 2;
+    s.oQg = off; off += 16 * (K + 8) * 2;
+    s.oKrT = off; off += K * KDA_LD16 * 2;
+    s.oVal = off; off += 16 * (VB + 8) * 2;
+    s.oM = off; off += 2 * 16 * KDA_LD16 * 2;
+    s.ogl = off; off += K * 4;
+    s.bytes = (off + 127) & ~127;
+    return s;
+}
+
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
 template <bool SPLIT>
 __device__ __forceinline__ void state_afrag(const float s0[4], const float s1[4], uint32_t ah[4], uint32_t al[4]) {
