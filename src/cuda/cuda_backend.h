@@ -29,6 +29,16 @@ cudaStream_t lm_cuda_stream(void);
 // frees the backend's workspace and cuBLAS handle (optional, e.g. at exit)
 void lm_cuda_backend_shutdown(void);
 
+// Precision of the dense and grouped GEMMs. fp32: SGEMM, matches the CPU reference to
+// ~1e-6 (the tests' tight checks). tf32: TF32 tensor cores. bf16 (the default): operands
+// rounded to bf16 (fp32 master weights stay fp32), fp32 accumulation and output.
+// Read once from LM_CUDA_GEMM (fp32 | tf32 | bf16) unless set here first.
+enum { LM_GEMM_FP32 = 0, LM_GEMM_TF32 = 1, LM_GEMM_BF16 = 2 };
+int lm_cuda_gemm_mode(void);
+void lm_cuda_set_gemm_mode(int mode);
+const char *lm_cuda_gemm_name(int mode);
+int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
+
 void cuda_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols);
 void cuda_add(real *out, const real *a, const real *b, size_t n);
 void cuda_acc(real *acc, const real *x, size_t n);

@@ -1,6 +1,7 @@
 // cuda_common.cu — the backend's shared host state: stream, cuBLAS handle, workspace,
 // error reporting; and the small shared kernels declared in cuda_common.cuh.
 #include "cuda_common.cuh"
+#include <string.h>
 
 void lm_cuda_fail(const char *what, const char *expr, const char *file, int line) {
     lm_die("CUDA error: %s in %s at %s:%d", what, expr, file, line);
@@ -11,16 +12,43 @@ cudaStream_t lm_cuda_stream(void) { return 0; }   // the legacy default stream (
 static cublasHandle_t g_cublas;
 static void *g_scratch;
 static size_t g_scratch_cap;
+static int g_gemm_mode = -1;   // lm_gemm_mode; -1: not yet read from LM_CUDA_GEMM
+
+static const char *const GEMM_NAMES[] = {"fp32", "tf32", "bf16"};
+
+int lm_cuda_gemm_mode(void) {
+    if (g_gemm_mode < 0) {
+        const char *s = getenv("LM_CUDA_GEMM");
+        g_gemm_mode = LM_GEMM_BF16;
+        if (s && *s) {
+            int m = lm_cuda_gemm_from_name(s);
+            if (m < 0) lm_die("LM_CUDA_GEMM='%s' is not one of fp32, tf32, bf16", s);
+            g_gemm_mode = m;
+        }
+    }
+    return g_gemm_mode;
+}
+void lm_cuda_set_gemm_mode(int mode) {
+    LM_CHECK(mode >= LM_GEMM_FP32 && mode <= LM_GEMM_BF16, "bad GEMM mode %d", mode);
+    g_gemm_mode = mode;
+}
+const char *lm_cuda_gemm_name(int mode) { return mode >= 0 && mode <= LM_GEMM_BF16 ? GEMM_NAMES[mode] : "?"; }
+int lm_cuda_gemm_from_name(const char *s) {
+    for (int m = 0; m <= LM_GEMM_BF16; m++)
+        if (strcmp(s, GEMM_NAMES[m]) == 0) return m;
+    return -1;
+}
 
 cublasHandle_t lm_cublas(void) {
     if (!g_cublas) {
         cublasCheck(cublasCreate(&g_cublas));
         cublasCheck(cublasSetStream(g_cublas, lm_cuda_stream()));
-        // plain fp32 by default (matches the CPU reference to ~1e-6); LM_CUDA_TF32=1 lets
-        // cuBLAS use TF32 tensor cores (10-bit mantissa products, ~1e-3 relative error)
-        const char *tf = getenv("LM_CUDA_TF32");
-        cublasCheck(cublasSetMathMode(g_cublas, tf && tf[0] == '1' ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     }
+    // fp32: plain SGEMM (matches the CPU reference to ~1e-6); tf32 and bf16 let cuBLAS use
+    // tensor cores (the bf16 GEMMs themselves are issued in bf16 by matmul.cu; this mode
+    // covers the cuBLAS calls that stay fp32, e.g. Muon's Newton–Schulz)
+    cublasCheck(cublasSetMathMode(g_cublas, lm_cuda_gemm_mode() == LM_GEMM_FP32 ? CUBLAS_DEFAULT_MATH
+                                                                                : CUBLAS_TF32_TENSOR_OP_MATH));
     return g_cublas;
 }
 

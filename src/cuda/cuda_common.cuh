@@ -134,6 +134,10 @@ float *colsum(float *ws, int N, int C, F f) {
 // workspace: a stable radix sort (CUB) groups equal keys.
 void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int n, int C, int key_bits);
 
+// y [n] = x [n] rounded to bf16 (y: n bf16 of device memory, 8-byte aligned); on the op stream
+struct __nv_bfloat16;
+void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n);
+
 // dst[i] += src[i] (NULL dst: nothing), and dst[i] += src[i] * mul[i]
 void lm_cuda_acc_vec(float *dst, const float *src, const float *mul, int n);
 

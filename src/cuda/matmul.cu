@@ -1,9 +1,46 @@
-// matmul.cu — the linear layer and the per-head products of MLA decode through cuBLAS
-// (SGEMM, fp32; TF32 only when LM_CUDA_TF32=1, see cuda_common.cu).
+// matmul.cu — the linear layer and the per-head products of MLA decode through cuBLAS.
+// The linear layer follows lm_cuda_gemm_mode(): bf16 (default) rounds both operands to bf16
+// copies in the workspace (one pass each; weights stay fp32 masters) and multiplies them on
+// tensor cores with fp32 accumulation into the fp32 output; fp32 / tf32 run SGEMM.
 //
 // Row-major X [m, n] is column-major Xᵀ with leading dimension n, so each row-major
 // product below is issued as the column-major product of the transposes.
 #include "cuda_common.cuh"
+#include <cuda_bf16.h>
+
+// y [n] = bf16(x [n]), 4 elements per step when x is 16-byte aligned
+__global__ static void to_bf16_k(__nv_bfloat16 *y, const float *x, size_t n, int vec) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+            float4 v = reinterpret_cast<const float4 *>(x)[i];
+            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+        }
+        done = 4 * n4;
+    }
+    for (size_t i = done + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __float2bfloat16(x[i]);
+}
+// y: device buffer of n bf16, 8-byte aligned (the workspace is 256-aligned)
+void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
+    if (!n) return;
+    int vec = (uintptr_t)x % 16 == 0;
+    unsigned g = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
+    if (g > 8192) g = 8192;
+    to_bf16_k<<<g, 256, 0, lm_cuda_stream()>>>(y, x, n, vec);
+    cudaLaunchCheck();
+}
+
+// column-major C [m,n] (beta 0 or 1) = op(A) · op(B), bf16 operands, fp32 accumulate and C
+static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const __nv_bfloat16 *A,
+                      int lda, const __nv_bfloat16 *B, int ldb, float beta, float *C, int ldc) {
+    const float one = 1.0f;
+    cublasCheck(cublasGemmEx(lm_cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
+                             CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
 
 __global__ static void add_bias_k(float *out, const float *bias, int N, int OC) {
     size_t n = (size_t)N * OC;
@@ -19,7 +56,16 @@ void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias
         cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
     } else {
         // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
-        cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &zero, out, OC));
+        if (lm_cuda_gemm_mode() == LM_GEMM_BF16) {
+            size_t nw = (size_t)OC * C, nx = (size_t)N * C;
+            __nv_bfloat16 *wb = (__nv_bfloat16 *)lm_cuda_scratch(lm_align256(nw * 2) + nx * 2);
+            __nv_bfloat16 *xb = wb + lm_align256(nw * 2) / 2;
+            lm_cuda_to_bf16(wb, W, nw);
+            lm_cuda_to_bf16(xb, inp, nx);
+            gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
+        } else {
+            cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &zero, out, OC));
+        }
     }
     if (bias) {
         add_bias_k<<<lm_cuda_blocks((size_t)N * OC, 256), 256, 0, lm_cuda_stream()>>>(out, bias, N, OC);
@@ -38,7 +84,21 @@ void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const 
                      int N, int C, int OC) {
     if (N <= 0) return;
     const float one = 1.0f;
-    if (OC > 0 && C > 0) {
+    if (OC > 0 && C > 0 && lm_cuda_gemm_mode() == LM_GEMM_BF16) {
+        size_t nw = (size_t)OC * C, nd = (size_t)N * OC, nx = (size_t)N * C;
+        size_t bw = lm_align256(nw * 2), bd = lm_align256(nd * 2);
+        char *ws = (char *)lm_cuda_scratch(bw + bd + nx * 2);
+        __nv_bfloat16 *wb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bw), *xb = (__nv_bfloat16 *)(ws + bw + bd);
+        lm_cuda_to_bf16(db, dout, nd);
+        if (dinp) {
+            lm_cuda_to_bf16(wb, W, nw);
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wb, C, db, OC, 1.0f, dinp, C);
+        }
+        if (dW) {
+            lm_cuda_to_bf16(xb, inp, nx);
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, xb, C, db, OC, 1.0f, dW, C);
+        }
+    } else if (OC > 0 && C > 0) {
         // dinpᵀ [C,N] += Wᵀ [C,OC] · doutᵀ [OC,N]
         if (dinp) cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &one, dinp, C));
         // dWᵀ [C,OC] += inpᵀ [C,N] · dout [N,OC]
