@@ -187,9 +187,11 @@ typedef struct lm_ops {
     //   (ties: lower token index).
     void (*moe_plan)(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx,
                      const real *s, int N, int E, int k, int capacity);
-    // xp[r] = x[row_token[r]] for r < rows (rows read from offsets[E]); bwd: dx[row_token[r]] += dxp[r]
+    // xp[r] = x[row_token[r]] for r < rows (rows read from offsets[E]); bwd: dx[row_token[r]] += dxp[r].
+    // R: rows allocated in row_token/dxp (N·k, ≥ offsets[E]; row_token is −1 past offsets[E]),
+    // so a backend can size its work without reading offsets[E] back to the host
     void (*moe_gather_fwd)(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
-    void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C);
+    void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
     // grouped GEMM: rows [offsets[e], offsets[e+1]) of inp [R,C] times W[e]ᵀ, W [E, OC, C] → out [R, OC].
     // Offsets are read from backend memory (no host round trip).
     void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);

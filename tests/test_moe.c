@@ -343,7 +343,7 @@ static void test_gather(void **state) {
         bad += memcmp(c.xp + (size_t)rr * C, c.x + (size_t)p.row_token[rr] * C, C * sizeof(real)) != 0;
     tu_check("gather fwd copies rows exactly (mismatches)", bad, 0);
     real *dx = tu_alloc((size_t)N * C);
-    ops->moe_gather_bwd(dx, c.P, p.row_token, p.offsets, E, C);
+    ops->moe_gather_bwd(dx, c.P, p.row_token, p.offsets, E, C, N * k);
     tu_check("gather d_x (k rows per token)", tu_gradcheck(c.x, dx, (size_t)N * C, ga_loss, &c, TU_H, 300, &r),
              TOL(1e-8, 1e-2));
     free(c.x); free(c.xp); free(c.P); free(dx); free_plan(&p);
@@ -624,7 +624,7 @@ static void test_moe_ffn(void **state) {
     ops->glu_bwd(dg, du, dh, c.g, c.u, NK * F, c.act);
     ops->grouped_matmul_bwd(dxp, dW1, dg, c.xp, c.W1, c.offsets, E, C, F);
     ops->grouped_matmul_bwd(dxp, dW3, du, c.xp, c.W3, c.offsets, E, C, F);
-    ops->moe_gather_bwd(dx, dxp, c.row_token, c.offsets, E, C);
+    ops->moe_gather_bwd(dx, dxp, c.row_token, c.offsets, E, C, (int)NK);
     ops->moe_route_bwd(dz, dgate, c.s, c.idx, N, E, k, c.scale, 1);
     tu_check("moe ffn chain d_x", tu_gradcheck(c.x, dx, (size_t)N * C, ffn_loss, &c, TU_H, 150, &r), TOL(1e-7, 2e-2));
     tu_check("moe ffn chain d_W1", tu_gradcheck(c.W1, dW1, (size_t)E * F * C, ffn_loss, &c, TU_H, 150, &r), TOL(1e-7, 2e-2));

@@ -92,9 +92,10 @@ void cpu_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int
 // dx [N, C] += scatter of dxp [rows, C]. A token owns up to k rows, so threads split
 // the channels (not the rows) and every dx element sums its rows in row order.
 #define GATHER_BWD_CB 32
-void cpu_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C) {
+void cpu_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R) {
     if (!dx) return;
     const int rows = offsets[E];
+    LM_CHECK(rows <= R, "moe_gather_bwd: %d rows used, %d allocated", rows, R);
     const int nblk = lm_cdiv(C, GATHER_BWD_CB);
     #pragma omp parallel for schedule(static)
     for (int b = 0; b < nblk; b++) {

@@ -130,7 +130,8 @@ float *colsum(float *ws, int N, int C, F f) {
 
 // Deterministic scatter-add of rows: dst[keys[i]] += src[i] for i < n (rows of C floats),
 // each destination row summing its sources in increasing i from its old value, exactly as
-// a sequential loop would. keys are ≥ 0 and < 2^key_bits. Uses (and overwrites) the
+// a sequential loop would. keys are < 2^key_bits; rows with a negative key are skipped
+// (with key_bits = 31 they sort last). Uses (and overwrites) the
 // workspace: a stable radix sort (CUB) groups equal keys.
 void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int n, int C, int key_bits);
 

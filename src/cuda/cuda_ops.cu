@@ -17,7 +17,7 @@ extern "C" {
 }
 #undef _Noreturn
 #include "kda.cuh"
-#include "cuda_backend.h"
+#include "cuda_common.cuh"
 #include <cuda_bf16.h>
 
 #define CU(call)                                                                                  \
@@ -62,32 +62,45 @@ __global__ void k_acc(float *y, const float *x, size_t n) {
     if (i < n) y[i] += x[i];
 }
 static unsigned nblk(size_t n) { return (unsigned)((n + 255) / 256); }
-static __nv_bfloat16 *to_bf16(const float *x, size_t n) {
-    if (!x) return NULL;
-    __nv_bfloat16 *y = (__nv_bfloat16 *)cu_alloc(n * sizeof(__nv_bfloat16));
-    if (n) k_to_bf16<<<nblk(n), 256>>>(y, x, n);
+static void to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
+    if (!x || !n) return;
+    k_to_bf16<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n);
     CU(cudaGetLastError());
-    return y;
 }
 static void from_bf16(float *y, const __nv_bfloat16 *x, size_t n, int accumulate) {
     if (!y || !n) return;
-    k_from_bf16<<<nblk(n), 256>>>(y, x, n, accumulate);
+    k_from_bf16<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n, accumulate);
     CU(cudaGetLastError());
 }
 static void acc_f32(float *y, const float *x, size_t n) {
     if (!y || !n) return;
-    k_acc<<<nblk(n), 256>>>(y, x, n);
+    k_acc<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n);
     CU(cudaGetLastError());
 }
 
 // ---- KDA ----
+// Every temporary of a KDA call (bf16 copies of the activations, bf16 outputs and
+// gradients, the kernels' workspace) is carved from the backend's one workspace
+// (lm_cuda_scratch): no cudaMalloc/cudaFree per call and no device synchronisation, so
+// the call only queues work on the op stream like every other op.
+typedef struct {
+    char *base;
+    size_t used;
+} carver;
+// bytes rounded up to 256; with base == NULL only counts
+static void *carve(carver *c, size_t bytes) {
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += lm_align256(bytes ? bytes : 1);
+    return p;
+}
+
 typedef struct {
     kda_params p;
     __nv_bfloat16 *q, *k, *v, *f, *beta;
     size_t nqk, nv, nb;
 } kda_call;
 
-static void kda_call_init(kda_call *c, const lm_kda_args *a) {
+static void kda_call_check(const lm_kda_args *a) {
     LM_CHECK(a->B >= 0 && a->T >= 0 && a->H > 0, "cuda kda: bad shape B=%d T=%d H=%d", a->B, a->T, a->H);
     LM_CHECK((a->K == 64 || a->K == 128) && (a->V == 64 || a->V == 128), "cuda kda: K=%d V=%d not in {64, 128}",
              a->K, a->V);
@@ -95,15 +108,14 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
              a->gate_mode);
     LM_CHECK(a->gate_mode != LM_GATE_BOUNDED || (a->lb >= -5 && a->lb < 0), "cuda kda: lower bound %g outside [-5, 0)",
              (double)a->lb);
+}
+// sizes and parameters; the activation pointers are set by kda_call_inputs
+static void kda_call_init(kda_call *c, const lm_kda_args *a) {
+    kda_call_check(a);
     memset(c, 0, sizeof *c);
     c->nqk = (size_t)a->B * a->T * a->H * a->K;
     c->nv = (size_t)a->B * a->T * a->H * a->V;
     c->nb = (size_t)a->B * a->T * a->H;
-    c->q = to_bf16(a->q, c->nqk);
-    c->k = to_bf16(a->k, c->nqk);
-    c->v = to_bf16(a->v, c->nv);
-    c->f = to_bf16(a->f, c->nqk);
-    c->beta = to_bf16(a->beta_logit, c->nb);
     kda_params *p = &c->p;
     p->N = a->B;
     p->T = a->T;
@@ -114,28 +126,42 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
     p->exact = a->form == LM_KDA_CHUNK_EXACT || a->form == LM_KDA_NAIVE;
     p->lb = (float)a->lb;
     p->scale = (float)a->scale;
-    p->q = c->q; p->k = c->k; p->v = c->v; p->f = c->f; p->beta = c->beta;
     p->A_log = a->A_log;
     p->dt_bias = a->dt_bias;
     p->S0 = a->S0;
+    p->stream = lm_cuda_stream();
 }
-static void kda_call_free(kda_call *c) {
-    cu_free(c->q); cu_free(c->k); cu_free(c->v); cu_free(c->f); cu_free(c->beta);
-    cu_free(c->p.ws);
+// carve the bf16 input copies (and convert them once the carver has memory)
+static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a) {
+    c->q = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
+    c->k = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
+    c->v = (__nv_bfloat16 *)carve(cv, c->nv * 2);
+    c->f = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
+    c->beta = (__nv_bfloat16 *)carve(cv, c->nb * 2);
+    if (!cv->base) return;
+    to_bf16(c->q, a->q, c->nqk);
+    to_bf16(c->k, a->k, c->nqk);
+    to_bf16(c->v, a->v, c->nv);
+    to_bf16(c->f, a->f, c->nqk);
+    to_bf16(c->beta, a->beta_logit, c->nb);
+    kda_params *p = &c->p;
+    p->q = c->q; p->k = c->k; p->v = c->v; p->f = c->f; p->beta = c->beta;
 }
 
 static void cu_kda_fwd(const lm_kda_args *a) {
     kda_call c;
     kda_call_init(&c, a);
-    __nv_bfloat16 *o = (__nv_bfloat16 *)cu_alloc(c.nv * sizeof(__nv_bfloat16));
-    c.p.o = o;
     c.p.S_out = a->S_out;
-    c.p.ws = cu_alloc(kda_workspace_size(&c.p, 0));
+    size_t wsb = kda_workspace_size(&c.p, 0);
+    carver cv = {NULL, 0};
+    for (int pass = 0; pass < 2; pass++) {   // pass 0 counts, pass 1 carves
+        if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
+        kda_call_inputs(&c, &cv, a);
+        c.p.o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
+        c.p.ws = carve(&cv, wsb);
+    }
     CU(kda_fwd(&c.p));
-    from_bf16(a->o, o, c.nv, 0);
-    CU(cudaDeviceSynchronize());
-    cu_free(o);
-    kda_call_free(&c);
+    from_bf16(a->o, c.p.o, c.nv, 0);
 }
 
 static void cu_kda_bwd(const lm_kda_args *a) {
@@ -144,14 +170,23 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     kda_params *p = &c.p;
     int K = a->K, H = a->H;
     size_t ns = (size_t)a->B * H * K * a->V;
-    __nv_bfloat16 *d_o = to_bf16(a->d_o, c.nv);
-    __nv_bfloat16 *g = (__nv_bfloat16 *)cu_alloc((3 * c.nqk + c.nv + c.nb) * sizeof(__nv_bfloat16));
-    float *pg = (float *)cu_alloc(((size_t)H + (size_t)H * K + ns) * sizeof(float));
-    p->d_o = d_o;
     p->dS_out = a->dS_out;
+    size_t wsb = kda_workspace_size(p, 1);
+    carver cv = {NULL, 0};
+    __nv_bfloat16 *d_o = NULL, *g = NULL;
+    float *pg = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
+        kda_call_inputs(&c, &cv, a);
+        d_o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
+        g = (__nv_bfloat16 *)carve(&cv, (3 * c.nqk + c.nv + c.nb) * 2);
+        pg = (float *)carve(&cv, ((size_t)H + (size_t)H * K + ns) * sizeof(float));
+        p->ws = carve(&cv, wsb);
+    }
+    to_bf16(d_o, a->d_o, c.nv);
+    p->d_o = a->d_o ? d_o : NULL;
     p->dq = g; p->dk = g + c.nqk; p->df = g + 2 * c.nqk; p->dv = g + 3 * c.nqk; p->dbeta = g + 3 * c.nqk + c.nv;
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
-    p->ws = cu_alloc(kda_workspace_size(p, 1));
     CU(kda_bwd(p));
     from_bf16(a->dq, p->dq, c.nqk, 1);
     from_bf16(a->dk, p->dk, c.nqk, 1);
@@ -161,9 +196,6 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     acc_f32(a->dA_log, p->dA_log, H);
     acc_f32(a->ddt_bias, p->ddt_bias, (size_t)H * K);
     if (a->dS0) acc_f32(a->dS0, p->dS0, ns);
-    CU(cudaDeviceSynchronize());
-    cu_free(d_o); cu_free(g); cu_free(pg);
-    kda_call_free(&c);
 }
 
 static void cu_kda_decode(const lm_kda_args *a) {
@@ -171,13 +203,16 @@ static void cu_kda_decode(const lm_kda_args *a) {
     LM_CHECK(a->state != NULL, "cuda kda_decode: no state pool");
     kda_call c;
     kda_call_init(&c, a);
-    __nv_bfloat16 *o = (__nv_bfloat16 *)cu_alloc(c.nv * sizeof(__nv_bfloat16));
+    carver cv = {NULL, 0};
+    __nv_bfloat16 *o = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
+        kda_call_inputs(&c, &cv, a);
+        o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
+    }
     CU(kda_decode(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, c.q, c.k, c.v, c.f, c.beta,
-                  a->A_log, a->dt_bias, a->state, a->slots, o, 0));
+                  a->A_log, a->dt_bias, a->state, a->slots, o, lm_cuda_stream()));
     from_bf16(a->o, o, c.nv, 0);
-    CU(cudaDeviceSynchronize());
-    cu_free(o);
-    kda_call_free(&c);
 }
 
 // designated initialisers in the field order of lm_ops (C++20 requires that order)

@@ -26,7 +26,7 @@ __global__ static void iota_k(int *v, int n) {
 __global__ static void scatter_runs_k(float *dst, const int *skey, const int *sval, const float *src, int n, int C) {
     int p = blockIdx.x;
     int key = skey[p];
-    if (p > 0 && skey[p - 1] == key) return;
+    if (key < 0 || (p > 0 && skey[p - 1] == key)) return;   // negative keys: rows to skip
     int end = p + 1;
     while (end < n && skey[end] == key) end++;
     float *d = dst + (size_t)key * C;

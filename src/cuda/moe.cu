@@ -1,9 +1,8 @@
 // moe.cu — MoE routing (sigmoid top-k with a selection-only bias), the dispatch plan,
 // gather/scatter of token rows, the grouped expert GEMMs, and the gate-weighted combine.
 //
-// Everything reads the plan (offsets, row maps) from device memory. The one host round
-// trip is in moe_gather_bwd, which reads offsets[E] (the number of used rows, one int,
-// synchronising the stream) to size its stable sort.
+// Everything reads the plan (offsets, row maps) from device memory: no op here waits for
+// the device (moe_gather_bwd sizes its sort by the allocated rows N·k, not offsets[E]).
 #include "cuda_common.cuh"
 #include "ops_math.h"
 #include <cub/device/device_radix_sort.cuh>
@@ -174,12 +173,12 @@ void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const in
     cudaLaunchCheck();
 }
 
-// dx[row_token[r]] += dxp[r], rows of one token summed in row order (deterministic)
-void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C) {
+// dx[row_token[r]] += dxp[r], rows of one token summed in row order (deterministic). The
+// sort covers all R allocated rows: the unused ones (row_token −1) sort last and add
+// nothing, so offsets[E] never has to come back to the host.
+void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R) {
     if (!dx || C <= 0) return;
-    int rows;
-    lm_cuda_read(&rows, offsets + E, sizeof rows);   // host round trip: sizes the sort
-    lm_cuda_scatter_add_rows(dx, row_token, dxp, rows, C, 31);
+    lm_cuda_scatter_add_rows(dx, row_token, dxp, R, C, 31);
 }
 
 // ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ static void set_range(lm_balancer *b) {
 
 static void reset_step(lm_balancer *b, const lm_ops *ops) {
     b->tokens = b->dropped = 0;
+    b->nstage = 0;
     memset(b->load, 0, (size_t)b->E * sizeof(int64_t));
     if (b->hist) ops->zero(b->hist, (size_t)b->E * b->nbins * sizeof(int));
 }
@@ -54,7 +55,8 @@ void lm_balancer_init(lm_balancer *b, const lm_ops *ops, lm_balance_kind kind, i
     b->bias_host = lm_malloc((size_t)E * sizeof(real));
     b->load = lm_malloc((size_t)E * sizeof(int64_t));
     b->last_load = lm_malloc((size_t)E * sizeof(int64_t));
-    b->counts_host = lm_malloc((size_t)E * sizeof(int));
+    b->stage = ops->alloc((size_t)LM_BAL_STAGE * (E + 1) * sizeof(int));
+    b->stage_host = lm_malloc((size_t)LM_BAL_STAGE * (E + 1) * sizeof(int));
     if (kind == LM_BAL_QB) {
         b->hist = ops->alloc((size_t)E * b->nbins * sizeof(int));
         b->hist_host = lm_malloc((size_t)E * b->nbins * sizeof(int));
@@ -70,7 +72,8 @@ void lm_balancer_free(lm_balancer *b, const lm_ops *ops) {
     free(b->hist_host);
     free(b->load);
     free(b->last_load);
-    free(b->counts_host);
+    if (b->stage) ops->free(b->stage);
+    free(b->stage_host);
     memset(b, 0, sizeof *b);
 }
 
@@ -88,16 +91,29 @@ void lm_balancer_refresh(lm_balancer *b, const lm_ops *ops) {
     set_range(b);
 }
 
+// folds the staged micro-batches into load / dropped (one download)
+static void flush_stage(lm_balancer *b, const lm_ops *ops) {
+    const int E = b->E;
+    if (b->nstage == 0) return;
+    ops->to_host(b->stage_host, b->stage, (size_t)b->nstage * (E + 1) * sizeof(int));
+    for (int u = 0; u < b->nstage; u++) {
+        const int *c = b->stage_host + (size_t)u * (E + 1);
+        for (int j = 0; j < E; j++) b->load[j] += c[j];
+        if (b->stage_rows[u]) b->dropped += (int64_t)b->stage_N[u] * b->k - c[E];
+    }
+    b->nstage = 0;
+}
+
 void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const real *alpha,
                          const int *counts, const int *offsets, int N) {
     if (N <= 0) return;
-    ops->to_host(b->counts_host, counts, (size_t)b->E * sizeof(int));
-    for (int j = 0; j < b->E; j++) b->load[j] += b->counts_host[j];
-    if (offsets) {
-        int rows;
-        ops->to_host(&rows, offsets + b->E, sizeof(int));
-        b->dropped += (int64_t)N * b->k - rows;
-    }
+    if (b->nstage == LM_BAL_STAGE) flush_stage(b, ops);
+    int *slot = b->stage + (size_t)b->nstage * (b->E + 1);
+    ops->copy(slot, counts, (size_t)b->E * sizeof(int));   // device to device: no wait
+    if (offsets) ops->copy(slot + b->E, offsets + b->E, sizeof(int));
+    b->stage_N[b->nstage] = N;
+    b->stage_rows[b->nstage] = offsets != NULL;
+    b->nstage++;
     if (b->kind == LM_BAL_QB) {
         LM_CHECK(s && alpha, "balancer: qb needs the router scores and alpha");
         ops->qb_hist_accum(b->hist, s, alpha, b->lo, b->width, N, b->E, b->nbins);
@@ -208,6 +224,7 @@ static void update_quartile(lm_balancer *b) {
 }
 
 void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m) {
+    flush_stage(b, ops);
     memcpy(b->last_load, b->load, (size_t)b->E * sizeof(int64_t));
     if (m) fill_metrics(b, m);   // before the bias changes: metrics describe the step just run
     if (b->tokens > 0) {

@@ -19,6 +19,7 @@ typedef enum { LM_BAL_QB, LM_BAL_SIGN, LM_BAL_QUARTILE, LM_BAL_AUX, LM_BAL_NONE 
 
 #define LM_QB_NBINS_DEFAULT 1024
 #define LM_BAL_RATE_DEFAULT 1e-3   // u of the sign rule, step of the quartile rule
+#define LM_BAL_STAGE 16            // micro-batches staged on the backend before a download
 
 // Metrics of one MoE layer for one optimizer step (reference/moe.md §9). Loads count
 // routing decisions (top-k assignments, before any capacity dropping), which is what
@@ -49,7 +50,14 @@ typedef struct {
     int64_t tokens, dropped;    // accumulated over the step's micro-batches
     int64_t *load;              // host [E] accumulated assignments per expert
     int64_t *last_load;         // host [E] the finished step's loads (lm_moe_metrics.loads)
-    int *counts_host;           // host [E] download buffer
+    // Per-micro-batch counts stay in backend memory until the step's update (one download
+    // per step, not a device round trip per layer per micro-batch): slot u of `stage`
+    // holds counts [E] and offsets[E] of the u-th observed micro-batch.
+    int *stage;                 // backend [LM_BAL_STAGE, E+1] int32
+    int *stage_host;            // host copy of it
+    int nstage;                 // slots in use
+    int stage_N[LM_BAL_STAGE];  // tokens of each staged micro-batch
+    int stage_rows[LM_BAL_STAGE];   // 1: offsets[E] was staged (capacity plan), 0: dropless
 } lm_balancer;
 
 // E experts, top-k; nbins ≤ 0 means LM_QB_NBINS_DEFAULT, rate < 0 means

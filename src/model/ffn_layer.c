@@ -102,10 +102,10 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     o->grouped_matmul_bwd(da->xp, g->exp_w1, da->ea, a->xp, p->exp_w1, a->offsets, E, dl, F);
     o->grouped_matmul_bwd(da->xp, g->exp_w3, da->eb, a->xp, p->exp_w3, a->offsets, E, dl, F);
     if (c->moe_latent_dim) {
-        o->moe_gather_bwd(da->xl, da->xp, a->row_token, a->offsets, E, dl);
+        o->moe_gather_bwd(da->xl, da->xp, a->row_token, a->offsets, E, dl, (int)rows);
         o->matmul_bwd(da->xn, g->lat_down, NULL, da->xl, a->xn, p->lat_down, N, d, dl);
     } else {
-        o->moe_gather_bwd(da->xn, da->xp, a->row_token, a->offsets, E, dl);
+        o->moe_gather_bwd(da->xn, da->xp, a->row_token, a->offsets, E, dl, (int)rows);
     }
     o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)

@@ -516,8 +516,8 @@ static void t_moe_experts(void) {
     CPU->moe_gather_fwd(xp, x, p.row_token, p.offsets, E, C);
     GPU->moe_gather_fwd(gxp, gx, p.grow_token, p.goffsets, E, C);
     cmp("moe_gather", "fwd xp (rows past end untouched)", gxp, xp, NK * C, 0);
-    CPU->moe_gather_bwd(dx, dxp, p.row_token, p.offsets, E, C);
-    GPU->moe_gather_bwd(gdx, gdxp, p.grow_token, p.goffsets, E, C);
+    CPU->moe_gather_bwd(dx, dxp, p.row_token, p.offsets, E, C, (int)NK);
+    GPU->moe_gather_bwd(gdx, gdxp, p.grow_token, p.goffsets, E, C, (int)NK);
     cmp("moe_gather", "bwd dx", gdx, dx, (size_t)N * C, TOL);
     // grouped GEMM
     float *W = hrandn((size_t)E * F * C, 0.2), *out = hrandn(NK * F, 1), *dout = hrandn(NK * F, 1);
@@ -986,7 +986,7 @@ static void t_bench(void) {
     BENCH("grouped_matmul_fwd R=65536 C=1024 OC=256", 2.0 * NK * d * F, GPU->grouped_matmul_fwd(h, xp, We, go, E, d, F), h);
     BENCH("grouped_matmul_bwd dinp+dW", 4.0 * NK * d * F, GPU->grouped_matmul_bwd(xp, dWe, h, xp, We, go, E, d, F), h);
     BENCH("moe_gather_fwd R=65536 C=1024", 0, GPU->moe_gather_fwd(xp, x, grt, go, E, d), xp);
-    BENCH("moe_gather_bwd R=65536 C=1024", 0, GPU->moe_gather_bwd(x, xp, grt, go, E, d), x);
+    BENCH("moe_gather_bwd R=65536 C=1024", 0, GPU->moe_gather_bwd(x, xp, grt, go, E, d, (int)NK), x);
     DFREE(gidx, gc, go, grt, gsr, gs, xp, We, h, dWe);
     HFREE(idx, s);
     // MLA attention, Dqk=192, Dv=128, B=1: buffers for the largest shape, reused by the smaller
