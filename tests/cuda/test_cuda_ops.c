@@ -19,6 +19,9 @@
 #include "model/model.h"
 #include "model/cache.h"
 #include "train/optimizer.h"
+#include "train/train.h"
+#include "train/checkpoint.h"
+#include <unistd.h>
 #include "compare.h"
 #include "cuda/cuda_backend.h"
 
@@ -892,6 +895,70 @@ static void model_incremental(const char *label, lm_config c, const int *chunks,
     HFREE(host, tok, tgt, full, ref, inc);
 }
 
+// Weights and parameters of a checkpoint folder's model.safetensors, on the CPU backend
+static real *ckpt_params(const char *ckpt, size_t *np) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+    lm_config c;
+    LM_CHECK(lm_read_weights_config(path, &c) == LM_OK, "%s", lm_last_error());
+    lm_model *m = lm_model_create(&c, CPU, 1);
+    LM_CHECK(lm_load_weights(m, path) == LM_OK, "%s", lm_last_error());
+    *np = m->playout.numel;
+    real *host = lm_malloc(*np * sizeof(real));
+    lm_model_get_params(m, host);
+    lm_model_free(m);
+    return host;
+}
+
+// Checkpoints are interchangeable between the backends: a tiny-preset run interrupted at
+// step 3 on one backend and resumed (--resume) on the other ends at step 6 within the
+// bf16 model tolerance of the uninterrupted run on the first backend. Both directions.
+static void t_ckpt_interchange(void) {
+    lm_config c;
+    lm_config_preset(&c, "tiny");
+    LM_CHECK(lm_config_finalize(&c) == LM_OK, "config: %s", lm_last_error());
+    const lm_ops *be[2] = {GPU, CPU};
+    for (int dir = 0; dir < 2; dir++) {
+        const lm_ops *first = be[dir], *second = be[1 - dir];
+        lm_train_opts o;
+        lm_train_opts_default(&o);
+        o.steps = 6;
+        o.batch = 4;
+        o.seq_len = 64;
+        o.eval_every = 0;
+        o.eval_batches = 1;
+        o.save_every = 100;
+        o.quiet = 1;
+        o.overwrite = 1;
+        char full[256], split[256], ck_full[1200], ck_split[1200];
+        snprintf(full, sizeof full, "/tmp/lm_xdev_%d_%d_full", (int)getpid(), dir);
+        snprintf(split, sizeof split, "/tmp/lm_xdev_%d_%d_split", (int)getpid(), dir);
+        snprintf(o.out_dir, sizeof o.out_dir, "%s", full);
+        LM_CHECK(lm_train_run(&o, &c, first) == 0, "train %s", first->name);
+        snprintf(o.out_dir, sizeof o.out_dir, "%s", split);
+        o.stop_at = 3;
+        LM_CHECK(lm_train_run(&o, &c, first) == 0, "train %s to step 3", first->name);
+        o.stop_at = 0;
+        o.resume = 1;
+        o.overwrite = 0;
+        LM_CHECK(lm_train_run(&o, &c, second) == 0, "resume on %s", second->name);
+        LM_CHECK(lm_ckpt_latest(full, ck_full, sizeof ck_full) == LM_OK, "%s", lm_last_error());
+        LM_CHECK(lm_ckpt_latest(split, ck_split, sizeof ck_split) == LM_OK, "%s", lm_last_error());
+        size_t na, nb;
+        real *pa = ckpt_params(ck_full, &na), *pb = ckpt_params(ck_split, &nb);
+        LM_CHECK(na == nb, "parameter counts differ");
+        char op[64];
+        snprintf(op, sizeof op, "checkpoint %s -> %s", first->name, second->name);
+        record(op, "step-6 params vs uninterrupted", tu_rel_rms(pb, pa, na), 2e-2);
+        HFREE(pa, pb);
+        lm_ckpt_clear(full);
+        lm_ckpt_clear(split);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", full, split);
+        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", full);
+    }
+}
+
 static void t_model(void) {
     // 1. the tiny preset (KKKM, 16 experts, block AttnRes, QB balancing), AdamW, dropless
     lm_config tiny;
@@ -935,6 +1002,7 @@ static void t_model(void) {
     model_incremental("small hybrid full res, prefill 5 + 8 decode", c, pd + 4, 9);
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
     model_incremental("tiny, bf16 GEMMs, prefill 9 + 12 decode", tiny, pd, 13);
+    t_ckpt_interchange();
     lm_cuda_set_gemm_mode(LM_GEMM_FP32);
 }
 
