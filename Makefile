@@ -38,7 +38,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda clean bench-cpu
+.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda bench-moe clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -105,6 +105,7 @@ deps-quiet:
 #   make test-cuda   build and run the CUDA tests against the CPU reference, then
 #                    compute-sanitizer memcheck and racecheck on small shapes (GPU machine)
 #   make bench-cuda  build bench/bench_kda and the shared library bench/bench_kda_fla.py loads
+#   make bench-moe   build and run bench/bench_moe (the MoE layer at Kimi-Linear shapes)
 CUDA_SRC := $(wildcard src/cuda/*.cu)
 CUDA_OBJ := $(patsubst src/cuda/%.cu,build/cuda/obj/%.o,$(CUDA_SRC))
 NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed-constexpr \
@@ -154,6 +155,13 @@ build/cuda/bench_kda: bench/bench_kda.cu $(KDA_OBJ)
 	$(NVCC) $(NVFLAGS) $^ -o $@
 build/cuda/libkda_cuda.so: $(KDA_OBJ)
 	$(NVCC) -shared -arch=sm_90a $^ -o $@
+
+# the MoE layer at Kimi-Linear shapes (bench/bench_moe.cu; bench/bench_moe_torch.py is the
+# PyTorch side)
+build/cuda/bench_moe: bench/bench_moe.cu $(CUDA_OBJ) build/f32/liblinmoe.a
+	$(NVCC) $(NVFLAGS) $^ -o $@ -lcublas $(LDLIBS) -lgomp
+bench-moe: build/cuda/bench_moe
+	build/cuda/bench_moe
 
 test-cuda: build/cuda/test_kda_cuda
 	build/cuda/test_kda_cuda

@@ -1,5 +1,6 @@
 // moe.cu — MoE routing (sigmoid top-k with a selection-only bias), the dispatch plan,
-// gather/scatter of token rows, the grouped expert GEMMs, and the gate-weighted combine.
+// gather/scatter of token rows, and the gate-weighted combine (the grouped expert GEMMs are in
+// moe_gemm.cu).
 //
 // Everything reads the plan (offsets, row maps) from device memory: no op here waits for
 // the device (moe_gather_bwd sizes its sort by the allocated rows N·k, not offsets[E]).
@@ -179,109 +180,6 @@ void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const in
 void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R) {
     if (!dx || C <= 0) return;
     lm_cuda_scatter_add_rows(dx, row_token, dxp, R, C, 31);
-}
-
-// ---------------------------------------------------------------------------
-// grouped GEMM over expert segments, offsets read on the device. A plain fp32 tiled
-// kernel (64×64 tiles, 16-deep k slices, 4×4 outputs per thread, k summed in order):
-//   C[m,n] (= or +=) Σ_k A(m,k)·B(k,n), A(m,k) = A[m·sam + k·sak], B(k,n) = B[k·sbk + n·sbn]
-// ROWS_M: the expert's rows are the m range (A and C start at row offsets[e]) and B is
-// expert e's weight; else the expert's rows are the k range (A, B start at row
-// offsets[e]) and C is expert e's weight gradient.
-#define GM_M 64
-#define GM_N 64
-#define GM_K 16
-
-template <bool ROWS_M, bool ACC>
-__global__ static void __launch_bounds__(256) gmm_k(float *C, const float *A, const float *B, const int *offsets,
-                                                     int Mfix, int Nn, int Kfix, long sam, long sak, long sbk, long sbn,
-                                                     long ldc, long w_stride) {
-    __shared__ float As[GM_K][GM_M + 4], Bs[GM_K][GM_N + 4];
-    const int e = blockIdx.z, tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int o0 = offsets[e], ne = offsets[e + 1] - o0;
-    const int M = ROWS_M ? ne : Mfix, K = ROWS_M ? Kfix : ne;
-    const float *Ae = A + (long)o0 * (ROWS_M ? sam : sak);
-    const float *Be = ROWS_M ? B + (long)e * w_stride : B + (long)o0 * sbk;
-    float *Ce = ROWS_M ? C + (long)o0 * ldc : C + (long)e * w_stride;
-    const int n0 = blockIdx.x * GM_N;
-    for (int m0 = blockIdx.y * GM_M; m0 < M; m0 += gridDim.y * GM_M) {
-        float acc[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-        for (int k0 = 0; k0 < K; k0 += GM_K) {
-            for (int l = tid; l < GM_M * GM_K; l += 256) {
-                int mm, kk;
-                if (sak == 1) { mm = l / GM_K; kk = l % GM_K; } else { mm = l % GM_M; kk = l / GM_M; }
-                int gm = m0 + mm, gk = k0 + kk;
-                As[kk][mm] = gm < M && gk < K ? Ae[(long)gm * sam + (long)gk * sak] : 0.0f;
-            }
-            for (int l = tid; l < GM_N * GM_K; l += 256) {
-                int nn, kk;
-                if (sbn == 1) { nn = l % GM_N; kk = l / GM_N; } else { nn = l / GM_K; kk = l % GM_K; }
-                int gn = n0 + nn, gk = k0 + kk;
-                Bs[kk][nn] = gn < Nn && gk < K ? Be[(long)gk * sbk + (long)gn * sbn] : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int kk = 0; kk < GM_K; kk++) {
-                float a[4], b[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) a[i] = As[kk][ty * 4 + i];
-#pragma unroll
-                for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx * 4 + j];
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int gm = m0 + ty * 4 + i;
-            if (gm >= M) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int gn = n0 + tx * 4 + j;
-                if (gn >= Nn) continue;
-                float *c = Ce + (long)gm * ldc + gn;
-                *c = ACC ? *c + acc[i][j] : acc[i][j];
-            }
-        }
-    }
-}
-
-#define GM_ROW_BLOCKS 16   // blocks per (expert, column tile) walking the expert's row tiles
-
-// out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
-    if (E <= 0 || OC <= 0) return;
-    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
-    gmm_k<true, false><<<grid, 256, 0, lm_cuda_stream()>>>(out, inp, W, offsets, 0, OC, C, C, 1, 1, C, OC,
-                                                            (long)OC * C);
-    cudaLaunchCheck();
-}
-
-// dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
-void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                             const int *offsets, int E, int C, int OC) {
-    if (E <= 0 || OC <= 0 || C <= 0) return;
-    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    if (dinp) {
-        dim3 grid((C + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
-        gmm_k<true, true><<<grid, 256, 0, lm_cuda_stream()>>>(dinp, dout, W, offsets, 0, C, OC, OC, 1, C, 1, C,
-                                                               (long)OC * C);
-        cudaLaunchCheck();
-    }
-    if (dW) {
-        dim3 grid((C + GM_N - 1) / GM_N, (OC + GM_M - 1) / GM_M, E);
-        gmm_k<false, true><<<grid, 256, 0, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C, 0, 1, OC, C, 1, C,
-                                                                (long)OC * C);
-        cudaLaunchCheck();
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -551,6 +551,36 @@ static void t_moe_experts(void) {
     free_plan(&p);
 }
 
+// The grouped GEMMs alone under the current GEMM mode (t_moe_experts covers fp32). Under
+// bf16 (tensor-core kernel of moe_gemm.cu) both operands are rounded to bf16 (relative
+// 2^-9 each) with fp32 accumulation: ~3e-3 relative RMS on random data, held to 1e-2 as
+// the dense bf16 matmul. C or OC not a multiple of 4 runs the exact fp32 kernel instead.
+static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
+    const int mode = lm_cuda_gemm_mode();
+    const double tol = mode == LM_GEMM_BF16 ? 1e-2 : TOL;
+    const size_t NK = (size_t)N * k;
+    plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);   // skewed: the high experts are empty
+    char op[48];
+    snprintf(op, sizeof op, "grouped_mm %dx%d E%d %s", C, OC, E, lm_cuda_gemm_name(mode));
+    printf("    (%s: %d rows, experts:", op, p.offsets[E]);
+    for (int e = 0; e < E; e++) printf(" %d", p.offsets[e + 1] - p.offsets[e]);
+    printf(")\n");
+    float *xp = hrandn(NK * C, 1), *W = hrandn((size_t)E * OC * C, 0.2), *out = hrandn(NK * OC, 1);
+    float *dout = hrandn(NK * OC, 1), *dinp = hrandn(NK * C, 1), *dW = hrandn((size_t)E * OC * C, 1);
+    float *gxp = dfl(xp, NK * C), *gW = dfl(W, (size_t)E * OC * C), *gout = dfl(out, NK * OC);
+    float *gdout = dfl(dout, NK * OC), *gdinp = dfl(dinp, NK * C), *gdW = dfl(dW, (size_t)E * OC * C);
+    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC);
+    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC);
+    cmp(op, "fwd out (rows used)", gout, out, (size_t)p.offsets[E] * OC, tol);
+    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, OC);
+    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC);
+    cmp(op, "bwd dinp (rows used)", gdinp, dinp, (size_t)p.offsets[E] * C, tol);
+    cmp(op, "bwd dW", gdW, dW, (size_t)E * OC * C, tol);
+    DFREE(gxp, gW, gout, gdout, gdinp, gdW);
+    HFREE(xp, W, out, dout, dinp, dW);
+    free_plan(&p);
+}
+
 static void t_balance(void) {
     const int N = 300, E = 12, k = 3, nbins = 16;
     float *z = hrandn((size_t)N * E, 2), *bias = hrandn(E, 0.1);
@@ -1136,6 +1166,14 @@ int main(int argc, char **argv) {
         t_moe_route(50, 4, 4, 1);
         t_moe_plan();
         t_moe_experts();
+        // bf16 tensor-core grouped GEMMs: partial 128-row tiles, empty experts, C/OC not
+        // multiples of the 256-column tile or the 32-deep k slice; then sizes that fall back
+        lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+        t_grouped_matmul(300, 12, 3, 40, 76, 44);
+        t_grouped_matmul(700, 8, 2, -1, 300, 260);
+        t_grouped_matmul(2000, 6, 2, -1, 132, 516);
+        t_grouped_matmul(300, 12, 3, 40, 70, 45);   // fp32 fallback (C, OC not multiples of 4)
+        lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_balance();
         t_attnres(1, 64);
         t_attnres(5, 300);

@@ -1,0 +1,268 @@
+// bench_moe.cu — the MoE layer of src/model/ffn_layer.c on the CUDA backend at Kimi-Linear
+// shapes: d 2304, expert FFN 1024 (SwiGLU: w1, w3 [E,1024,2304], w2 [E,2304,1024]), 256
+// experts, top-8, 16384 tokens (131072 expert rows), dropless. The backend ops are called in
+// the model's order (router GEMM, moe_route, moe_plan, moe_gather, grouped GEMM ×3, glu,
+// moe_combine; then the backward counterparts), all tensors fp32, GEMMs in the default
+// bf16 mode. Prints medians (CUDA events) of each piece, TFLOP/s of the expert GEMMs, the
+// whole layer, a dense cuBLAS bf16 GEMM of the same FLOPs, the old fp32 grouped kernel,
+// and the expert GEMMs under a skewed routing.
+//
+//   bench_moe [--tokens N] [--quick]      prints a table and "RESULT key value" lines
+#include <algorithm>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <cuda_bf16.h>
+#include "cuda/cuda_common.cuh"
+
+__device__ inline float hnorm(uint64_t i, uint32_t seed) {   // pseudo-normal: sum of 4 hashed uniforms
+    float s = 0.f;
+    for (int r = 0; r < 4; r++) {
+        uint64_t x = (i * 4 + r) * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
+        x ^= x >> 31; x *= 0x7FB5D329728EA185ull; x ^= x >> 27; x *= 0x81DADEF4BC2DD44Dull; x ^= x >> 33;
+        s += (float)(x >> 40) * (1.f / 16777216.f);
+    }
+    return (s - 2.f) * 1.7320508f;
+}
+// x [n] = sd · normal; plus ramp · (i % E) / E (the skewed-routing logits)
+__global__ void fill_k(float *x, size_t n, uint32_t seed, float sd, float ramp, int E) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = sd * hnorm(i, seed) + (ramp != 0.f ? ramp * (float)(i % E) / E : 0.f);
+}
+__global__ void fill_bf16_k(__nv_bfloat16 *x, size_t n, uint32_t seed, float sd) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(sd * hnorm(i, seed));
+}
+static float *falloc(size_t n) {
+    float *p;
+    cudaCheck(cudaMalloc(&p, n * sizeof(float)));
+    return p;
+}
+static int *ialloc(size_t n) {
+    int *p;
+    cudaCheck(cudaMalloc(&p, n * sizeof(int)));
+    return p;
+}
+static float *frand(size_t n, uint32_t seed, float sd) {
+    float *p = falloc(n);
+    fill_k<<<4096, 256>>>(p, n, seed, sd, 0.f, 1);
+    cudaLaunchCheck();
+    return p;
+}
+static void zero(void *p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, lm_cuda_stream())); }
+
+template <typename F> static double time_ms(F fn, int warm, int reps) {
+    cudaEvent_t a, b;
+    cudaCheck(cudaEventCreate(&a));
+    cudaCheck(cudaEventCreate(&b));
+    for (int i = 0; i < warm; i++) fn();
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> v;
+    for (int i = 0; i < reps; i++) {
+        cudaCheck(cudaEventRecord(a, lm_cuda_stream()));
+        fn();
+        cudaCheck(cudaEventRecord(b, lm_cuda_stream()));
+        cudaCheck(cudaEventSynchronize(b));
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, a, b));
+        v.push_back(ms);
+    }
+    std::sort(v.begin(), v.end());
+    cudaCheck(cudaEventDestroy(a));
+    cudaCheck(cudaEventDestroy(b));
+    return v[v.size() / 2];
+}
+static void row(const char *what, double ms, double flop) {
+    if (flop > 0)
+        printf("  %-52s %9.3f ms  %7.1f TFLOP/s\n", what, ms, flop / ms * 1e-9);
+    else
+        printf("  %-52s %9.3f ms\n", what, ms);
+}
+static void result(const char *key, double v) { printf("RESULT %s %.4f\n", key, v); }
+
+int main(int argc, char **argv) {
+    int N = 16384, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) N = atoi(argv[i + 1]);
+        quick |= !strcmp(argv[i], "--quick");   // one rep each (for compute-sanitizer)
+    }
+    const int d = 2304, F = 1024, E = 256, k = 8, act = LM_ACT_SWIGLU, WARM = quick ? 0 : 2, REPS = quick ? 1 : 10;
+    const size_t NK = (size_t)N * k;
+    const double gemm1 = 2.0 * NK * d * F;   // one expert GEMM (all rows)
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s\n",
+           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
+
+    // activations and parameters (std 0.02 weights, unit-variance input)
+    float *x = frand((size_t)N * d, 1, 1.0f), *Wr = frand((size_t)E * d, 2, 0.02f), *bias = falloc(E);
+    float *w1 = frand((size_t)E * F * d, 3, 0.02f), *w3 = frand((size_t)E * F * d, 4, 0.02f);
+    float *w2 = frand((size_t)E * d * F, 5, 0.02f);
+    zero(bias, E * sizeof(float));
+    float *z = falloc((size_t)N * E), *gate = falloc(NK), *s = falloc((size_t)N * E), *alpha = falloc(N);
+    int *idx = ialloc(NK), *counts = ialloc(E), *offsets = ialloc(E + 1), *row_token = ialloc(NK), *slot_row = ialloc(NK);
+    float *xp = falloc(NK * d), *ea = falloc(NK * F), *eb = falloc(NK * F), *eh = falloc(NK * F), *yp = falloc(NK * d);
+    float *y = falloc((size_t)N * d);
+    // gradients
+    float *dy = frand((size_t)N * d, 6, 1.0f), *dyp = falloc(NK * d), *dgate = falloc(NK);
+    float *deh = falloc(NK * F), *dea = falloc(NK * F), *deb = falloc(NK * F), *dxp = falloc(NK * d);
+    float *dxn = falloc((size_t)N * d), *dz = falloc((size_t)N * E), *dWr = falloc((size_t)E * d);
+    float *gw1 = falloc((size_t)E * F * d), *gw3 = falloc((size_t)E * F * d), *gw2 = falloc((size_t)E * d * F);
+    zero(gw1, (size_t)E * F * d * 4); zero(gw3, (size_t)E * F * d * 4); zero(gw2, (size_t)E * F * d * 4);
+    zero(dWr, (size_t)E * d * 4);
+    cudaCheck(cudaDeviceSynchronize());
+
+    auto router = [&] {
+        cuda_matmul_fwd(z, x, Wr, NULL, N, d, E);
+        cuda_moe_route_fwd(idx, gate, s, alpha, z, bias, N, E, k, 1.0f, 1);
+    };
+    auto plan = [&] { cuda_moe_plan(counts, offsets, row_token, slot_row, idx, s, N, E, k, -1); };
+    auto gather = [&] { cuda_moe_gather_fwd(xp, x, row_token, offsets, E, d); };
+    auto gemm_fwd = [&] {
+        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d);
+    };
+    auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
+    auto combine = [&] {
+        zero(y, (size_t)N * d * 4);
+        cuda_moe_combine_fwd(y, yp, gate, slot_row, N, k, d);
+    };
+    auto fwd = [&] { router(); plan(); gather(); gemm_fwd(); glu(); combine(); };
+    // backward pieces (gradient buffers the ops accumulate into are zeroed, as the model does)
+    auto combine_b = [&] {
+        zero(dyp, NK * d * 4); zero(dgate, NK * 4);
+        cuda_moe_combine_bwd(dyp, dgate, dy, yp, gate, slot_row, N, k, d);
+    };
+    auto gemm_bwd = [&] {
+        zero(deh, NK * F * 4);
+        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
+        zero(dea, NK * F * 4); zero(deb, NK * F * 4);
+        cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act);
+        zero(dxp, NK * d * 4);
+        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
+    };
+    // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
+    auto gemm_bwd_only = [&] {
+        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
+    };
+    auto gemm_bwd_dinp = [&] {
+        cuda_grouped_matmul_bwd(deh, NULL, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(dxp, NULL, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, NULL, deb, xp, w3, offsets, E, d, F);
+    };
+    auto gemm_bwd_dw = [&] {
+        cuda_grouped_matmul_bwd(NULL, gw2, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(NULL, gw1, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(NULL, gw3, deb, xp, w3, offsets, E, d, F);
+    };
+    auto glu_b = [&] { cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act); };
+    auto gather_b = [&] {
+        zero(dxn, (size_t)N * d * 4);
+        cuda_moe_gather_bwd(dxn, dxp, row_token, offsets, E, d);
+    };
+    auto router_b = [&] {
+        zero(dz, (size_t)N * E * 4);
+        cuda_moe_route_bwd(dz, dgate, s, idx, N, E, k, 1.0f, 1);
+        cuda_matmul_bwd(dxn, dWr, NULL, dz, x, Wr, N, d, E);
+    };
+    auto bwd = [&] { combine_b(); gemm_bwd(); gather_b(); router_b(); };
+
+    fwd();
+    bwd();
+    cudaCheck(cudaDeviceSynchronize());
+    {
+        std::vector<int> off(E + 1);
+        cudaCheck(cudaMemcpy(off.data(), offsets, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost));
+        int mn = 1 << 30, mx = 0;
+        for (int e = 0; e < E; e++) { mn = std::min(mn, off[e + 1] - off[e]); mx = std::max(mx, off[e + 1] - off[e]); }
+        printf("  routing: %d rows, rows per expert min %d max %d (mean %.0f)\n", off[E], mn, mx, (double)off[E] / E);
+    }
+    printf("-- forward\n");
+    double t_router = time_ms(router, WARM, REPS), t_plan = time_ms(plan, WARM, REPS);
+    double t_gather = time_ms(gather, WARM, REPS), t_gf = time_ms(gemm_fwd, WARM, REPS);
+    double t_glu = time_ms(glu, WARM, REPS), t_comb = time_ms(combine, WARM, REPS);
+    double t_fwd = time_ms(fwd, WARM, REPS);
+    row("router (router GEMM N x d x E + moe_route_fwd)", t_router, 0);
+    row("plan (moe_plan, dropless)", t_plan, 0);
+    row("gather (moe_gather_fwd)", t_gather, 0);
+    row("expert GEMMs (grouped_matmul_fwd x3)", t_gf, 3 * gemm1);
+    row("glu_fwd", t_glu, 0);
+    row("combine (memset y + moe_combine_fwd)", t_comb, 0);
+    row("layer forward total", t_fwd, 0);
+    printf("-- backward\n");
+    double t_cb = time_ms(combine_b, WARM, REPS), t_gb = time_ms(gemm_bwd_only, WARM, REPS);
+    double t_gbi = time_ms(gemm_bwd_dinp, WARM, REPS), t_gbw = time_ms(gemm_bwd_dw, WARM, REPS);
+    double t_glub = time_ms(glu_b, WARM, REPS), t_gab = time_ms(gather_b, WARM, REPS);
+    double t_rb = time_ms(router_b, WARM, REPS), t_bwd = time_ms(bwd, WARM, REPS);
+    row("combine_bwd (memsets + moe_combine_bwd)", t_cb, 0);
+    row("expert GEMMs bwd (dinp + dW, x3)", t_gb, 6 * gemm1);
+    row("  of which dinp only (x3)", t_gbi, 3 * gemm1);
+    row("  of which dW only (x3)", t_gbw, 3 * gemm1);
+    row("glu_bwd", t_glub, 0);
+    row("gather_bwd (memset + moe_gather_bwd, host sync)", t_gab, 0);
+    row("router bwd (moe_route_bwd + router GEMM bwd)", t_rb, 0);
+    row("layer backward total (incl. memsets)", t_bwd, 0);
+    result("router_ms", t_router); result("plan_ms", t_plan); result("gather_ms", t_gather);
+    result("gemm_fwd_ms", t_gf); result("gemm_fwd_tflops", 3 * gemm1 / t_gf * 1e-9);
+    result("combine_ms", t_comb); result("fwd_total_ms", t_fwd);
+    result("gemm_bwd_ms", t_gb); result("gemm_bwd_tflops", 6 * gemm1 / t_gb * 1e-9);
+    result("gemm_bwd_dinp_tflops", 3 * gemm1 / t_gbi * 1e-9); result("gemm_bwd_dw_tflops", 3 * gemm1 / t_gbw * 1e-9);
+    result("combine_bwd_ms", t_cb); result("gather_bwd_ms", t_gab); result("router_bwd_ms", t_rb);
+    result("bwd_total_ms", t_bwd);
+
+    printf("-- references\n");
+    {   // dense cuBLAS bf16 GEMM of one expert GEMM's FLOPs: [NK, d] · [d, F], bf16 in, fp32 out
+        __nv_bfloat16 *a, *b;
+        cudaCheck(cudaMalloc(&a, NK * d * 2));
+        cudaCheck(cudaMalloc(&b, (size_t)d * F * 2));
+        fill_bf16_k<<<4096, 256>>>(a, NK * d, 7, 1.0f);
+        fill_bf16_k<<<4096, 256>>>(b, (size_t)d * F, 8, 0.02f);
+        cudaLaunchCheck();
+        const float one = 1.0f, zr = 0.0f;
+        auto dense = [&] {
+            cublasCheck(cublasGemmEx(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, F, (int)NK, d, &one, b, CUDA_R_16BF, d, a,
+                                     CUDA_R_16BF, d, &zr, ea, CUDA_R_32F, F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        };
+        double t = time_ms(dense, WARM, REPS);
+        row("dense cuBLAS bf16 GEMM 131072x2304 -> 1024 (bf16 in)", t, gemm1);
+        result("dense_bf16_tflops", gemm1 / t * 1e-9);
+        // the backend's dense linear layer on fp32 tensors (bf16 copies + cuBLAS), same FLOPs
+        double t2 = time_ms([&] { cuda_matmul_fwd(ea, xp, w1, NULL, (int)NK, d, F); }, WARM, REPS);
+        row("dense cuda_matmul_fwd (fp32 tensors, bf16 mode)", t2, gemm1);
+        result("dense_matmul_fwd_tflops", gemm1 / t2 * 1e-9);
+        cudaCheck(cudaFree(a));
+        cudaCheck(cudaFree(b));
+    }
+    {   // the previous fp32 CUDA-core grouped kernel (LM_GEMM_FP32), one forward GEMM
+        lm_cuda_set_gemm_mode(LM_GEMM_FP32);
+        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F); }, 1, 3);
+        row("grouped_matmul_fwd w1, fp32 kernel (LM_GEMM_FP32)", t, gemm1);
+        result("gemm_fwd_fp32_kernel_tflops", gemm1 / t * 1e-9);
+        lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    }
+    {   // skewed routing: logits + 4·e/E (high experts favoured)
+        fill_k<<<4096, 256>>>(z, (size_t)N * E, 9, 1.0f, 4.0f, E);
+        cudaLaunchCheck();
+        cuda_moe_route_fwd(idx, gate, s, alpha, z, bias, N, E, k, 1.0f, 1);
+        plan();
+        gather();
+        std::vector<int> off(E + 1);
+        cudaCheck(cudaMemcpy(off.data(), offsets, (E + 1) * sizeof(int), cudaMemcpyDeviceToHost));
+        int mn = 1 << 30, mx = 0;
+        for (int e = 0; e < E; e++) { mn = std::min(mn, off[e + 1] - off[e]); mx = std::max(mx, off[e + 1] - off[e]); }
+        printf("-- skewed routing (logits + 4 e/E): rows per expert min %d max %d\n", mn, mx);
+        double tf = time_ms(gemm_fwd, WARM, REPS), tb = time_ms(gemm_bwd_only, WARM, REPS);
+        row("expert GEMMs fwd (x3), skewed", tf, 3 * gemm1);
+        row("expert GEMMs bwd (x3), skewed", tb, 6 * gemm1);
+        result("skew_gemm_fwd_tflops", 3 * gemm1 / tf * 1e-9);
+        result("skew_gemm_bwd_tflops", 6 * gemm1 / tb * 1e-9);
+    }
+    lm_cuda_backend_shutdown();
+    return 0;
+}

@@ -1,0 +1,441 @@
+// moe_gemm.cu — the grouped expert GEMMs of the MoE layer (ops.h grouped_matmul_fwd/bwd).
+//
+//   fwd:  out [R,OC]  = per expert e, rows offsets[e]..offsets[e+1] of inp [R,C] · W[e]ᵀ
+//   bwd:  dinp [R,C] += dout [R,OC] · W[e]        (same rows)
+//         dW[e] [OC,C] += doutᵀ · inp             (summed over the expert's rows)
+//   W [E,OC,C]; every tensor fp32 in device memory; offsets [E+1] read on the device only.
+//
+// Two kernels:
+//   * gmm_k: plain fp32 CUDA-core tiles (exact; LM_GEMM_FP32 / TF32 modes, and the fallback
+//     for shapes the tensor-core kernel does not take: C or OC not a multiple of 4, or
+//     pointers not 16-byte aligned).
+//   * tc_k: bf16 tensor cores (LM_GEMM_BF16, the default). Operands stay fp32 in global
+//     memory and stream into shared memory with cp.async (4-stage pipeline); each warp
+//     rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2) and multiplies with
+//     mma.sync m16n8k16, fp32 accumulation. Converting on load needs no workspace: the
+//     number of rows R is only known on the device (offsets[E]), so a conversion pass of the
+//     activations could not be sized on the host without a synchronisation, and a pass over
+//     the weights alone would move 1.5× their fp32 size through DRAM every call.
+//
+// Fragment trick: the mma's k index may be permuted freely as long as A and B use the same
+// permutation. Logical k pairs (2t,2t+1) and (2t+8,2t+9) of thread t (lane%4) are taken
+// from physical k 4t..4t+3 of the 16-wide slice, so a K-contiguous operand gives each
+// thread its fragment pair with one 16-byte shared load. Operands whose k is the slow
+// index (W in dinp; dout and inp in dW) are read with 4-byte loads.
+//
+// Work mapping (no host round trip, CUDA-graph friendly):
+//   fwd, dinp: a one-block kernel turns offsets into tile_start[e] (prefix sum of the
+//     expert's 128-row tiles × column tiles) in the workspace; a persistent grid of one
+//     CTA per SM walks the global tile list, finding each tile's expert by binary search.
+//   dW: grid (OC tiles × C tiles, E); the expert's rows are the k loop, summed in order
+//     inside one CTA: deterministic, no atomics. Experts with no rows return at once.
+#include "cuda_common.cuh"
+#include <stdint.h>
+
+// ---------------------------------------------------------------------------
+// fp32 kernel (exact): 64×64 tiles, 16-deep k slices, 4×4 outputs per thread, k in order.
+//   C[m,n] (= or +=) Σ_k A(m,k)·B(k,n), A(m,k) = A[m·sam + k·sak], B(k,n) = B[k·sbk + n·sbn]
+// ROWS_M: the expert's rows are the m range (A and C start at row offsets[e]) and B is
+// expert e's weight; else the expert's rows are the k range (A, B start at row
+// offsets[e]) and C is expert e's weight gradient.
+#define GM_M 64
+#define GM_N 64
+#define GM_K 16
+
+template <bool ROWS_M, bool ACC>
+__global__ static void __launch_bounds__(256) gmm_k(float *C, const float *A, const float *B, const int *offsets,
+                                                     int Mfix, int Nn, int Kfix, long sam, long sak, long sbk, long sbn,
+                                                     long ldc, long w_stride) {
+    __shared__ float As[GM_K][GM_M + 4], Bs[GM_K][GM_N + 4];
+    const int e = blockIdx.z, tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int o0 = offsets[e], ne = offsets[e + 1] - o0;
+    const int M = ROWS_M ? ne : Mfix, K = ROWS_M ? Kfix : ne;
+    const float *Ae = A + (long)o0 * (ROWS_M ? sam : sak);
+    const float *Be = ROWS_M ? B + (long)e * w_stride : B + (long)o0 * sbk;
+    float *Ce = ROWS_M ? C + (long)o0 * ldc : C + (long)e * w_stride;
+    const int n0 = blockIdx.x * GM_N;
+    for (int m0 = blockIdx.y * GM_M; m0 < M; m0 += gridDim.y * GM_M) {
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += GM_K) {
+            for (int l = tid; l < GM_M * GM_K; l += 256) {
+                int mm, kk;
+                if (sak == 1) { mm = l / GM_K; kk = l % GM_K; } else { mm = l % GM_M; kk = l / GM_M; }
+                int gm = m0 + mm, gk = k0 + kk;
+                As[kk][mm] = gm < M && gk < K ? Ae[(long)gm * sam + (long)gk * sak] : 0.0f;
+            }
+            for (int l = tid; l < GM_N * GM_K; l += 256) {
+                int nn, kk;
+                if (sbn == 1) { nn = l % GM_N; kk = l / GM_N; } else { nn = l / GM_K; kk = l % GM_K; }
+                int gn = n0 + nn, gk = k0 + kk;
+                Bs[kk][nn] = gn < Nn && gk < K ? Be[(long)gk * sbk + (long)gn * sbn] : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < GM_K; kk++) {
+                float a[4], b[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) a[i] = As[kk][ty * 4 + i];
+#pragma unroll
+                for (int j = 0; j < 4; j++) b[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int gm = m0 + ty * 4 + i;
+            if (gm >= M) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int gn = n0 + tx * 4 + j;
+                if (gn >= Nn) continue;
+                float *c = Ce + (long)gm * ldc + gn;
+                *c = ACC ? *c + acc[i][j] : acc[i][j];
+            }
+        }
+    }
+}
+
+#define GM_ROW_BLOCKS 16   // blocks per (expert, column tile) walking the expert's row tiles
+
+// ---------------------------------------------------------------------------
+// bf16 tensor-core kernel.
+//   CTA tile TM × TN = 128 × 256, k slice TK = 32 fp32, 8 warps as 2 (m) × 4 (n), each warp
+//   64 × 64 (4 m16 × 8 n8 mma tiles, 128 fp32 accumulators per thread). 4 stages of
+//   (128 + 256) × 32 fp32 = 48 KB: 192 KB of shared memory, one CTA per SM.
+#define TC_M 128
+#define TC_N 256
+#define TC_K 32
+#define TC_STAGES 4
+#define TC_THREADS 256
+#define TC_A_FLOATS (TC_M * TC_K)
+#define TC_B_FLOATS (TC_N * TC_K)
+#define TC_STAGE_FLOATS (TC_A_FLOATS + TC_B_FLOATS)
+#define TC_SMEM (TC_STAGES * TC_STAGE_FLOATS * 4)
+
+// Shared layouts (float offsets), XOR-swizzled on 16-byte chunks so that the fragment
+// reads below hit 32 distinct banks per wavefront:
+//   K-major tile [rows][32]: chunk c (k 4c..4c+3) of row r at chunk c ^ 4·(r&1) — a
+//     quarter warp reads rows g, g+1 at chunks s·4+t: the two rows land in opposite halves.
+//   k-major tile [32][cols]: chunk c (cols 4c..4c+3) of k row kk at chunk c ^ 2·((kk>>2)&3)
+//     — a warp reads k rows 4t+i (t = 0..3) at two adjacent chunks: 8 distinct chunks.
+__device__ __forceinline__ int sw_kmaj(int r, int c) { return r * TC_K + ((c ^ ((r & 1) << 2)) << 2); }
+__device__ __forceinline__ int sw_mnmaj(int kk, int c, int cols) { return kk * cols + ((c ^ (((kk >> 2) & 3) << 1)) << 2); }
+
+__device__ __forceinline__ void tc_cp16(float *sdst, const float *gsrc, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gsrc), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void tc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// two fp32 → one bf16x2 register, lo in the low half (the smaller logical k)
+__device__ __forceinline__ uint32_t tc_pack(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One operand tile: ROWS rows of the m (or n) dimension × TK of k, from global
+//   KMAJ: element (r, k) at g[r·ld + k]   (k contiguous)
+//   else: element (r, k) at g[k·ld + r]   (r contiguous)
+// valid rows r < nr, valid k < nk (both relative to the tile origin g); the rest zero.
+template <int ROWS, bool KMAJ>
+__device__ __forceinline__ void tc_load(float *s, const float *g, long ld, int nr, int nk, int tid) {
+    if (KMAJ) {
+#pragma unroll
+        for (int it = 0; it < ROWS * 8 / TC_THREADS; it++) {
+            int l = tid + it * TC_THREADS, r = l >> 3, c = l & 7;
+            bool v = r < nr && 4 * c < nk;
+            tc_cp16(s + sw_kmaj(r, c), v ? g + (long)r * ld + 4 * c : g, v);
+        }
+    } else {
+        constexpr int CPR = ROWS / 4;   // chunks per k row
+#pragma unroll
+        for (int it = 0; it < ROWS * 8 / TC_THREADS; it++) {
+            int l = tid + it * TC_THREADS, kk = l / CPR, c = l % CPR;
+            bool v = kk < nk && 4 * c < nr;
+            tc_cp16(s + sw_mnmaj(kk, c, ROWS), v ? g + (long)kk * ld + 4 * c : g, v);
+        }
+    }
+}
+
+// A fragment (m16 × k16 slice s of the stage) for rows r0..r0+15: a[0] (r0+g, k 4t,4t+1),
+// a[1] (r0+g+8, same k), a[2] (r0+g, k 4t+2,4t+3), a[3] (r0+g+8, same k)
+template <bool KMAJ>
+__device__ __forceinline__ void tc_frag_a(uint32_t a[4], const float *s, int r0, int ks, int g, int t) {
+    if (KMAJ) {
+        float4 x = *reinterpret_cast<const float4 *>(s + sw_kmaj(r0 + g, ks * 4 + t));
+        float4 y = *reinterpret_cast<const float4 *>(s + sw_kmaj(r0 + g + 8, ks * 4 + t));
+        a[0] = tc_pack(x.x, x.y); a[1] = tc_pack(y.x, y.y);
+        a[2] = tc_pack(x.z, x.w); a[3] = tc_pack(y.z, y.w);
+    } else {
+        float v[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = r0 + g + 8 * h;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int kk = ks * 16 + 4 * t + i;
+                v[h][i] = s[sw_mnmaj(kk, r >> 2, TC_M) + (r & 3)];
+            }
+        }
+        a[0] = tc_pack(v[0][0], v[0][1]); a[1] = tc_pack(v[1][0], v[1][1]);
+        a[2] = tc_pack(v[0][2], v[0][3]); a[3] = tc_pack(v[1][2], v[1][3]);
+    }
+}
+// B fragment (n8 × k16) for column n0+g: b[0] (k 4t,4t+1), b[1] (k 4t+2,4t+3)
+template <bool KMAJ>
+__device__ __forceinline__ void tc_frag_b(uint32_t b[2], const float *s, int n0, int ks, int g, int t) {
+    const int n = n0 + g;
+    if (KMAJ) {
+        float4 x = *reinterpret_cast<const float4 *>(s + sw_kmaj(n, ks * 4 + t));
+        b[0] = tc_pack(x.x, x.y); b[1] = tc_pack(x.z, x.w);
+    } else {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = s[sw_mnmaj(ks * 16 + 4 * t + i, n >> 2, TC_N) + (n & 3)];
+        b[0] = tc_pack(v[0], v[1]); b[1] = tc_pack(v[2], v[3]);
+    }
+}
+
+// One CTA tile: Cout [M,N] (ldc) (= or +=) A·Bᵀ over k < K with
+//   A: element (m, k) at A[m·lda + k] (A_KMAJ) or A[k·lda + m];  valid m < M
+//   B: element (n, k) at B[n·ldb + k] (B_KMAJ) or B[k·ldb + n];  valid n < N
+// (A, B, Cout already point at the tile origin; M, N count from there.)
+template <bool A_KMAJ, bool B_KMAJ, bool ACC>
+__device__ __forceinline__ void tc_tile(float *smem, float *Cout, long ldc, const float *A, long lda, const float *B,
+                                        long ldb, int M, int N, int K) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = (warp & 1) * 64, wn = (warp >> 1) * 64;
+    const int KT = (K + TC_K - 1) / TC_K;
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+
+    auto load_stage = [&](int kt) {
+        float *s = smem + (kt % TC_STAGES) * TC_STAGE_FLOATS;
+        const int k0 = kt * TC_K;
+        const float *a = A_KMAJ ? A + k0 : A + (long)k0 * lda;
+        const float *b = B_KMAJ ? B + k0 : B + (long)k0 * ldb;
+        tc_load<TC_M, A_KMAJ>(s, a, lda, M, K - k0, tid);
+        tc_load<TC_N, B_KMAJ>(s + TC_A_FLOATS, b, ldb, N, K - k0, tid);
+    };
+#pragma unroll
+    for (int st = 0; st < TC_STAGES - 1; st++) {
+        if (st < KT) load_stage(st);
+        tc_commit();   // empty groups keep the wait count uniform
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        tc_wait<TC_STAGES - 2>();
+        __syncthreads();   // stage kt visible to all; stage kt-1 free for the refill below
+        if (kt + TC_STAGES - 1 < KT) load_stage(kt + TC_STAGES - 1);
+        tc_commit();
+        const float *sa = smem + (kt % TC_STAGES) * TC_STAGE_FLOATS, *sb = sa + TC_A_FLOATS;
+#pragma unroll
+        for (int ks = 0; ks < TC_K / 16; ks++) {
+            // the A fragments stay in registers; B fragments are read one n8 tile at a time
+            // (fewer live registers: 128 accumulators already)
+            uint32_t af[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) tc_frag_a<A_KMAJ>(af[i], sa, wm + 16 * i, ks, g, t);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                uint32_t bf[2];
+                tc_frag_b<B_KMAJ>(bf, sb, wn + 8 * j, ks, g, t);
+#pragma unroll
+                for (int i = 0; i < 4; i++) tc_mma(acc[i][j], af[i], bf);
+            }
+        }
+    }
+    tc_wait<0>();
+    __syncthreads();   // the next tile of a persistent CTA refills the stages
+    // c[0],c[1]: (row g, cols 2t, 2t+1); c[2],c[3]: (row g+8, same cols). N is even.
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = wm + 16 * i + g + 8 * h;
+            if (m >= M) continue;
+            float *crow = Cout + (long)m * ldc;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int n = wn + 8 * j + 2 * t;
+                if (n >= N) continue;
+                float2 *p = reinterpret_cast<float2 *>(crow + n);
+                float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                if (ACC) { float2 o = *p; v.x += o.x; v.y += o.y; }
+                *p = v;
+            }
+        }
+}
+
+// tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / TC_M) · ntn (one block; E small)
+__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn) {
+    __shared__ int part[1024];
+    const int tid = threadIdx.x, per = (E + blockDim.x - 1) / blockDim.x;
+    int s = 0;
+    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
+    part[tid] = s;
+    __syncthreads();
+    if (tid == 0) {
+        int run = 0;
+        for (int i = 0; i < (int)blockDim.x; i++) { int v = part[i]; part[i] = run; run += v; }
+        tile_start[E] = run;
+    }
+    __syncthreads();
+    int run = part[tid];
+    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) {
+        tile_start[e] = run;
+        run += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
+    }
+}
+
+// Rows-as-m GEMM (fwd, dinp), persistent over the tile list of tc_sched_k:
+//   Out [R,N] (= or +=) per expert: A rows [offsets[e], offsets[e+1]) (A [R,K], K-major)
+//   times B_e = B + e·w_stride (element (n,k) at n·ldb + k if B_KMAJ, else k·ldb + n).
+// Tiles of an expert run m-fastest so that concurrent CTAs share B_e's column slab in L2.
+template <bool B_KMAJ, bool ACC>
+__global__ static void __launch_bounds__(TC_THREADS, 1)
+    tc_rows_k(float *Out, const float *A, const float *B, const int *offsets, const int *tile_start, int E, int N,
+              int K, long ldb, long w_stride) {
+    extern __shared__ float4 smem4[];
+    float *smem = reinterpret_cast<float *>(smem4);
+    const int total = tile_start[E], ntn = (N + TC_N - 1) / TC_N;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
+        while (hi - lo > 1) {
+            int mid = (lo + hi) >> 1;
+            if (tile_start[mid] <= tile) lo = mid; else hi = mid;
+        }
+        const int e = lo, local = tile - tile_start[e];
+        const int o0 = offsets[e], rows = offsets[e + 1] - o0;
+        const int mtn = (rows + TC_M - 1) / TC_M;
+        const int m0 = (local % mtn) * TC_M, n0 = (local / mtn) * TC_N;
+        (void)ntn;
+        const float *Be = B + (long)e * w_stride + (B_KMAJ ? (long)n0 * ldb : n0);
+        tc_tile<true, B_KMAJ, ACC>(smem, Out + (long)(o0 + m0) * N + n0, N, A + (long)(o0 + m0) * K, K, Be, ldb,
+                                   rows - m0, N - n0, K);
+    }
+}
+
+// dW [E, M, N] += per expert Σ over its rows r of A[r, m] · B[r, n]  (A [R,M], B [R,N]):
+// grid (ceil(M/TC_M) · ceil(N/TC_N), E)
+__global__ static void __launch_bounds__(TC_THREADS, 1)
+    tc_dw_k(float *dW, const float *A, const float *B, const int *offsets, int M, int N) {
+    extern __shared__ float4 smem4[];
+    float *smem = reinterpret_cast<float *>(smem4);
+    const int e = blockIdx.y, o0 = offsets[e], rows = offsets[e + 1] - o0;
+    if (rows <= 0) return;
+    const int ntm = (M + TC_M - 1) / TC_M;
+    const int m0 = (blockIdx.x % ntm) * TC_M, n0 = (blockIdx.x / ntm) * TC_N;
+    tc_tile<false, false, true>(smem, dW + (long)e * M * N + (long)m0 * N + n0, N, A + (long)o0 * M + m0, M,
+                                B + (long)o0 * N + n0, N, M - m0, N - n0, rows);
+}
+
+static int tc_num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+static void tc_setup(void) {
+    static int done = 0;
+    if (done) return;
+    cudaCheck(cudaFuncSetAttribute(tc_rows_k<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    cudaCheck(cudaFuncSetAttribute(tc_rows_k<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    cudaCheck(cudaFuncSetAttribute(tc_dw_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    done = 1;
+}
+// the tensor-core kernel takes C, OC multiples of 4 (16-byte rows for cp.async) and
+// 16-byte aligned tensors; anything else runs the fp32 kernel
+static int tc_ok(int C, int OC, const void *p0, const void *p1, const void *p2, const void *p3) {
+    if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4) return 0;
+    const void *ps[4] = {p0, p1, p2, p3};
+    for (int i = 0; i < 4; i++)
+        if (ps[i] && (uintptr_t)ps[i] % 16) return 0;
+    return 1;
+}
+// tile_start of the rows-as-m kernels for N output columns, in the workspace
+static int *tc_schedule(const int *offsets, int E, int N) {
+    int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + TC_N - 1) / TC_N);
+    cudaLaunchCheck();
+    return ts;
+}
+
+// ---------------------------------------------------------------------------
+// the ops
+
+// out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
+    if (E <= 0 || OC <= 0) return;
+    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
+    if (C > 0 && tc_ok(C, OC, out, inp, W, NULL)) {
+        tc_setup();
+        int *ts = tc_schedule(offsets, E, OC);
+        tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(out, inp, W, offsets, ts, E,
+                                                                                        OC, C, C, (long)OC * C);
+        cudaLaunchCheck();
+        return;
+    }
+    dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+    gmm_k<true, false><<<grid, 256, 0, lm_cuda_stream()>>>(out, inp, W, offsets, 0, OC, C, C, 1, 1, C, OC,
+                                                            (long)OC * C);
+    cudaLaunchCheck();
+}
+
+// dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
+                             const int *offsets, int E, int C, int OC) {
+    if (E <= 0 || OC <= 0 || C <= 0) return;
+    LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
+    if (tc_ok(C, OC, dinp, dW, dout, inp) && (uintptr_t)W % 16 == 0) {
+        tc_setup();
+        if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
+            int *ts = tc_schedule(offsets, E, C);
+            tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+                dinp, dout, W, offsets, ts, E, C, OC, C, (long)OC * C);
+            cudaLaunchCheck();
+        }
+        if (dW) {     // OC × C, k = the expert's rows: A = dout (oc contiguous), B = inp (c contiguous)
+            dim3 grid(((OC + TC_M - 1) / TC_M) * ((C + TC_N - 1) / TC_N), E);
+            tc_dw_k<<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C);
+            cudaLaunchCheck();
+        }
+        return;
+    }
+    if (dinp) {
+        dim3 grid((C + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+        gmm_k<true, true><<<grid, 256, 0, lm_cuda_stream()>>>(dinp, dout, W, offsets, 0, C, OC, OC, 1, C, 1, C,
+                                                               (long)OC * C);
+        cudaLaunchCheck();
+    }
+    if (dW) {
+        dim3 grid((C + GM_N - 1) / GM_N, (OC + GM_M - 1) / GM_M, E);
+        gmm_k<false, true><<<grid, 256, 0, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C, 0, 1, OC, C, 1, C,
+                                                                (long)OC * C);
+        cudaLaunchCheck();
+    }
+}
