@@ -73,4 +73,18 @@ double lm_time_sec(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double_asc(const void *pa, const void *pb) {
+    double a = *(const double *)pa, b = *(const double *)pb;
+    return (a > b) - (a < b);
+}
+double lm_median(const double *x, int n) {
+    if (n <= 0) return NAN;
+    double *v = lm_malloc(sizeof(double) * (size_t)n);
+    memcpy(v, x, sizeof(double) * (size_t)n);
+    qsort(v, (size_t)n, sizeof(double), cmp_double_asc);
+    double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    free(v);
+    return m;
+}
+
 int lm_num_threads(void) { return omp_get_max_threads(); }

@@ -58,6 +58,8 @@ static inline int lm_max(int a, int b) { return a > b ? a : b; }
 static inline int lm_cdiv(int a, int b) { return (a + b - 1) / b; }
 
 double lm_time_sec(void);        // monotonic wall clock
+// median of x [n] (x unchanged; the mean of the middle two when n is even); NaN when n ≤ 0
+double lm_median(const double *x, int n);
 int lm_num_threads(void);        // OpenMP threads in use
 
 #endif

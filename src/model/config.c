@@ -333,6 +333,24 @@ void lm_config_count_params(const lm_config *c, double *total, double *active) {
     *active = act;
 }
 
+double lm_config_train_flops(const lm_config *c, int T, double *fwd_matmul, double *fwd_mla, double *fwd_kda) {
+    double tot, act;
+    lm_config_count_params(c, &tot, &act);
+    const double mm = 2 * act;
+    double mla = 0, kda = 0;
+    const double K = c->kda_head_dim, V = c->kda_head_dim, C = c->kda_chunk;
+    for (int i = 0; i < c->n_layers; i++) {
+        if (lm_layer_is_mla(c, i))
+            mla += 2.0 * c->mla_heads * (lm_mla_qk_dim(c) + c->v_head_dim) * (T + 1) / 2.0;
+        else
+            kda += 2.0 * c->kda_heads * (3 * K * V + C * K + C * V / 2);
+    }
+    if (fwd_matmul) *fwd_matmul = mm;
+    if (fwd_mla) *fwd_mla = mla;
+    if (fwd_kda) *fwd_kda = kda;
+    return 3 * (mm + mla + kda);
+}
+
 void lm_config_print(const lm_config *c, FILE *f) {
     double tot, act;
     lm_config_count_params(c, &tot, &act);

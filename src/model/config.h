@@ -82,6 +82,16 @@ lm_status lm_config_set(lm_config *c, const char *key, const char *value);
 // with — total minus the embedding table (a lookup) minus the (E − top_k)/E share of
 // the routed-expert weights.
 void lm_config_count_params(const lm_config *c, double *total, double *active);
+
+// Model FLOPs of one token of a training step (forward + backward = 3 × forward) at
+// sequence length T, the numerator of MFU. Forward per token:
+//   matmuls    2 × active parameters (the LM head included, the embedding lookup not)
+//   MLA        per layer 2·H·(Dqk + Dv)·(T+1)/2   (QKᵀ and PV over the causal average context)
+//   KDA        per layer and head 2·(3·K·V + C·K + C·V/2), chunk C: the state products
+//              (q·S, k·S, k⊗u) and the within-chunk products (kkᵀ, qkᵀ, P·u)
+// Recomputation is not counted (model FLOPs, not hardware FLOPs). The parts are
+// returned through the pointers when they are not NULL (forward, per token).
+double lm_config_train_flops(const lm_config *c, int T, double *fwd_matmul, double *fwd_mla, double *fwd_kda);
 void lm_config_print(const lm_config *c, FILE *f);
 
 const char *lm_residual_name(int mode);

@@ -410,18 +410,7 @@ static void attnres_heatmaps(html *h) {
     svg_puts(b, "</section>\n");
 }
 
-static double median_of(const rp_series *s) {
-    if (!s->n) return NAN;
-    double *v = lm_malloc(sizeof(double) * (size_t)s->n);
-    memcpy(v, s->y, sizeof(double) * (size_t)s->n);
-    for (int i = 1; i < s->n; i++)
-        for (int k = i; k > 0 && v[k - 1] > v[k]; k--) {
-            double t = v[k]; v[k] = v[k - 1]; v[k - 1] = t;
-        }
-    double m = s->n % 2 ? v[s->n / 2] : 0.5 * (v[s->n / 2 - 1] + v[s->n / 2]);
-    free(v);
-    return m;
-}
+static double median_of(const rp_series *s) { return lm_median(s->y, s->n); }
 
 static void throughput_section(html *h) {
     const rp_report *rep = h->rep;

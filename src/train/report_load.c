@@ -220,7 +220,9 @@ static lm_status parse_line(const ctx *c, rp_run *r, const char *text, size_t le
     } else if (!strcmp(type->valuestring, "eval")) {
         st = parse_eval(c, r, o);
     } else if (!strcmp(type->valuestring, "end")) {
-        st = num_field(c, o, "tok_s", 0, &r->end_tok_s);
+        // the median step of the run (written since session 3), else the older EMA figure
+        st = num_field(c, o, "median_tok_s", 0, &r->end_tok_s);
+        if (!st && !isfinite(r->end_tok_s)) st = num_field(c, o, "tok_s", 0, &r->end_tok_s);
     } else if (!strcmp(type->valuestring, "run")) {
         st = num_field(c, o, "params_total", 0, &r->params_total);
         if (!st) st = num_field(c, o, "params_active", 0, &r->params_active);

@@ -58,14 +58,7 @@ double rp_run_metric(const rp_run *r, int c) {
         // the writer's whole-run figure when the run ended; otherwise the median step,
         // which ignores warm-up and stalls
         if (isfinite(r->end_tok_s)) return r->end_tok_s;
-        if (!r->tok_s.n) return NAN;
-        double *v = lm_malloc(sizeof(double) * (size_t)r->tok_s.n);
-        memcpy(v, r->tok_s.y, sizeof(double) * (size_t)r->tok_s.n);
-        qsort(v, (size_t)r->tok_s.n, sizeof(double), cmp_double);
-        int n = r->tok_s.n;
-        double m = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-        free(v);
-        return m;
+        return lm_median(r->tok_s.y, r->tok_s.n);
     }
     }
     return NAN;

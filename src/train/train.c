@@ -222,6 +222,8 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     lm_batch *mb = NULL;
     FILE *log = NULL;
     real *maxlog = NULL;
+    double *step_s = NULL;   // this run's step times (the end line's median)
+    int n_step_s = 0;
     int n_micro_cap = 0, have_loader = 0, have_eval = 0;
     lm_train_state ts;
     memset(&ts, 0, sizeof ts);
@@ -325,6 +327,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     maxlog = lm_malloc((size_t)cfg->n_layers * (cfg->mla_heads > 0 ? cfg->mla_heads : 1) * sizeof(real));
     double t_run0 = lm_time_sec() - ts.elapsed_s;
     double ema_tok_s = 0;
+    step_s = lm_malloc((size_t)(total_steps > 0 ? total_steps : 1) * sizeof(double));
     while (ts.step < total_steps) {
         double t0 = lm_time_sec();
         const stage *sg = stage_at(st, nst, ts.step);
@@ -383,6 +386,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         }
         ts.step++;
         double dt = lm_time_sec() - t0;
+        if (n_step_s < total_steps) step_s[n_step_s++] = dt;
         double tok_s = (double)B * T / dt;
         ema_tok_s = ema_tok_s == 0 ? tok_s : 0.9 * ema_tok_s + 0.1 * tok_s;
         ts.elapsed_s = lm_time_sec() - t_run0;
@@ -471,11 +475,23 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             if (!o->quiet) printf("saved %s\n", saved);
         }
         if (last) {
+            // steady-state speed: the median step of this run after its first two (warm-up)
+            int skip = n_step_s > 4 ? 2 : 0;
+            double med = lm_median(step_s + skip, n_step_s - skip);
+            double flops = lm_config_train_flops(cfg, T, NULL, NULL, NULL);
+            double med_tok_s = med > 0 ? (double)B * T / med : 0;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddStringToObject(e, "type", "end");
             cJSON_AddNumberToObject(e, "step", (double)ts.step);
             cJSON_AddNumberToObject(e, "elapsed_s", ts.elapsed_s);
             cJSON_AddNumberToObject(e, "tok_s", ema_tok_s);
+            cJSON_AddNumberToObject(e, "median_step_s", med);
+            cJSON_AddNumberToObject(e, "median_tok_s", med_tok_s);
+            cJSON_AddNumberToObject(e, "model_flops_per_token", flops);
+            if (!o->quiet)
+                printf("throughput: median step %.1f ms (steps %d-%d of this run) = %.0f tok/s; %.3f GFLOP/token "
+                       "(model FLOPs, fwd+bwd) = %.1f TFLOP/s\n",
+                       1e3 * med, skip + 1, n_step_s, med_tok_s, flops * 1e-9, flops * med_tok_s * 1e-12);
             if (saved[0]) cJSON_AddStringToObject(e, "checkpoint", saved);
             write_line(log, e);
             cJSON_Delete(e);
@@ -487,6 +503,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     }
 done:
     free(maxlog);
+    free(step_s);
     if (log) fclose(log);
     for (int u = 0; u < n_micro_cap; u++) lm_batch_free(&mb[u]);
     free(mb);
