@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
     auto glu_b = [&] { cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act); };
     auto gather_b = [&] {
         zero(dxn, (size_t)N * d * 4);
-        cuda_moe_gather_bwd(dxn, dxp, row_token, offsets, E, d);
+        cuda_moe_gather_bwd(dxn, dxp, row_token, offsets, E, d, (int)NK);
     };
     auto router_b = [&] {
         zero(dz, (size_t)N * E * 4);
