@@ -229,9 +229,10 @@ typedef struct lm_ops {
                      real dloss, int N, int V);
 
     // ---- optimiser ----
-    // AdamW with decoupled weight decay; bc1 = 1 − β1^t, bc2 = 1 − β2^t
+    // AdamW with decoupled weight decay on the gradient gscale·g (gscale: the clipping
+    // factor, folded in so that clipping needs no pass of its own); bc1 = 1 − β1^t, bc2 = 1 − β2^t
     void (*adamw)(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2,
-                  real eps, real wd, real bc1, real bc2);
+                  real eps, real wd, real bc1, real bc2, real gscale);
     // Muon on `count` stacked matrices [rows, cols]: m = μm + g; u = g + μm (Nesterov);
     //   O = NewtonSchulz5(u); p ← p − lr·(0.2·sqrt(max(rows,cols))·O + wd·p)
     void (*muon)(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);

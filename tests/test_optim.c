@@ -17,10 +17,12 @@ static void test_adamw_formula(void **state) {
     real *p = tu_randn(n, &r, 1), *g = tu_randn(n, &r, 1), *m = tu_randn(n, &r, 0.1), *v = tu_rand_uniform(n, &r, 0, 0.1);
     real *p0 = tu_copy(p, n), *m0 = tu_copy(m, n), *v0 = tu_copy(v, n);
     const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, bc1 = 1 - pow(b1, 3), bc2 = 1 - pow(b2, 3);
-    ops->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    const double gs = 0.75;   // the clipping factor
+    ops->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
     double worst = 0;
     for (int i = 0; i < n; i++) {
-        double mm = b1 * m0[i] + (1 - b1) * g[i], vv = b2 * v0[i] + (1 - b2) * (double)g[i] * g[i];
+        double gi = gs * g[i];
+        double mm = b1 * m0[i] + (1 - b1) * gi, vv = b2 * v0[i] + (1 - b2) * gi * gi;
         double want = p0[i] - lr * ((mm / bc1) / (sqrt(vv / bc2) + eps) + wd * p0[i]);
         worst = fmax(worst, fabs(want - p[i]));
     }

@@ -9,11 +9,12 @@
 #endif
 
 void cpu_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps,
-               real wd, real bc1, real bc2) {
+               real wd, real bc1, real bc2, real gscale) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        m[i] = b1 * m[i] + (1 - b1) * g[i];
-        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        const real gi = g[i] * gscale;   // rounded as a separate scaling pass would round it
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         real mh = m[i] / bc1, vh = v[i] / bc2;
         p[i] -= lr * (mh / (sqrt(vh) + eps) + wd * p[i]);
     }

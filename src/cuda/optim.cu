@@ -3,9 +3,9 @@
 #include "cuda_common.cuh"
 
 __global__ static void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                               float eps, float wd, float bc1, float bc2) {
+                               float eps, float wd, float bc1, float bc2, float gscale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float gi = g[i];
+        float gi = g[i] * gscale;
         float mi = b1 * m[i] + (1 - b1) * gi;
         float vi = b2 * v[i] + (1 - b2) * gi * gi;
         m[i] = mi;
@@ -16,9 +16,10 @@ __global__ static void adamw_k(float *p, const float *g, float *m, float *v, siz
 }
 
 void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd,
-                real bc1, real bc2) {
+                real bc1, real bc2, real gscale) {
     if (!n) return;
-    adamw_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);
+    adamw_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2,
+                                                                   gscale);
     cudaLaunchCheck();
 }
 

@@ -59,10 +59,21 @@ static int muon_shape(const lm_tensor_info *t, int *count, int *rows, int *cols)
 }
 
 double lm_optim_step(lm_optim *o, lm_model *model, real lr) {
+    double norm = lm_grad_norm(model);
+    lm_optim_step_norm(o, model, lr, norm);
+    return norm;
+}
+
+void lm_optim_step_norm(lm_optim *o, lm_model *model, real lr, double norm) {
     const lm_ops *ops = model->ops;
     const lm_optim_config *c = &o->cfg;
-    double norm = lm_grad_norm(model);
-    if (c->clip > 0 && norm > c->clip) ops->scale(model->grads_mem, (real)(c->clip / norm), model->playout.numel);
+    // clipping: AdamW takes the factor with the gradient (no pass over the gradients);
+    // Muon's op does not, so with Muon the gradients are scaled first
+    real gscale = c->clip > 0 && norm > c->clip ? (real)(c->clip / norm) : 1;
+    if (gscale != 1 && c->kind == LM_OPT_MUON) {
+        ops->scale(model->grads_mem, gscale, model->playout.numel);
+        gscale = 1;
+    }
     o->t++;
     real bc1 = 1 - pow(c->b1, (real)o->t), bc2 = 1 - pow(c->b2, (real)o->t);
     for (int i = 0; i < model->playout.n; i++) {
@@ -76,7 +87,6 @@ double lm_optim_step(lm_optim *o, lm_model *model, real lr) {
         if (c->kind == LM_OPT_MUON && muon_shape(t, &count, &rows, &cols))
             ops->muon(p, g, m, count, rows, cols, lr, c->muon_mu, wd);
         else
-            ops->adamw(p, g, m, v, t->numel, lr, c->b1, c->b2, c->eps, wd, bc1, bc2);
+            ops->adamw(p, g, m, v, t->numel, lr, c->b1, c->b2, c->eps, wd, bc1, bc2, gscale);
     }
-    return norm;
 }

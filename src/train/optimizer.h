@@ -35,6 +35,9 @@ double lm_grad_norm(const lm_model *model);
 // Clips (if configured) and applies one update with learning rate lr. Returns the
 // gradient norm before clipping.
 double lm_optim_step(lm_optim *o, lm_model *model, real lr);
+// The same with the gradient norm already known (lm_grad_norm: the training loop computes
+// it once, and a non-finite norm is also its non-finite-gradient test).
+void lm_optim_step_norm(lm_optim *o, lm_model *model, real lr, double norm);
 int lm_optimizer_from_name(const char *s);   // −1 if unknown
 
 #endif

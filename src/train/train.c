@@ -366,17 +366,20 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             ops->to_device(m->grads_mem, &nan, sizeof nan);
         }
         const real lr = lm_optim_lr(&opt.cfg, ts.step);
-        int skipped = !isfinite(loss) || !ops->all_finite(m->grads_mem, m->playout.numel);
-        double gnorm = NAN;
+        // one pass over the gradients: their norm, non-finite iff some gradient is (squares
+        // of finite floats summed in double cannot overflow)
+        double gnorm = lm_grad_norm(m);
+        int skipped = !isfinite(loss) || !isfinite(gnorm);
         int n_clipped = 0;
         lm_moe_metrics met[LM_MAX_LAYERS];
         if (!skipped) {
-            gnorm = lm_optim_step(&opt, m, lr);
+            lm_optim_step_norm(&opt, m, lr, gnorm);
             if (use_qk_clip) n_clipped = lm_qk_clip(m, maxlog, o->qk_clip);
             for (int i = 0; i < cfg->n_layers; i++)
                 if (lm_layer_is_moe(cfg, i)) lm_balancer_update(&m->bal[i], ops, &met[i]);
             consecutive_skips = 0;
         } else {
+            gnorm = NAN;
             for (int i = 0; i < cfg->n_layers; i++)
                 if (lm_layer_is_moe(cfg, i)) lm_balancer_discard(&m->bal[i], ops);
             ts.skipped_total++;

@@ -685,8 +685,8 @@ static void t_adamw(void) {
     float *gp = dfl(p, n), *gg = dfl(g, n), *gm = dfl(m, n), *gv = dfl(v, n);
     float *p0 = hcopy(p, n);
     for (int step = 0; step < 3; step++) {
-        CPU->adamw(p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f);
-        GPU->adamw(gp, gg, gm, gv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f);
+        CPU->adamw(p, g, m, v, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, step ? 0.6f : 1.0f);
+        GPU->adamw(gp, gg, gm, gv, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 0.3f, step ? 0.6f : 1.0f);
     }
     cmp("adamw (3 steps)", "p", gp, p, n, TOL);
     cmp("adamw (3 steps)", "m", gm, m, n, TOL);
