@@ -61,6 +61,14 @@ Stand-ins and differences (stated so the comparison stays honest):
     (causal: half of the 2*T^2*(Dqk+Dv) forward, x3 for forward+backward). KDA's chunked core is not
     counted (it is small next to the GEMMs at T=4096 and not a dense-attention FLOP).
     MFU against the H200 dense bf16 peak 989 TFLOP/s (printed).
+  * First steps: a fresh process spends a long time in Triton JIT compilation plus fla's Triton
+    autotuning (FLA_CACHE_MODE is `disabled` by default, so every autotuned kernel benchmarks all of
+    its configs on first use; fla ships no pre-tuned H200 configs at bc3b101d). On the H200 lease of
+    2026-11-30 the first training step had not finished after ~130 s (cold machine, 245 kernels in
+    ~/.triton/cache by then) nor after a further ~75 s (warm machine, same cache): give the first run
+    a timeout of 10 min and keep TRITON_CACHE_DIR on the same machine for later runs. The first two
+    warm-up steps print when their forward / backward finish, to show where that time goes. Only
+    steps after --warmup are timed.
   * --compile compiles the MoE / dense FFN and MLA sublayer modules with torch.compile (the fla
     Triton ops — chunk_kda, short conv, gated norm, RMSNorm, AttnRes — stay as they are; they are
     already fused kernels).
@@ -510,7 +518,8 @@ def main():
             wb = [w.detach().bfloat16().float().requires_grad_() for w in ws]
             y2 = expert_ffn(xb, offs_, counts_, *wb)
             gr2 = torch.autograd.grad(y2.square().sum(), [xb] + wb)
-            errs = [float((a.float() - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip((y1,) + gr1, (y2,) + gr2)]
+            errs = [float((a.detach().float() - b).norm() / b.norm().clamp_min(1e-30))
+                    for a, b in zip((y1,) + gr1, (y2,) + gr2)]
             ok = max(errs) < 3e-2
             log(f"experts: torch._grouped_mm self-test vs loop rel.err y/dx/dw1/dw3/dw2 = "
                 + " ".join(f"{e:.1e}" for e in errs) + (" ok" if ok else " FAILED"))
@@ -608,18 +617,24 @@ def main():
         tokens = torch.randint(0, cfg.vocab, (B, T + 1), generator=g).to(dev)
         x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-        def step():
+        def sync():
+            if on_cuda:
+                torch.cuda.synchronize()
+
+        def step(trace=None):
             with torch.autocast(device_type=dev.type, dtype=amp_dtype, enabled=use_amp):
                 loss = model(x, y)
+            if trace:  # warm-up only: where the first steps' Triton JIT / autotune time goes
+                sync()
+                log(f"[{mode_tag}]   {trace}: forward done at {time.time() - T0:.1f} s")
             loss.backward()
+            if trace:
+                sync()
+                log(f"[{mode_tag}]   {trace}: backward done at {time.time() - T0:.1f} s")
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, **({"foreach": True} if on_cuda else {}))
             opt.step()
             opt.zero_grad(set_to_none=True)
             return loss, gn
-
-        def sync():
-            if on_cuda:
-                torch.cuda.synchronize()
 
         log(f"[{mode_tag}] parameters: {tot:.4g} total, {act:.4g} active per token "
             f"(linmoe small: 1.045e+09 / 1.481e+08); stream {stream}; params fp32 + autocast bf16; "
@@ -631,7 +646,7 @@ def main():
                 torch.cuda.reset_peak_memory_stats()
             sync()
             t0 = time.perf_counter()
-            loss, gn = step()
+            loss, gn = step(f"warm-up {it + 1}" if it < min(args.warmup, 2) else None)
             sync()
             dt = time.perf_counter() - t0
             lv = float(loss)
