@@ -9,7 +9,8 @@
 //     `steps` one-token steps per sequence, median step time → B / step time;
 //   the MLA decode op alone on one layer's cache: GB/s of cache read.
 //
-// Usage: bench_generate [--steps N] [--max-ctx L]     (needs a CUDA GPU)
+// Usage: bench_generate [--steps N] [--max-ctx L] [--op-only]     (needs a CUDA GPU)
+//   --op-only: only the MLA decode op on synthetic one-layer caches (no model)
 #include <cuda_runtime_api.h>
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
@@ -97,6 +98,53 @@ static void bench_prefill(lm_model *m, int B, int L, lm_rng *r) {
     free(tok);
 }
 
+// Times the MLA decode op alone over one layer's cache c [B,L,R], kpe [B,L,De] whose
+// device lens hold L: GB/s of cache read (every row of c and kpe read once per call).
+static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, const int *lens, int B, int L,
+                           const real *block, size_t nblock) {
+    const int H = c->mla_heads, R = c->kv_lora_rank, De = c->qk_extra_dim;
+    real *ql = OPS->alloc((size_t)B * H * R * sizeof(real)), *qp = OPS->alloc((size_t)B * H * (De ? De : 1) * sizeof(real));
+    real *o = OPS->alloc((size_t)B * H * R * sizeof(real));
+    fill_dev(ql, (size_t)B * H * R, block, nblock);
+    if (De) fill_dev(qp, (size_t)B * H * De, block, nblock);
+    const real scale = 1 / sqrtf((float)lm_mla_qk_dim(c));
+    enum { REPS = 20 };
+    double t[REPS];
+    for (int k = 0; k < REPS + 2; k++) {
+        sync_dev();
+        double t0 = lm_time_sec();
+        OPS->mla_decode(o, ql, qp, cc, kpe, lens, B, H, R, De, L, scale);
+        sync_dev();
+        if (k >= 2) t[k - 2] = lm_time_sec() - t0;
+    }
+    double tm = median(t, REPS), bytes = (double)B * L * (R + De) * sizeof(real);
+    printf("          mla_decode op alone (one layer, B=%d, len %d): %.3f ms, %.0f GB/s of cache read\n", B, L,
+           tm * 1e3, bytes / tm / GB);
+    OPS->free(ql); OPS->free(qp); OPS->free(o);
+}
+
+// --op-only: the decode op on a synthetic one-layer cache, no model
+static void bench_op_only(const lm_config *c, long max_ctx, const real *block, size_t nblock) {
+    const int ctx[3] = {4096, 65536, 1048576}, bs[2] = {1, 64};
+    const int R = c->kv_lora_rank, De = c->qk_extra_dim;
+    for (int li = 0; li < 3; li++)
+        for (int bi = 0; bi < 2; bi++) {
+            const int L = ctx[li], B = bs[bi];
+            const double bytes = (double)B * L * (R + De) * sizeof(real);
+            if (L > max_ctx || bytes > 100 * GB) continue;
+            real *cc = OPS->alloc((size_t)B * L * R * sizeof(real)), *kpe = OPS->alloc((size_t)B * L * De * sizeof(real));
+            fill_dev(cc, (size_t)B * L * R, block, nblock);
+            fill_dev(kpe, (size_t)B * L * De, block, nblock);
+            int *hl = lm_malloc((size_t)B * sizeof(int));
+            for (int b = 0; b < B; b++) hl[b] = L;
+            int *lens = OPS->alloc((size_t)B * sizeof(int));
+            OPS->to_device(lens, hl, (size_t)B * sizeof(int));
+            time_decode_op(c, cc, kpe, lens, B, L, block, nblock);
+            OPS->free(cc); OPS->free(kpe); OPS->free(lens);
+            free(hl);
+        }
+}
+
 static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real *block, size_t nblock, lm_rng *r) {
     const lm_config *c = &m->cfg;
     decode_res res = {0};
@@ -145,30 +193,11 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
            "(KDA state+conv %.3f, MLA latents %.2f), GPU memory used %.2f GB\n",
            B, L, res.ms, ms[0], ms[steps - 1], res.tok_s, (kda + mla) / GB, kda / GB, mla / GB, res.used_gb);
     // the MLA decode op alone on the last MLA layer's cache (lens = L from the last step)
-    int layer = -1;
-    for (int i = 0; i < c->n_layers; i++)
-        if (lm_layer_is_mla(c, i)) layer = i;
-    if (layer >= 0) {
-        const int H = c->mla_heads, R = c->kv_lora_rank, De = c->qk_extra_dim;
-        real *ql = OPS->alloc((size_t)B * H * R * sizeof(real)), *qp = OPS->alloc((size_t)B * H * (De ? De : 1) * sizeof(real));
-        real *o = OPS->alloc((size_t)B * H * R * sizeof(real));
-        fill_dev(ql, (size_t)B * H * R, block, nblock);
-        if (De) fill_dev(qp, (size_t)B * H * De, block, nblock);
-        const real scale = 1 / sqrtf((float)lm_mla_qk_dim(c));
-        const int reps = 20;
-        double t[20];
-        for (int k = 0; k < reps + 2; k++) {
-            sync_dev();
-            double t0 = lm_time_sec();
-            OPS->mla_decode(o, ql, qp, kc->mla_c[layer], kc->mla_kpe[layer], kc->lens, B, H, R, De, L, scale);
-            sync_dev();
-            if (k >= 2) t[k - 2] = lm_time_sec() - t0;
+    for (int i = c->n_layers - 1; i >= 0; i--)
+        if (lm_layer_is_mla(c, i)) {
+            time_decode_op(c, kc->mla_c[i], kc->mla_kpe[i], kc->lens, B, L, block, nblock);
+            break;
         }
-        double tm = median(t, reps), bytes = (double)B * L * (R + De) * sizeof(real);
-        printf("          mla_decode op alone (one layer, B=%d, len %d): %.3f ms, %.0f GB/s of cache read\n", B, L,
-               tm * 1e3, bytes / tm / GB);
-        OPS->free(ql); OPS->free(qp); OPS->free(o);
-    }
     fflush(stdout);
     free(ms);
     free(tok);
@@ -177,12 +206,13 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
 }
 
 int main(int argc, char **argv) {
-    int steps = 20;
+    int steps = 20, op_only = 0;
     long max_ctx = 1048576;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-ctx") == 0 && i + 1 < argc) max_ctx = atol(argv[++i]);
-        else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L]\n"); return 2; }
+        else if (strcmp(argv[i], "--op-only") == 0) op_only = 1;
+        else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--op-only]\n"); return 2; }
     }
     LM_CHECK(steps >= 1 && steps <= 1000, "--steps must be in [1, 1000]");
     struct cudaDeviceProp prop;
@@ -211,6 +241,14 @@ int main(int argc, char **argv) {
     real *block = OPS->alloc(nblock * sizeof(real));
     OPS->to_device(block, hblock, nblock * sizeof(real));
     free(hblock);
+    if (op_only) {
+        printf("== MLA decode op alone, `small` shapes (H %d, R %d, De %d), synthetic caches\n", cfg[0].mla_heads,
+               cfg[0].kv_lora_rank, cfg[0].qk_extra_dim);
+        bench_op_only(&cfg[0], max_ctx, block, nblock);
+        OPS->free(block);
+        lm_cuda_backend_shutdown();
+        return 0;
+    }
 
     const int ctx[3] = {4096, 65536, 1048576}, bs[2] = {1, 64};
     decode_res dec[2][3][2];

@@ -300,7 +300,7 @@ void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q,
 #define DEC_RT 4                    // rows per step: DEC_NH·DEC_RT must be 32
 #define DEC_KR 2                    // float4 groups of 128 channels of c per lane: R ≤ 256
 #define DEC_WARPS 4                 // warps (= splits) per block, all of one sequence
-#define DEC_MINROWS 32              // shortest split: below it the partials cost more than the rows
+#define DEC_MINROWS 64              // shortest split: its partial (H·R floats) stays ≤ 1/10 of its rows
 static_assert(DEC_NH * DEC_RT == 32, "one score per lane after the reduce-scatter");
 
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
@@ -440,13 +440,18 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS) mla_decode_split_k(
               De, scale);
 }
 
-// one block per (h, b): o_lat = Σ_s e^{m_s−M} o_s / Σ_s e^{m_s−M} l_s over the non-empty
-// splits in order; dynamic shared memory: NS weights
-__global__ static void mla_decode_combine_k(float *o_lat, const float *part_o, const float *part_ml, int H, int R,
-                                            int NS) {
+// grid (H, B, ⌈R/32⌉), DEC_COMB_WARPS warps: o_lat[b,h,r0..r0+31] =
+//   Σ_s e^{m_s−M} o_s / Σ_s e^{m_s−M} l_s over the non-empty splits.
+// Warp w sums the splits [w·NS/W, (w+1)·NS/W) in order (lane = channel), then warp 0 adds
+// the W warp sums in order: fixed order, and NS/W loads in flight per lane instead of NS.
+// dynamic shared memory: NS split weights
+#define DEC_COMB_WARPS 8
+__global__ static void __launch_bounds__(32 * DEC_COMB_WARPS) mla_decode_combine_k(
+    float *o_lat, const float *part_o, const float *part_ml, int H, int R, int NS) {
     extern __shared__ float wsh[];
-    __shared__ float red[32];
-    const int h = blockIdx.x, b = blockIdx.y;
+    __shared__ float red[32], osum[DEC_COMB_WARPS][32];
+    const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int r = blockIdx.z * 32 + lane;
     const float *ml = part_ml + (size_t)b * NS * H * 2 + 2 * h;
     float M = -INFINITY;
     for (int s = threadIdx.x; s < NS; s += blockDim.x)
@@ -460,13 +465,21 @@ __global__ static void mla_decode_combine_k(float *o_lat, const float *part_o, c
         L += wgt * l;
     }
     L = block_sum(L, red);   // its __syncthreads also publishes wsh
-    float *ob = o_lat + ((size_t)b * H + h) * R;
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;   // lens[b] = 0: o_lat = 0
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < NS; s++)
-            if (wsh[s] != 0.0f) o += wsh[s] * part_o[(((size_t)b * NS + s) * H + h) * R + r];
-        ob[r] = o * inv;
+    const int s0 = (int)((long)w * NS / DEC_COMB_WARPS), s1 = (int)((long)(w + 1) * NS / DEC_COMB_WARPS);
+    float o = 0.0f;
+    if (r < R) {
+        const float *po = part_o + ((size_t)b * NS * H + h) * R + r;   // + s·H·R
+#pragma unroll 4
+        for (int s = s0; s < s1; s++)
+            if (wsh[s] != 0.0f) o += wsh[s] * po[(size_t)s * H * R];
+    }
+    osum[w][lane] = o;
+    __syncthreads();
+    if (w == 0 && r < R) {
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DEC_COMB_WARPS; k++) t += osum[k][lane];
+        o_lat[((size_t)b * H + h) * R + r] = L > 0.0f ? t / L : 0.0f;   // lens[b] = 0: o_lat = 0
     }
 }
 
@@ -550,8 +563,8 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
                                                                           kpe_cache, lens, B, H, R, De, Tmax, NS,
                                                                           scale);
         cudaLaunchCheck();
-        mla_decode_combine_k<<<dim3(H, B), 256, (size_t)NS * sizeof(float), lm_cuda_stream()>>>(o_lat, part_o,
-                                                                                              part_ml, H, R, NS);
+        mla_decode_combine_k<<<dim3(H, B, (R + 31) / 32), 32 * DEC_COMB_WARPS, (size_t)NS * sizeof(float),
+                               lm_cuda_stream()>>>(o_lat, part_o, part_ml, H, R, NS);
         cudaLaunchCheck();
         return;
     }

@@ -1084,6 +1084,7 @@ int main(int argc, char **argv) {
         only_ops = only_model = 1;
         t_mla_decode();
         t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});
+        if (!getenv("LM_TEST_SHORT")) t_mla_decode_long(3, 70000, (const int[]){70000, 33, 69999});
     }
     if (!only_model) {
         printf("== CUDA ops vs CPU reference (relative RMS error; integer outputs: mismatches)\n");
