@@ -279,8 +279,212 @@ void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q,
     }
 }
 
-// One warp per (b, h): scores of the lens[b] cached tokens (lane per token) into sc,
-// then the softmax-weighted sum of the latents (lanes own latent channels).
+// ---- decode: split-KV ("flash-decoding") over the latent cache ----
+//
+// In the absorbed form every head of a sequence scores the same cache row (c_t [R] and
+// kpe_t [De]), so a warp reads each row once for all heads instead of once per head.
+// Work split: one warp per (sequence b, split s); the lens[b] rows are cut into NS
+// contiguous splits (NS fixed by the host from B and Tmax so that the GPU is full even
+// at B = 1; the split length is derived on the device from lens[b], which the host does
+// not know). Each warp writes an unnormalised partial (running max m, sum l, o [H,R]);
+// mla_decode_combine_k merges the splits of a (b, h) in split order 0..NS−1. Boundaries
+// and orders depend only on (lens[b], NS), so results are deterministic.
+//
+// Inside a warp, rows are taken DEC_RT at a time; lane L holds channels 4L..4L+3 of each
+// 128-channel group of c (DEC_KR groups: R ≤ 256) and of kpe (one group: De ≤ 128) in
+// registers. The NH·DEC_RT = 32 partial dot products of a lane are reduced across the
+// warp by a butterfly reduce-scatter (31 shuffles for 32 scores; lane L ends with the
+// full score of head L / DEC_RT, row L % DEC_RT), then an online softmax per head and
+// the weighted sum of the rows into acc [NH][DEC_KR] float4 (lane-owned channels).
+#define DEC_NH 8                    // heads per warp (H ≤ 8; missing heads have q = 0)
+#define DEC_RT 4                    // rows per step: DEC_NH·DEC_RT must be 32
+#define DEC_KR 2                    // float4 groups of 128 channels of c per lane: R ≤ 256
+#define DEC_WARPS 4                 // warps (= splits) per block, all of one sequence
+#define DEC_MINROWS 64              // shortest split: its partial (H·R floats) stays ≤ 1/10 of its rows
+static_assert(DEC_NH * DEC_RT == 32, "one score per lane after the reduce-scatter");
+
+__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// One step of the butterfly reduce-scatter of 32 values over the warp: a lane keeps the
+// half of the indices whose bit HALF matches its lane's and adds its partner's copy of
+// them. The choice is made with bit masks: written as `upper ? v[i] : v[i + HALF]` the
+// compiler turns it into an indexed load and puts v in local memory.
+template <int HALF>
+__device__ __forceinline__ void rs_step(float (&v)[32], int lane) {
+    const int up = (lane & HALF) ? -1 : 0;
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        const int a = __float_as_int(v[i]), c = __float_as_int(v[i + HALF]);
+        const float send = __int_as_float((a & up) | (c & ~up));
+        const float keep = __int_as_float((c & up) | (a & ~up));
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, HALF);
+    }
+}
+
+// rows [t0, t1) of one sequence → part_o [H,R] (unnormalised), part_ml [H,2] (max, sum)
+// qs [DEC_NH][DEC_KR·128], qes [DEC_NH][128]: zero-padded queries in shared memory
+__device__ static void dec_split(float *part_o, float *part_ml, const float *qs, const float *qes, const float *cb,
+                                 const float *pb, int t0, int t1, int H, int R, int De, float scale) {
+    const int lane = threadIdx.x & 31;
+    const int my_h = lane / DEC_RT, my_j = lane % DEC_RT;
+    float4 acc[DEC_NH][DEC_KR];
+#pragma unroll
+    for (int h = 0; h < DEC_NH; h++)
+#pragma unroll
+        for (int k = 0; k < DEC_KR; k++) acc[h][k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float m = -INFINITY, l = 0.0f;   // of head my_h (same in the DEC_RT lanes of a head)
+    for (int t = t0; t < t1; t += DEC_RT) {
+        float4 cr[DEC_RT][DEC_KR], ce[DEC_RT];
+#pragma unroll
+        for (int j = 0; j < DEC_RT; j++) {
+            const bool ok = t + j < t1;
+            const float *ct = cb + (size_t)(t + j) * R, *pt = pb + (size_t)(t + j) * De;
+#pragma unroll
+            for (int k = 0; k < DEC_KR; k++) {
+                const int r = 4 * lane + 128 * k;
+                cr[j][k] = ok && r < R ? ld4(ct + r) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            ce[j] = ok && 4 * lane < De ? ld4(pt + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        // v[h·DEC_RT + j]: this lane's share of q_h · row_j
+        float v[32];
+#pragma unroll
+        for (int h = 0; h < DEC_NH; h++) {
+            float4 qk[DEC_KR], qe = ld4(qes + h * 128 + 4 * lane);
+#pragma unroll
+            for (int k = 0; k < DEC_KR; k++) qk[k] = ld4(qs + h * (128 * DEC_KR) + 4 * lane + 128 * k);
+#pragma unroll
+            for (int j = 0; j < DEC_RT; j++) {
+                float s = dot4(qe, ce[j]);
+#pragma unroll
+                for (int k = 0; k < DEC_KR; k++) s += dot4(qk[k], cr[j][k]);
+                v[h * DEC_RT + j] = s;
+            }
+        }
+        // reduce-scatter: lane L ends with Σ_lanes v[L]
+        rs_step<16>(v, lane); rs_step<8>(v, lane); rs_step<4>(v, lane); rs_step<2>(v, lane); rs_step<1>(v, lane);
+        const float sc = t + my_j < t1 ? v[0] * scale : -INFINITY;
+        float mx = sc;
+#pragma unroll
+        for (int o = 1; o < DEC_RT; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float mn = fmaxf(m, mx);   // finite: row t < t1 is valid
+        const float alpha = expf(m - mn), p = expf(sc - mn);
+        float ps = p;
+#pragma unroll
+        for (int o = 1; o < DEC_RT; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * alpha + ps;
+        m = mn;
+#pragma unroll
+        for (int h = 0; h < DEC_NH; h++) {
+            const float a = __shfl_sync(0xffffffffu, alpha, h * DEC_RT);
+#pragma unroll
+            for (int k = 0; k < DEC_KR; k++) {
+                acc[h][k].x *= a; acc[h][k].y *= a; acc[h][k].z *= a; acc[h][k].w *= a;
+            }
+#pragma unroll
+            for (int j = 0; j < DEC_RT; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, h * DEC_RT + j);
+#pragma unroll
+                for (int k = 0; k < DEC_KR; k++) {
+                    acc[h][k].x += pj * cr[j][k].x; acc[h][k].y += pj * cr[j][k].y;
+                    acc[h][k].z += pj * cr[j][k].z; acc[h][k].w += pj * cr[j][k].w;
+                }
+            }
+        }
+    }
+    if (my_j == 0 && my_h < H) { part_ml[2 * my_h] = m; part_ml[2 * my_h + 1] = l; }
+#pragma unroll
+    for (int h = 0; h < DEC_NH; h++) {
+        if (h >= H) break;
+#pragma unroll
+        for (int k = 0; k < DEC_KR; k++) {
+            const int r = 4 * lane + 128 * k;
+            if (r < R) *reinterpret_cast<float4 *>(part_o + (size_t)h * R + r) = acc[h][k];
+        }
+    }
+}
+
+// grid (NS / DEC_WARPS, B), DEC_WARPS warps; part_o [B,NS,H,R], part_ml [B,NS,H,2]
+__global__ static void __launch_bounds__(32 * DEC_WARPS) mla_decode_split_k(
+    float *part_o, float *part_ml, const float *q_lat, const float *q_pe, const float *c_cache,
+    const float *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, int NS, float scale) {
+    __shared__ __align__(16) float qs[DEC_NH * 128 * DEC_KR];
+    __shared__ __align__(16) float qes[DEC_NH * 128];
+    const int b = blockIdx.y, w = threadIdx.x >> 5, s = blockIdx.x * DEC_WARPS + w;
+    int len = lens[b];
+    len = len < 0 ? 0 : (len > Tmax ? Tmax : len);
+    // split length: len / NS rounded up to whole row steps, at least DEC_MINROWS
+    int rps = (len + NS - 1) / NS;
+    rps = max(DEC_MINROWS, (rps + DEC_RT - 1) / DEC_RT * DEC_RT);
+    const int t0 = min(len, s * rps), t1 = min(len, t0 + rps);
+    if ((long)blockIdx.x * DEC_WARPS * rps >= len) {   // the whole block is past the end
+        if ((threadIdx.x & 31) < H) part_ml[(((size_t)b * NS + s) * H + (threadIdx.x & 31)) * 2 + 1] = 0.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < DEC_NH * 128 * DEC_KR; i += blockDim.x) {
+        const int h = i / (128 * DEC_KR), r = i % (128 * DEC_KR);
+        qs[i] = h < H && r < R ? q_lat[((size_t)b * H + h) * R + r] : 0.0f;
+    }
+    for (int i = threadIdx.x; i < DEC_NH * 128; i += blockDim.x) {
+        const int h = i / 128, d = i % 128;
+        qes[i] = h < H && d < De ? q_pe[((size_t)b * H + h) * De + d] : 0.0f;
+    }
+    __syncthreads();
+    float *po = part_o + ((size_t)b * NS + s) * H * R, *pml = part_ml + ((size_t)b * NS + s) * H * 2;
+    if (t0 >= t1) {   // empty split: l = 0 tells the combine to skip it
+        if ((threadIdx.x & 31) < H) pml[2 * (threadIdx.x & 31) + 1] = 0.0f;
+        return;
+    }
+    dec_split(po, pml, qs, qes, c_cache + (size_t)b * Tmax * R, kpe_cache + (size_t)b * Tmax * De, t0, t1, H, R,
+              De, scale);
+}
+
+// grid (H, B, ⌈R/32⌉), DEC_COMB_WARPS warps: o_lat[b,h,r0..r0+31] =
+//   Σ_s e^{m_s−M} o_s / Σ_s e^{m_s−M} l_s over the non-empty splits.
+// Warp w sums the splits [w·NS/W, (w+1)·NS/W) in order (lane = channel), then warp 0 adds
+// the W warp sums in order: fixed order, and NS/W loads in flight per lane instead of NS.
+// dynamic shared memory: NS split weights
+#define DEC_COMB_WARPS 8
+__global__ static void __launch_bounds__(32 * DEC_COMB_WARPS) mla_decode_combine_k(
+    float *o_lat, const float *part_o, const float *part_ml, int H, int R, int NS) {
+    extern __shared__ float wsh[];
+    __shared__ float red[32], osum[DEC_COMB_WARPS][32];
+    const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int r = blockIdx.z * 32 + lane;
+    const float *ml = part_ml + (size_t)b * NS * H * 2 + 2 * h;
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < NS; s += blockDim.x)
+        if (ml[(size_t)s * H * 2 + 1] > 0.0f) M = fmaxf(M, ml[(size_t)s * H * 2]);
+    M = block_max(M, red);
+    float L = 0.0f;
+    for (int s = threadIdx.x; s < NS; s += blockDim.x) {
+        const float l = ml[(size_t)s * H * 2 + 1];
+        const float wgt = l > 0.0f ? expf(ml[(size_t)s * H * 2] - M) : 0.0f;
+        wsh[s] = wgt;
+        L += wgt * l;
+    }
+    L = block_sum(L, red);   // its __syncthreads also publishes wsh
+    const int s0 = (int)((long)w * NS / DEC_COMB_WARPS), s1 = (int)((long)(w + 1) * NS / DEC_COMB_WARPS);
+    float o = 0.0f;
+    if (r < R) {
+        const float *po = part_o + ((size_t)b * NS * H + h) * R + r;   // + s·H·R
+#pragma unroll 4
+        for (int s = s0; s < s1; s++)
+            if (wsh[s] != 0.0f) o += wsh[s] * po[(size_t)s * H * R];
+    }
+    osum[w][lane] = o;
+    __syncthreads();
+    if (w == 0 && r < R) {
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < DEC_COMB_WARPS; k++) t += osum[k][lane];
+        o_lat[((size_t)b * H + h) * R + r] = L > 0.0f ? t / L : 0.0f;   // lens[b] = 0: o_lat = 0
+    }
+}
+
+// The previous kernel, kept for shapes the split kernel does not take (H > 8, R > 256,
+// De > 128, dims not multiples of 4): one warp per (b, h) over the whole cache.
 // dynamic shared memory: q_lat [R], q_pe [De], o accumulator [R]
 __global__ static void mla_decode_k(float *o_lat, const float *q_lat, const float *q_pe, const float *c_cache,
                                     const float *kpe_cache, const int *lens, float *sc_ws, int B, int H, int R,
@@ -322,9 +526,48 @@ __global__ static void mla_decode_k(float *o_lat, const float *q_lat, const floa
     for (int r = lane; r < R; r += 32) ob[r] = os[r] * inv;
 }
 
+// blocks of mla_decode_split_k resident on the whole GPU at once (one wave)
+static int split_slots(void) {
+    static int n = 0;
+    if (!n) {
+        int dev, sms, per_sm;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mla_decode_split_k, 32 * DEC_WARPS, 0));
+        n = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    return n;
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
                      const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale) {
     if (B <= 0 || H <= 0 || R <= 0) return;
+    const bool split = H <= DEC_NH && R <= 128 * DEC_KR && De <= 128 && R % 4 == 0 && De % 4 == 0 &&
+                       aligned16(c_cache) && (De == 0 || aligned16(kpe_cache)) && Tmax > 0;
+    if (split) {
+        // blocks per sequence: two full waves over all sequences (rounded down, so the
+        // last wave is nearly full), no more than the DEC_MINROWS-row splits of a full cache
+        long nb = 2L * split_slots() / B;
+        const long nb_max = ((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS);
+        if (nb > nb_max) nb = nb_max;
+        if (nb > 4096 / DEC_WARPS) nb = 4096 / DEC_WARPS;   // the combine keeps NS weights in shared memory
+        if (nb < 1) nb = 1;
+        const int NS = (int)nb * DEC_WARPS;
+        float *part_o = (float *)lm_cuda_scratch(lm_align256((size_t)B * NS * H * R * sizeof(float)) +
+                                                 (size_t)B * NS * H * 2 * sizeof(float));
+        float *part_ml = part_o + lm_align256((size_t)B * NS * H * R * sizeof(float)) / sizeof(float);
+        dim3 grid(NS / DEC_WARPS, B);
+        mla_decode_split_k<<<grid, 32 * DEC_WARPS, 0, lm_cuda_stream()>>>(part_o, part_ml, q_lat, q_pe, c_cache,
+                                                                          kpe_cache, lens, B, H, R, De, Tmax, NS,
+                                                                          scale);
+        cudaLaunchCheck();
+        mla_decode_combine_k<<<dim3(H, B, (R + 31) / 32), 32 * DEC_COMB_WARPS, (size_t)NS * sizeof(float),
+                               lm_cuda_stream()>>>(o_lat, part_o, part_ml, H, R, NS);
+        cudaLaunchCheck();
+        return;
+    }
     float *sc = (float *)lm_cuda_scratch((size_t)B * H * (Tmax > 0 ? Tmax : 1) * sizeof(float));
     size_t smem = (size_t)(2 * R + De) * sizeof(float);
     LM_CHECK(smem <= 48 * 1024, "cuda mla_decode: latent rank %d too large", R);

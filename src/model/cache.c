@@ -24,12 +24,14 @@ lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_
     lm_layout_add(L, &k->lens, LM_T_INT, 1, LM_SHAPE(B), "lens");
     k->mem = ops->alloc(L->numel * sizeof(real));
     lm_layout_bind(L, k, k->mem);
+    k->lens_value = -1;   // uninitialised memory
     return k;
 }
 
 void lm_cache_reset(lm_cache *k) {
     k->ops->zero(k->mem, k->layout.numel * sizeof(real));
     k->len = 0;
+    k->lens_value = -1;
 }
 
 void lm_cache_free(lm_cache *k) {

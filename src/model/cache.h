@@ -16,7 +16,8 @@ typedef struct lm_cache {
     real *conv[LM_MAX_LAYERS][3];          // [B,W−1,H·K] for q, k, v
     real *mla_c[LM_MAX_LAYERS];            // [B,max_len,R]
     real *mla_kpe[LM_MAX_LAYERS];          // [B,max_len,De]
-    int *lens;                             // [B] scratch for the decode op
+    int *lens;                             // [B] backend copy of the decode op's lengths
+    int lens_value;                        // the value every entry of lens holds now; −1 unknown
     lm_layout layout;
     real *mem;
     const lm_ops *ops;

@@ -38,10 +38,16 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
     o->copy2d(a->q_nope, Dn, a->q, Dqk, (size_t)N * Hm, Dn);
     if (De > 0) o->copy2d(a->q_pe, De, a->q + Dn, Dqk, (size_t)N * Hm, De);
     o->head_matmul(a->q_lat, a->q_nope, p->kv_b, N, Hm, Dn, R, stride, 1);
-    int *lens = lm_malloc((size_t)B * sizeof(int));
+    int *lens = NULL;
     for (int t = 0; t < T; t++) {
-        for (int b = 0; b < B; b++) lens[b] = kc->len + t + 1;
-        o->to_device(kc->lens, lens, (size_t)B * sizeof(int));
+        // every sequence has the same length; the backend copy is rewritten only when that
+        // length changes, so a one-token step uploads it once for all the MLA layers
+        if (kc->lens_value != kc->len + t + 1) {
+            if (!lens) lens = lm_malloc((size_t)B * sizeof(int));
+            for (int b = 0; b < B; b++) lens[b] = kc->len + t + 1;
+            o->to_device(kc->lens, lens, (size_t)B * sizeof(int));
+            kc->lens_value = kc->len + t + 1;
+        }
         // token t of every sequence: rows b·T + t
         o->copy2d(a->step_q_lat, (size_t)Hm * R, a->q_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, B, (size_t)Hm * R);
         if (De > 0)

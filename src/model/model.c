@@ -131,13 +131,36 @@ void lm_model_free(lm_model *m) {
     free(m);
 }
 
+static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *L);
+
 void lm_model_reserve(lm_model *m, int B, int T) {
     if (m->acts_mem && m->B == B && m->T == T) return;
     const lm_ops *o = m->ops;
-    const lm_config *c = &m->cfg;
     if (m->acts_mem) { o->free(m->acts_mem); o->free(m->dacts_mem); lm_layout_free(&m->alayout); }
     lm_layout *L = &m->alayout;
-    lm_acts *a = &m->acts;
+    acts_layout(m, B, T, &m->acts, L);
+    size_t bytes = L->numel * sizeof(real);
+    m->acts_mem = o->alloc(bytes);
+    m->dacts_mem = o->alloc(bytes);
+    lm_layout_bind(L, &m->acts, m->acts_mem);
+    lm_layout_bind(L, &m->dacts, m->dacts_mem);
+    m->B = B;
+    m->T = T;
+}
+
+size_t lm_model_acts_bytes(const lm_model *m, int B, int T) {
+    lm_acts *a = lm_malloc(sizeof *a);   // never bound: the layout only counts
+    lm_layout L;
+    acts_layout(m, B, T, a, &L);
+    size_t bytes = 2 * L.numel * sizeof(real);
+    lm_layout_free(&L);
+    free(a);
+    return bytes;
+}
+
+// the activation tensors of a B × T batch, registered in L (initialised here) for *a
+static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *L) {
+    const lm_config *c = &m->cfg;
     lm_layout_init(L, a);
     const int64_t N = (int64_t)B * T, d = c->d_model;
     for (int s = 0; s < m->n_stream; s++)
@@ -152,13 +175,6 @@ void lm_model_reserve(lm_model *m, int B, int T) {
     lm_layout_add(L, &a->lse, 0, 1, LM_SHAPE(N), "lse");
     lm_layout_add(L, &a->tokens, LM_T_INT, 1, LM_SHAPE(N), "tokens");
     lm_layout_add(L, &a->targets, LM_T_INT, 1, LM_SHAPE(N), "targets");
-    size_t bytes = L->numel * sizeof(real);
-    m->acts_mem = o->alloc(bytes);
-    m->dacts_mem = o->alloc(bytes);
-    lm_layout_bind(L, &m->acts, m->acts_mem);
-    lm_layout_bind(L, &m->dacts, m->dacts_mem);
-    m->B = B;
-    m->T = T;
 }
 
 // ----------------------------------------------------------------------------

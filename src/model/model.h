@@ -67,6 +67,8 @@ lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed);
 void lm_model_free(lm_model *m);
 // (Re)allocates activations for batches of B sequences of T tokens.
 void lm_model_reserve(lm_model *m, int B, int T);
+// Backend bytes lm_model_reserve(m, B, T) allocates (activations and their gradients).
+size_t lm_model_acts_bytes(const lm_model *m, int B, int T);
 
 typedef struct {
     int training;                   // update balancing statistics

@@ -390,6 +390,54 @@ static void t_head_matmul(void) {
     DFREE(gW, gqn, gol, gql, go); HFREE(W, qn, ol, ql, o);
 }
 
+// the decode op in double precision (reference for long caches, where the CPU op's own
+// fp32 sums over tens of thousands of rows drift by ~1e-5)
+static void mla_decode_f64(float *o, const float *ql, const float *qp, const float *cc, const float *kc,
+                           const int *lens, int B, int H, int R, int De, int Tmax, double scale) {
+    double *sc = lm_malloc((size_t)Tmax * sizeof(double)), *acc = lm_malloc((size_t)R * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *q = ql + ((size_t)b * H + h) * R, *qe = qp + ((size_t)b * H + h) * De;
+            double mx = -INFINITY, l = 0;
+            for (int t = 0; t < lens[b]; t++) {
+                const float *c = cc + ((size_t)b * Tmax + t) * R, *e = kc + ((size_t)b * Tmax + t) * De;
+                double s = 0;
+                for (int r = 0; r < R; r++) s += (double)q[r] * c[r];
+                for (int d = 0; d < De; d++) s += (double)qe[d] * e[d];
+                sc[t] = scale * s;
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int r = 0; r < R; r++) acc[r] = 0;
+            for (int t = 0; t < lens[b]; t++) {
+                double p = exp(sc[t] - mx);
+                l += p;
+                const float *c = cc + ((size_t)b * Tmax + t) * R;
+                for (int r = 0; r < R; r++) acc[r] += p * c[r];
+            }
+            for (int r = 0; r < R; r++) o[((size_t)b * H + h) * R + r] = lens[b] ? (float)(acc[r] / l) : 0.0f;
+        }
+    HFREE(sc, acc);
+}
+
+// long caches at the `small` preset's MLA shapes (H 8, R 256, De 64): the split-KV kernel
+// with many splits, sequences of different lengths (0 and 1 included) in one batch
+static void t_mla_decode_long(int B, int Tmax, const int *lens) {
+    const int H = 8, R = 256, De = 64;
+    float *ql = hrandn((size_t)B * H * R, 1), *qp = hrandn((size_t)B * H * De, 1);
+    float *cc = hrandn((size_t)B * Tmax * R, 1), *kc = hrandn((size_t)B * Tmax * De, 1);
+    float *gql = dfl(ql, (size_t)B * H * R), *gqp = dfl(qp, (size_t)B * H * De);
+    float *gcc = dfl(cc, (size_t)B * Tmax * R), *gkc = dfl(kc, (size_t)B * Tmax * De), *go = dpoison((size_t)B * H * R);
+    int *glens = dint(lens, B);
+    float *o = lm_malloc((size_t)B * H * R * sizeof(float));
+    const double scale = 1 / sqrt(192.0);
+    mla_decode_f64(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
+    GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, (real)scale);
+    char what[40];
+    snprintf(what, sizeof what, "o_lat B=%d Tmax=%d vs f64", B, Tmax);
+    cmp("mla_decode (split-KV)", what, go, o, (size_t)B * H * R, TOL);
+    DFREE(gql, gqp, gcc, gkc, go, glens); HFREE(ql, qp, cc, kc, o);
+}
+
 static void t_mla_decode(void) {
     const int B = 3, H = 2, R = 40, De = 4, Tmax = 70;
     int lens[3] = {70, 17, 0};
@@ -1111,12 +1159,13 @@ static void t_bench(void) {
 // ---------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
-    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0;
+    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0, only_decode = 0;
     for (int i = 1; i < argc; i++) {
         only_ops |= strcmp(argv[i], "--ops") == 0;       // skip the model level
         only_model |= strcmp(argv[i], "--model") == 0;   // skip the op checks
         bench |= strcmp(argv[i], "--bench") == 0;        // add timings
         only_attn |= strcmp(argv[i], "--attn") == 0;     // only the attention op checks (for the sanitizers)
+        only_decode |= strcmp(argv[i], "--decode") == 0; // only the MLA decode op checks (for the sanitizers)
     }
     lm_rng_seed(&R, 20260101);
     // the op checks hold the GEMMs to fp32 (1e-5); bf16 GEMMs get their own checks below
@@ -1128,6 +1177,12 @@ int main(int argc, char **argv) {
         t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+    }
+    if (only_decode) {
+        only_ops = only_model = 1;
+        t_mla_decode();
+        t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});
+        if (!getenv("LM_TEST_SHORT")) t_mla_decode_long(3, 70000, (const int[]){70000, 33, 69999});
     }
     if (!only_model) {
         printf("== CUDA ops vs CPU reference (relative RMS error; integer outputs: mismatches)\n");
@@ -1161,6 +1216,8 @@ int main(int argc, char **argv) {
         t_attn(1, 1000, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_head_matmul();
         t_mla_decode();
+        t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});
+        t_mla_decode_long(3, 70000, (const int[]){70000, 33, 69999});
         t_moe_route(200, 12, 3, 1);
         t_moe_route(200, 12, 3, 0);
         t_moe_route(50, 4, 4, 1);
