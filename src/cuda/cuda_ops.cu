@@ -48,10 +48,6 @@ static void cu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_
 }
 
 // ---- fp32 ↔ bf16 ----
-__global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __float2bfloat16(x[i]);
-}
 // y (+)= x
 __global__ void k_from_bf16(float *y, const __nv_bfloat16 *x, size_t n, int accumulate) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -63,9 +59,7 @@ __global__ void k_acc(float *y, const float *x, size_t n) {
 }
 static unsigned nblk(size_t n) { return (unsigned)((n + 255) / 256); }
 static void to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
-    if (!x || !n) return;
-    k_to_bf16<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n);
-    CU(cudaGetLastError());
+    if (x) lm_cuda_to_bf16(y, x, n);
 }
 static void from_bf16(float *y, const __nv_bfloat16 *x, size_t n, int accumulate) {
     if (!y || !n) return;

@@ -1,7 +1,8 @@
 // matmul.cu — the linear layer and the per-head products of MLA decode through cuBLAS.
 // The linear layer follows lm_cuda_gemm_mode(): bf16 (default) rounds both operands to bf16
 // copies in the workspace (one pass each; weights stay fp32 masters) and multiplies them on
-// tensor cores with fp32 accumulation into the fp32 output; fp32 / tf32 run SGEMM.
+// tensor cores with fp32 accumulation into the fp32 output (products of ≥ 64 rows; see
+// use_bf16); fp32 / tf32 run SGEMM.
 //
 // Row-major X [m, n] is column-major Xᵀ with leading dimension n, so each row-major
 // product below is issued as the column-major product of the transposes.
@@ -34,6 +35,12 @@ void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
     cudaLaunchCheck();
 }
 
+// Skinny products (decode: a few rows) stay on SGEMM (TF32 in the bf16 mode): they are
+// bound by reading the weights, which SGEMM reads once in fp32, while the bf16 path would
+// read them, write a bf16 copy and read that (2× the bytes, and two more launches).
+#define BF16_MIN_ROWS 64
+static int use_bf16(int N) { return lm_cuda_gemm_mode() == LM_GEMM_BF16 && N >= BF16_MIN_ROWS; }
+
 // column-major C [m,n] (beta 0 or 1) = op(A) · op(B), bf16 operands, fp32 accumulate and C
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const __nv_bfloat16 *A,
                       int lda, const __nv_bfloat16 *B, int ldb, float beta, float *C, int ldc) {
@@ -56,7 +63,7 @@ void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias
         cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
     } else {
         // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
-        if (lm_cuda_gemm_mode() == LM_GEMM_BF16) {
+        if (use_bf16(N)) {
             size_t nw = (size_t)OC * C, nx = (size_t)N * C;
             __nv_bfloat16 *wb = (__nv_bfloat16 *)lm_cuda_scratch(lm_align256(nw * 2) + nx * 2);
             __nv_bfloat16 *xb = wb + lm_align256(nw * 2) / 2;
@@ -84,7 +91,7 @@ void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const 
                      int N, int C, int OC) {
     if (N <= 0) return;
     const float one = 1.0f;
-    if (OC > 0 && C > 0 && lm_cuda_gemm_mode() == LM_GEMM_BF16) {
+    if (OC > 0 && C > 0 && use_bf16(N)) {
         size_t nw = (size_t)OC * C, nd = (size_t)N * OC, nx = (size_t)N * C;
         size_t bw = lm_align256(nw * 2), bd = lm_align256(nd * 2);
         char *ws = (char *)lm_cuda_scratch(bw + bd + nx * 2);

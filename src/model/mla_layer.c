@@ -15,13 +15,12 @@ static void cache_append(lm_step_ctx *s, const lm_mla_acts *a) {
     lm_cache *kc = s->cache;
     const int R = c->kv_lora_rank, De = c->qk_extra_dim, T = s->T;
     LM_CHECK(kc->len + T <= kc->max_len, "cache is full (%d + %d tokens > %d)", kc->len, T, kc->max_len);
-    for (int b = 0; b < s->B; b++) {
-        o->copy(kc->mla_c[s->layer] + ((size_t)b * kc->max_len + kc->len) * R, a->c + (size_t)b * T * R,
-                (size_t)T * R * sizeof(real));
-        if (De > 0)
-            o->copy(kc->mla_kpe[s->layer] + ((size_t)b * kc->max_len + kc->len) * De, a->kpe + (size_t)b * T * De,
-                    (size_t)T * De * sizeof(real));
-    }
+    // one strided copy per tensor (row b: T·R values, cache stride max_len·R), not one per sequence
+    o->copy2d(kc->mla_c[s->layer] + (size_t)kc->len * R, (size_t)kc->max_len * R, a->c, (size_t)T * R, (size_t)s->B,
+              (size_t)T * R);
+    if (De > 0)
+        o->copy2d(kc->mla_kpe[s->layer] + (size_t)kc->len * De, (size_t)kc->max_len * De, a->kpe, (size_t)T * De,
+                  (size_t)s->B, (size_t)T * De);
 }
 
 // Attention of the chunk's queries over the whole cache in the absorbed form: W_uk is
