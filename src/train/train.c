@@ -462,7 +462,11 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (o->eval_every > 0 && (ts.step % o->eval_every == 0 || last)) {
             lm_eval_result er;
             lm_loader_rewind(&ev);
-            if (lm_eval_run(m, &ev, B > 16 ? 16 : B, T, o->eval_batches, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
+            // evaluation batches no larger than the training micro-batch: the activations
+            // reserved for training are what fits (a B8 run in micro-batches of 2 ran out
+            // of GPU memory in its first evaluation)
+            const int eval_b = micro > 16 ? 16 : micro;
+            if (lm_eval_run(m, &ev, eval_b, T, o->eval_batches, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
             cJSON *e = lm_eval_json(&er);
             cJSON_AddNumberToObject(e, "step", (double)ts.step);
             write_line(log, e);
