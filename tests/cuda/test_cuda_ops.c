@@ -1079,7 +1079,9 @@ static void t_model(void) {
     model_incremental("small hybrid, chunks 7+1+12+3", h, chunks, 4);
     model_incremental("small hybrid full res, prefill 5 + 8 decode", c, pd + 4, 9);
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-    model_incremental("tiny, bf16 GEMMs, prefill 9 + 12 decode", tiny, pd, 13);
+    // (at these sizes every product has < 64 rows, which the bf16 mode runs on TF32 SGEMM:
+    // this checks that path; the bf16 GEMMs themselves are in the training check above)
+    model_incremental("tiny, bf16 mode (TF32 < 64 rows), 9 + 12", tiny, pd, 13);
     t_ckpt_interchange();
     lm_cuda_set_gemm_mode(LM_GEMM_FP32);
 }
