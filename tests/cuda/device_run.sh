@@ -23,7 +23,7 @@ timeout 60 ./test_cuda_ops --ops > "$OUT/ops2.log" 2>&1; echo "ops re-run rc=$?"
 grep -E "err " "$OUT/test.log" | head -$(grep -c "err " "$OUT/ops2.log") > "$OUT/ops1.txt"
 grep -E "err " "$OUT/ops2.log" > "$OUT/ops2.txt"
 cmp -s "$OUT/ops1.txt" "$OUT/ops2.txt" && echo "ops re-run: identical errors (deterministic)" >> "$S" || echo "ops re-run: DIFFERENT errors" >> "$S"
-LM_CUDA_TF32=1 timeout 60 ./test_cuda_ops --model > "$OUT/tf32.log" 2>&1; echo "tf32 model rc=$?" >> "$S"
+LM_CUDA_GEMM=tf32 timeout 60 ./test_cuda_ops --model > "$OUT/tf32.log" 2>&1; echo "tf32 model rc=$?" >> "$S"
 t1=$(date +%s)
 timeout ${MEMCHECK_S:-90} compute-sanitizer --tool memcheck --leak-check no --print-limit 20 ./test_cuda_ops --ops > "$OUT/memcheck.log" 2>&1
 echo "memcheck ops rc=$? ($(( $(date +%s) - t1 )) s): $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)" >> "$S"
