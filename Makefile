@@ -38,7 +38,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda bench-moe clean bench-cpu
+.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-all cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda bench-moe clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -102,6 +102,7 @@ deps-quiet:
 
 # ---- CUDA (compiled on every CI run so it cannot rot; run on a GPU machine) ----
 #   make cuda        compile src/cuda/*.cu (no GPU needed)
+#   make cuda-all    build every CUDA program (linmoe, tests, benchmarks; no GPU needed)
 #   make test-cuda   build and run the CUDA tests against the CPU reference, then
 #                    compute-sanitizer memcheck and racecheck on small shapes (GPU machine)
 #   make bench-cuda  build bench/bench_kda and the shared library bench/bench_kda_fla.py loads
@@ -112,6 +113,11 @@ NVFLAGS  := -O3 -std=c++17 -arch=sm_90a -Isrc -Iinclude -DLM_CUDA --expt-relaxed
             -Xcompiler -Wall,-Wno-unused-parameter,-fPIC
 cuda: $(CUDA_OBJ)
 	@echo "== CUDA sources compiled: $(words $(CUDA_SRC))"
+# every CUDA program (CI builds them all: a changed op signature must not leave a bench behind)
+CUDA_PROGRAMS := build/cuda/linmoe build/cuda/tests/test_cuda_ops build/cuda/test_kda_cuda build/cuda/bench_kda \
+                 build/cuda/bench_moe build/cuda/bench_generate
+cuda-all: $(CUDA_PROGRAMS)
+	@echo "== CUDA programs built: $(words $(CUDA_PROGRAMS))"
 build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) src/ops.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
