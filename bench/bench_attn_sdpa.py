@@ -12,12 +12,12 @@ fwd 2·B·H·T²/2·(Dqk+Dv), bwd 2.5× that (fwd+bwd 3.5×).
     python3 bench/bench_attn_sdpa.py
 """
 import contextlib
-import statistics
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from cuda_timing import median_ms   # bench/cuda_timing.py (the script's folder is on sys.path)
 
 SHAPES = [(4096, 8), (8192, 8), (8192, 16), (16384, 8), (16384, 16)]
 DIMS = [(192, 128), (128, 128)]
@@ -25,19 +25,8 @@ BACKENDS = [("default", None), ("flash", SDPBackend.FLASH_ATTENTION), ("efficien
             ("cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
-def time_ms(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+def time_ms(fn, warm=3, reps=10):
+    return median_ms(fn, warm, reps)
 
 
 def run(T, H, Dqk, Dv, name, backend):

@@ -10,25 +10,14 @@ Medians of CUDA-event timings.
     python3 bench/bench_moe_torch.py [--tokens N]
 """
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as Fn
+from cuda_timing import median_ms   # bench/cuda_timing.py (the script's folder is on sys.path)
 
 
 def timeit(fn, warm=2, reps=10):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+    return median_ms(fn, warm, reps)
 
 
 def row(what, ms, flop=0.0):
