@@ -496,8 +496,8 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             cJSON_AddNumberToObject(e, "median_tok_s", med_tok_s);
             cJSON_AddNumberToObject(e, "model_flops_per_token", flops);
             if (!o->quiet)
-                printf("throughput: median step %.1f ms (steps %d-%d of this run) = %.0f tok/s; %.3f GFLOP/token "
-                       "(model FLOPs, fwd+bwd) = %.1f TFLOP/s\n",
+                printf("throughput: median step %.1f ms (steps %d-%d of this run) = %.0f tok/s; %.3g GFLOP/token "
+                       "(model FLOPs, fwd+bwd) = %.3g TFLOP/s\n",
                        1e3 * med, skip + 1, n_step_s, med_tok_s, flops * 1e-9, flops * med_tok_s * 1e-12);
             if (saved[0]) cJSON_AddStringToObject(e, "checkpoint", saved);
             write_line(log, e);
