@@ -341,6 +341,30 @@ static void test_ablate(void **state) {
     assert_true(exists("abl/gate/unbounded-seed1", "latest"));
 }
 
+// --no-checkpoints writes none; the end line carries the median step, tokens/s and the model
+// FLOPs per token; a micro-batched run evaluates (in batches of its micro-batch)
+static void test_no_checkpoints_and_end_line(void **state) {
+    (void)state;
+    train("nc", "--no-checkpoints --micro-batch 1 --eval-every 10 --eval-batches 1", NULL);
+    tu_check("--no-checkpoints: 'latest' written (exists = 1)", exists("nc", "latest"), 0);
+    tu_check("--no-checkpoints: step-20 checkpoint written (exists = 1)", exists("nc", "ckpt_000020"), 0);
+    char p[800];
+    path_of(p, sizeof p, "nc", "metrics.jsonl");
+    size_t n;
+    char *m = (char *)slurp(p, &n);
+    const char *end = strstr(m, "\"type\":\"end\"");
+    assert_non_null(end);
+    assert_non_null(strstr(end, "\"median_tok_s\":"));
+    const char *fl = strstr(end, "\"model_flops_per_token\":");
+    assert_non_null(fl);
+    double flops = atof(fl + strlen("\"model_flops_per_token\":"));
+    printf("end line: model FLOPs per token %g\n", flops);
+    assert_true(flops > 1e5 && flops < 1e8);   // the test model: ~1e6
+    assert_non_null(strstr(m, "\"type\":\"eval\""));
+    assert_null(strstr(end, "\"checkpoint\""));
+    free(m);
+}
+
 int main(void) {
     const char *b = getenv("LM_BIN");
     snprintf(bin, sizeof bin, "%s", b ? b : "build/f32/linmoe");
@@ -350,7 +374,7 @@ int main(void) {
         cmocka_unit_test(test_same_seed_same_run), cmocka_unit_test(test_resume_is_bit_exact),
         cmocka_unit_test(test_nonfinite_steps),    cmocka_unit_test(test_kill_during_save),
         cmocka_unit_test(test_context_stages),     cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_ablate),
+        cmocka_unit_test(test_ablate),             cmocka_unit_test(test_no_checkpoints_and_end_line),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
