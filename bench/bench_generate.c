@@ -67,11 +67,11 @@ static void bench_prefill(lm_model *m, int B, int L, lm_rng *r) {
     const lm_config *c = &m->cfg;
     double kda, mla;
     cache_bytes(c, B, L, &kda, &mla);
-    const double acts = (double)lm_model_acts_bytes(m, B, L), need = acts + kda + mla + 6 * GB;   // + workspace
+    const double acts = (double)lm_model_acts_bytes(m, B, L, 0), need = acts + kda + mla + 6 * GB;   // + workspace
     const double fr = (double)free_bytes();
     if (need > fr) {
         printf("  prefill B=%-3d L=%-8d skipped: needs ~%.0f GB (activations %.0f GB as allocated by "
-               "lm_model_reserve, incl. gradient buffers; cache %.1f GB), %.0f GB free\n",
+               "lm_model_reserve for a forward; cache %.1f GB), %.0f GB free\n",
                B, L, need / GB, acts / GB, (kda + mla) / GB, fr / GB);
         return;
     }
@@ -259,7 +259,7 @@ int main(int argc, char **argv) {
         sync_dev();
         printf("== %s: model created in %.1f s; GPU free %.1f GB\n", label[v], lm_time_sec() - t0, free_bytes() / GB);
         fflush(stdout);
-        const int pre[][2] = {{1, 4096}, {1, 16384}, {1, 65536}, {4, 4096}, {64, 4096}, {1, 1048576}};
+        const int pre[][2] = {{1, 4096}, {1, 16384}, {1, 32768}, {1, 65536}, {4, 4096}, {64, 4096}, {1, 1048576}};
         for (size_t k = 0; k < sizeof pre / sizeof *pre; k++)
             if (pre[k][1] <= max_ctx) bench_prefill(m, pre[k][0], pre[k][1], &r);
         for (int li = 0; li < 3; li++)

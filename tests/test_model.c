@@ -350,7 +350,10 @@ static void test_determinism(void **state) {
         lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
         lm_model_zero_grads(m);
         lm_model_forward(m, tok, tgt, 3, 40, o);
+        // a forward reserves the activations only; the backward adds their gradients
+        tu_check("forward alone: activation gradients allocated (1 = yes)", m->dacts_mem != NULL, 0);
         lm_model_backward(m, (real)(1.0 / m->last_count));
+        assert_non_null(m->dacts_mem);
         g[k] = tu_alloc(m->playout.numel);
         lm_model_get_grads(m, g[k]);
         if (k == 1) tu_check("two identical runs: max |grad difference|", tu_max_abs_diff(g[0], g[1], m->playout.numel), 0);

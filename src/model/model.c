@@ -125,7 +125,8 @@ void lm_model_free(lm_model *m) {
         if (lm_layer_is_moe(&m->cfg, i)) lm_balancer_free(&m->bal[i], o);
     o->free(m->params_mem);
     o->free(m->grads_mem);
-    if (m->acts_mem) { o->free(m->acts_mem); o->free(m->dacts_mem); }
+    if (m->acts_mem) o->free(m->acts_mem);
+    if (m->dacts_mem) o->free(m->dacts_mem);
     lm_layout_free(&m->playout);
     lm_layout_free(&m->alayout);
     free(m);
@@ -133,26 +134,32 @@ void lm_model_free(lm_model *m) {
 
 static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *L);
 
+// The activations are reserved for the forward; their gradients (same layout) only by the
+// first backward at this shape, so evaluation and generation need half the memory.
 void lm_model_reserve(lm_model *m, int B, int T) {
     if (m->acts_mem && m->B == B && m->T == T) return;
     const lm_ops *o = m->ops;
-    if (m->acts_mem) { o->free(m->acts_mem); o->free(m->dacts_mem); lm_layout_free(&m->alayout); }
+    if (m->acts_mem) { o->free(m->acts_mem); lm_layout_free(&m->alayout); }
+    if (m->dacts_mem) { o->free(m->dacts_mem); m->dacts_mem = NULL; }
     lm_layout *L = &m->alayout;
     acts_layout(m, B, T, &m->acts, L);
-    size_t bytes = L->numel * sizeof(real);
-    m->acts_mem = o->alloc(bytes);
-    m->dacts_mem = o->alloc(bytes);
+    m->acts_mem = o->alloc(L->numel * sizeof(real));
     lm_layout_bind(L, &m->acts, m->acts_mem);
-    lm_layout_bind(L, &m->dacts, m->dacts_mem);
     m->B = B;
     m->T = T;
 }
 
-size_t lm_model_acts_bytes(const lm_model *m, int B, int T) {
+static void reserve_grads(lm_model *m) {
+    if (m->dacts_mem) return;
+    m->dacts_mem = m->ops->alloc(m->alayout.numel * sizeof(real));
+    lm_layout_bind(&m->alayout, &m->dacts, m->dacts_mem);
+}
+
+size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
     lm_acts *a = lm_malloc(sizeof *a);   // never bound: the layout only counts
     lm_layout L;
     acts_layout(m, B, T, a, &L);
-    size_t bytes = 2 * L.numel * sizeof(real);
+    size_t bytes = (with_grads ? 2 : 1) * L.numel * sizeof(real);
     lm_layout_free(&L);
     free(a);
     return bytes;
@@ -275,6 +282,7 @@ void lm_model_backward(lm_model *m, real dloss) {
     const lm_ops *o = m->ops;
     const lm_config *c = &m->cfg;
     const int N = m->ctx.N, d = c->d_model;
+    reserve_grads(m);
     lm_acts *a = &m->acts, *da = &m->dacts;
     o->zero(m->dacts_mem, m->alayout.numel * sizeof(real));
     o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);

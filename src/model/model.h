@@ -66,9 +66,12 @@ typedef struct lm_model {
 lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed);
 void lm_model_free(lm_model *m);
 // (Re)allocates activations for batches of B sequences of T tokens.
+// Reserves the activations of a B × T batch (a forward does it); the first backward at that
+// shape adds their gradients.
 void lm_model_reserve(lm_model *m, int B, int T);
-// Backend bytes lm_model_reserve(m, B, T) allocates (activations and their gradients).
-size_t lm_model_acts_bytes(const lm_model *m, int B, int T);
+// Backend bytes of the activations of a B × T batch, and of their gradients too when
+// with_grads (what training needs; a forward alone needs the activations).
+size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads);
 
 typedef struct {
     int training;                   // update balancing statistics
