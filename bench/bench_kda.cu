@@ -12,16 +12,9 @@
 #include <string.h>
 #include <vector>
 #include "cuda/kda.cuh"
+#include "cuda/cuda_exit_check.cuh"
 
 typedef __nv_bfloat16 bf16;
-#define CU(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                                      \
-        }                                                                                                 \
-    } while (0)
 
 // deterministic pseudo-normal values: sum of 4 hashed uniforms, scaled to std sd, plus mean
 __device__ inline float hnorm(uint64_t i, uint32_t seed) {

@@ -20,30 +20,25 @@ extern "C" {
 #include "cuda_common.cuh"
 #include <cuda_bf16.h>
 
-#define CU(call)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess) lm_die("cuda: %s failed: %s", #call, cudaGetErrorString(e_));      \
-    } while (0)
 
 // ---- memory ----
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;
-    CU(cudaMalloc(&p, bytes));
-    CU(cudaMemset(p, 0, bytes));
+    cudaCheck(cudaMalloc(&p, bytes));
+    cudaCheck(cudaMemset(p, 0, bytes));
     return p;
 }
 static void cu_free(void *p) {
-    if (p) CU(cudaFree(p));
+    if (p) cudaCheck(cudaFree(p));
 }
-static void cu_to_device(void *dst, const void *src, size_t bytes) { CU(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)); }
-static void cu_to_host(void *dst, const void *src, size_t bytes) { CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
-static void cu_copy(void *dst, const void *src, size_t bytes) { CU(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
-static void cu_zero(void *p, size_t bytes) { CU(cudaMemset(p, 0, bytes)); }
+static void cu_to_device(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)); }
+static void cu_to_host(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
+static void cu_copy(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
+static void cu_zero(void *p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
 static void cu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols) {
     if (rows == 0 || cols == 0) return;
-    CU(cudaMemcpy2D(dst, dst_stride * sizeof(real), src, src_stride * sizeof(real), cols * sizeof(real), rows,
+    cudaCheck(cudaMemcpy2D(dst, dst_stride * sizeof(real), src, src_stride * sizeof(real), cols * sizeof(real), rows,
                     cudaMemcpyDeviceToDevice));
 }
 
@@ -64,12 +59,12 @@ static void to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
 static void from_bf16(float *y, const __nv_bfloat16 *x, size_t n, int accumulate) {
     if (!y || !n) return;
     k_from_bf16<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n, accumulate);
-    CU(cudaGetLastError());
+    cudaCheck(cudaGetLastError());
 }
 static void acc_f32(float *y, const float *x, size_t n) {
     if (!y || !n) return;
     k_acc<<<nblk(n), 256, 0, lm_cuda_stream()>>>(y, x, n);
-    CU(cudaGetLastError());
+    cudaCheck(cudaGetLastError());
 }
 
 // ---- KDA ----
@@ -154,7 +149,7 @@ static void cu_kda_fwd(const lm_kda_args *a) {
         c.p.o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
         c.p.ws = carve(&cv, wsb);
     }
-    CU(kda_fwd(&c.p));
+    cudaCheck(kda_fwd(&c.p));
     from_bf16(a->o, c.p.o, c.nv, 0);
 }
 
@@ -181,7 +176,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     p->d_o = a->d_o ? d_o : NULL;
     p->dq = g; p->dk = g + c.nqk; p->df = g + 2 * c.nqk; p->dv = g + 3 * c.nqk; p->dbeta = g + 3 * c.nqk + c.nv;
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
-    CU(kda_bwd(p));
+    cudaCheck(kda_bwd(p));
     from_bf16(a->dq, p->dq, c.nqk, 1);
     from_bf16(a->dk, p->dk, c.nqk, 1);
     from_bf16(a->df, p->df, c.nqk, 1);
@@ -204,7 +199,7 @@ static void cu_kda_decode(const lm_kda_args *a) {
         kda_call_inputs(&c, &cv, a);
         o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
     }
-    CU(kda_decode(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, c.q, c.k, c.v, c.f, c.beta,
+    cudaCheck(kda_decode(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, c.q, c.k, c.v, c.f, c.beta,
                   a->A_log, a->dt_bias, a->state, a->slots, o, lm_cuda_stream()));
     from_bf16(a->o, o, c.nv, 0);
 }

@@ -21,16 +21,9 @@ extern "C" {
 }
 #undef _Noreturn
 #include "cuda/kda.cuh"
+#include "cuda/cuda_exit_check.cuh"
 
 typedef __nv_bfloat16 bf16;
-#define CU(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                                      \
-        }                                                                                                 \
-    } while (0)
 
 static int n_fail = 0, n_check = 0;
 static void check(const char *what, double err, double tol) {
