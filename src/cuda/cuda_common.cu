@@ -2,6 +2,7 @@
 // error reporting; and the small shared kernels declared in cuda_common.cuh.
 #include "cuda_common.cuh"
 #include <string.h>
+#include <cuda_bf16.h>
 
 void lm_cuda_fail(const char *what, const char *expr, const char *file, int line) {
     lm_die("CUDA error: %s in %s at %s:%d", what, expr, file, line);
@@ -89,5 +90,31 @@ __global__ static void acc_vec_k(float *dst, const float *src, const float *mul,
 void lm_cuda_acc_vec(float *dst, const float *src, const float *mul, int n) {
     if (!dst || n <= 0) return;
     acc_vec_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dst, src, mul, n);
+    cudaLaunchCheck();
+}
+
+// y [n] = bf16(x [n]), 4 elements per step when x is 16-byte aligned
+__global__ static void to_bf16_k(__nv_bfloat16 *y, const float *x, size_t n, int vec) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t done = 0;
+    if (vec) {
+        size_t n4 = n / 4;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+            float4 v = reinterpret_cast<const float4 *>(x)[i];
+            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+        }
+        done = 4 * n4;
+    }
+    for (size_t i = done + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __float2bfloat16(x[i]);
+}
+// y: device buffer of n bf16, 8-byte aligned (the workspace is 256-aligned)
+void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
+    if (!n) return;
+    int vec = (uintptr_t)x % 16 == 0;
+    unsigned g = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
+    if (g > 8192) g = 8192;
+    to_bf16_k<<<g, 256, 0, lm_cuda_stream()>>>(y, x, n, vec);
     cudaLaunchCheck();
 }

@@ -20,7 +20,6 @@ extern "C" {
 #include "cuda_common.cuh"
 #include <cuda_bf16.h>
 
-
 // ---- memory ----
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
@@ -89,7 +88,8 @@ typedef struct {
     size_t nqk, nv, nb;
 } kda_call;
 
-static void kda_call_check(const lm_kda_args *a) {
+// sizes and parameters; the activation pointers are set by kda_call_inputs
+static void kda_call_init(kda_call *c, const lm_kda_args *a) {
     LM_CHECK(a->B >= 0 && a->T >= 0 && a->H > 0, "cuda kda: bad shape B=%d T=%d H=%d", a->B, a->T, a->H);
     LM_CHECK((a->K == 64 || a->K == 128) && (a->V == 64 || a->V == 128), "cuda kda: K=%d V=%d not in {64, 128}",
              a->K, a->V);
@@ -97,10 +97,6 @@ static void kda_call_check(const lm_kda_args *a) {
              a->gate_mode);
     LM_CHECK(a->gate_mode != LM_GATE_BOUNDED || (a->lb >= -5 && a->lb < 0), "cuda kda: lower bound %g outside [-5, 0)",
              (double)a->lb);
-}
-// sizes and parameters; the activation pointers are set by kda_call_inputs
-static void kda_call_init(kda_call *c, const lm_kda_args *a) {
-    kda_call_check(a);
     memset(c, 0, sizeof *c);
     c->nqk = (size_t)a->B * a->T * a->H * a->K;
     c->nv = (size_t)a->B * a->T * a->H * a->V;

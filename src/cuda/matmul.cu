@@ -1,6 +1,6 @@
 // matmul.cu — the linear layer and the per-head products of MLA decode through cuBLAS.
 // The linear layer follows lm_cuda_gemm_mode(): bf16 (default) rounds both operands to bf16
-// copies in the workspace (one pass each; weights stay fp32 masters) and multiplies them on
+// copies in the workspace (lm_cuda_to_bf16; weights stay fp32 masters) and multiplies them on
 // tensor cores with fp32 accumulation into the fp32 output (products of ≥ 64 rows; see
 // use_bf16); fp32 / tf32 run SGEMM.
 //
@@ -8,32 +8,6 @@
 // product below is issued as the column-major product of the transposes.
 #include "cuda_common.cuh"
 #include <cuda_bf16.h>
-
-// y [n] = bf16(x [n]), 4 elements per step when x is 16-byte aligned
-__global__ static void to_bf16_k(__nv_bfloat16 *y, const float *x, size_t n, int vec) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t done = 0;
-    if (vec) {
-        size_t n4 = n / 4;
-        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
-            float4 v = reinterpret_cast<const float4 *>(x)[i];
-            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i] = __floats2bfloat162_rn(v.x, v.y);
-            reinterpret_cast<__nv_bfloat162 *>(y)[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
-        }
-        done = 4 * n4;
-    }
-    for (size_t i = done + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
-        y[i] = __float2bfloat16(x[i]);
-}
-// y: device buffer of n bf16, 8-byte aligned (the workspace is 256-aligned)
-void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
-    if (!n) return;
-    int vec = (uintptr_t)x % 16 == 0;
-    unsigned g = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
-    if (g > 8192) g = 8192;
-    to_bf16_k<<<g, 256, 0, lm_cuda_stream()>>>(y, x, n, vec);
-    cudaLaunchCheck();
-}
 
 // Skinny products (decode: a few rows) stay on SGEMM (TF32 in the bf16 mode): they are
 // bound by reading the weights, which SGEMM reads once in fp32, while the bf16 path would
