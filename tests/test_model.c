@@ -37,6 +37,13 @@ static void test_preset_param_counts(void **state) {
     lm_config_count_params(&c, &tot, &act);
     printf("measured small: total %.4g, active %.4g\n", tot, act);
     assert_true(tot > 0.9e9 && tot < 1.2e9 && act > 1.2e8 && act < 1.8e8);
+    // training FLOPs per token at T = 4096 (the MFU numerator), spelled out for `small`:
+    // 3 × [2·active + 4 MLA layers · 2·8·(192+128)·4097/2 + 12 KDA layers · 2·8·(3·128² + 64·128 + 32·128)]
+    const double want = 3 * (2 * act + 4 * 2.0 * 8 * 320 * 4097 / 2 + 12 * 2.0 * 8 * (3 * 16384 + 8192 + 4096));
+    const double fl = lm_config_train_flops(&c, 4096);
+    printf("measured small: %.4g training FLOPs per token at T 4096\n", fl);
+    tu_check("small: training FLOPs per token vs the spelled-out count (rel)", fabs(fl - want) / want, 1e-12);
+    assert_true(fl > 1.0e9 && fl < 1.1e9);
     assert_int_equal(lm_config_preset(&c, "tiny"), LM_OK);
     assert_int_equal(lm_config_finalize(&c), LM_OK);
     assert_string_equal(c.layer_types, "KKKM");

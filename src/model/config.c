@@ -333,7 +333,7 @@ void lm_config_count_params(const lm_config *c, double *total, double *active) {
     *active = act;
 }
 
-double lm_config_train_flops(const lm_config *c, int T, double *fwd_matmul, double *fwd_mla, double *fwd_kda) {
+double lm_config_train_flops(const lm_config *c, int T) {
     double tot, act;
     lm_config_count_params(c, &tot, &act);
     const double mm = 2 * act;
@@ -345,9 +345,6 @@ double lm_config_train_flops(const lm_config *c, int T, double *fwd_matmul, doub
         else
             kda += 2.0 * c->kda_heads * (3 * K * V + C * K + C * V / 2);
     }
-    if (fwd_matmul) *fwd_matmul = mm;
-    if (fwd_mla) *fwd_mla = mla;
-    if (fwd_kda) *fwd_kda = kda;
     return 3 * (mm + mla + kda);
 }
 

@@ -89,9 +89,8 @@ void lm_config_count_params(const lm_config *c, double *total, double *active);
 //   MLA        per layer 2·H·(Dqk + Dv)·(T+1)/2   (QKᵀ and PV over the causal average context)
 //   KDA        per layer and head 2·(3·K·V + C·K + C·V/2), chunk C: the state products
 //              (q·S, k·S, k⊗u) and the within-chunk products (kkᵀ, qkᵀ, P·u)
-// Recomputation is not counted (model FLOPs, not hardware FLOPs). The parts are
-// returned through the pointers when they are not NULL (forward, per token).
-double lm_config_train_flops(const lm_config *c, int T, double *fwd_matmul, double *fwd_mla, double *fwd_kda);
+// Recomputation is not counted (model FLOPs, not hardware FLOPs).
+double lm_config_train_flops(const lm_config *c, int T);
 void lm_config_print(const lm_config *c, FILE *f);
 
 const char *lm_residual_name(int mode);

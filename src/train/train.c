@@ -485,7 +485,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             // steady-state speed: the median step of this run after its first two (warm-up)
             int skip = n_step_s > 4 ? 2 : 0;
             double med = lm_median(step_s + skip, n_step_s - skip);
-            double flops = lm_config_train_flops(cfg, T, NULL, NULL, NULL);
+            double flops = lm_config_train_flops(cfg, T);
             double med_tok_s = med > 0 ? (double)B * T / med : 0;
             cJSON *e = cJSON_CreateObject();
             cJSON_AddStringToObject(e, "type", "end");
