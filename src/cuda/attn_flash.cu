@@ -415,20 +415,7 @@ __global__ static void __launch_bounds__(FA_TB, 1)
     }
 }
 
-// ---- conversions ----
-// y [n] = bf16(x [n]); n4 = n / 4 float4 groups (x 16-byte aligned)
-__global__ static void fa_to_bf16_k(fa_bf16 *y, const float *x, size_t n4) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
-        float4 v = __ldg(reinterpret_cast<const float4 *>(x) + i);
-        reinterpret_cast<uint2 *>(y)[i] = make_uint2(fa_pack(v.x, v.y), fa_pack(v.z, v.w));
-    }
-}
-static void fa_to_bf16(fa_bf16 *y, const float *x, size_t n) {
-    fa_to_bf16_k<<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(y, x, n / 4);
-    cudaLaunchCheck();
-}
-
-// ---- host ----
+// ---- host ----  (the fp32 inputs are rounded to bf16 copies by lm_cuda_to_bf16, cuda_common.cu)
 template <int DQK, int DV> static size_t fa_fwd_smem(void) {
     return (size_t)(FA_BMF * (DQK + 8) + 2 * FA_BN * (DQK + 8) + 2 * FA_BN * (DV + 8)) * sizeof(fa_bf16);
 }
@@ -494,9 +481,9 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
     const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bv = lm_align256(nv * sizeof(fa_bf16));
     char *ws = (char *)lm_cuda_scratch(2 * bq + bv);
     fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + bq), *vb = (fa_bf16 *)(ws + 2 * bq);
-    fa_to_bf16(qb, q, nq);
-    fa_to_bf16(kb, k, nq);
-    fa_to_bf16(vb, v, nv);
+    lm_cuda_to_bf16(qb, q, nq);
+    lm_cuda_to_bf16(kb, k, nq);
+    lm_cuda_to_bf16(vb, v, nv);
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, H, scale);
     FA_DIMS(FA_CASE)
@@ -517,10 +504,10 @@ int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const rea
     fa_bf16 *qb = (fa_bf16 *)(ws + bD), *kb = (fa_bf16 *)(ws + bD + bq), *vb = (fa_bf16 *)(ws + bD + 2 * bq);
     fa_bf16 *dob = (fa_bf16 *)(ws + bD + 2 * bq + bv);
     cuda_attn_D(D, d_o, o, B, T, H, Dv);
-    fa_to_bf16(qb, q, nq);
-    fa_to_bf16(kb, k, nq);
-    fa_to_bf16(vb, v, nv);
-    fa_to_bf16(dob, d_o, nv);
+    lm_cuda_to_bf16(qb, q, nq);
+    lm_cuda_to_bf16(kb, k, nq);
+    lm_cuda_to_bf16(vb, v, nv);
+    lm_cuda_to_bf16(dob, d_o, nv);
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_bwd<a, c>(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, scale);
     FA_DIMS(FA_CASE)
