@@ -37,8 +37,20 @@ static void cu_copy(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMe
 static void cu_zero(void *p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
 static void cu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols) {
     if (rows == 0 || cols == 0) return;
-    cudaCheck(cudaMemcpy2D(dst, dst_stride * sizeof(real), src, src_stride * sizeof(real), cols * sizeof(real), rows,
-                    cudaMemcpyDeviceToDevice));
+    static int max_pitch = 0;
+    if (!max_pitch) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, dev));
+    }
+    const size_t dp = dst_stride * sizeof(real), sp = src_stride * sizeof(real), w = cols * sizeof(real);
+    if (dp <= (size_t)max_pitch && sp <= (size_t)max_pitch) {
+        cudaCheck(cudaMemcpy2D(dst, dp, src, sp, w, rows, cudaMemcpyDeviceToDevice));
+        return;
+    }
+    // pitches past the device limit (a long cache: max_len·R·4 bytes can pass 2 GiB): a copy per row
+    for (size_t r = 0; r < rows; r++)
+        cudaCheck(cudaMemcpy(dst + r * dst_stride, src + r * src_stride, w, cudaMemcpyDeviceToDevice));
 }
 
 // ---- fp32 ↔ bf16 ----

@@ -367,7 +367,8 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         }
         const real lr = lm_optim_lr(&opt.cfg, ts.step);
         // one pass over the gradients: their norm, non-finite iff some gradient is (squares
-        // of finite floats summed in double cannot overflow)
+        // of finite floats summed in double cannot overflow; in the fp64 test build a
+        // gradient above ~1e154 would also count as non-finite and skip the step)
         double gnorm = lm_grad_norm(m);
         int skipped = !isfinite(loss) || !isfinite(gnorm);
         int n_clipped = 0;
@@ -462,11 +463,13 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (o->eval_every > 0 && (ts.step % o->eval_every == 0 || last)) {
             lm_eval_result er;
             lm_loader_rewind(&ev);
-            // evaluation batches no larger than the training micro-batch: the activations
-            // reserved for training are what fits (a B8 run in micro-batches of 2 ran out
-            // of GPU memory in its first evaluation)
-            const int eval_b = micro > 16 ? 16 : micro;
-            if (lm_eval_run(m, &ev, eval_b, T, o->eval_batches, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
+            // eval_batches batches of min(B, 16) sequences, run in forwards no larger than the
+            // training micro-batch (the memory that fits: a B8 run in micro-batches of 2 ran
+            // out of GPU memory in its first evaluation); the sequences evaluated do not
+            // depend on the micro-batch
+            const int full_b = B > 16 ? 16 : B, eval_b = micro < full_b ? micro : full_b;
+            const int n_eval = o->eval_batches * ((full_b + eval_b - 1) / eval_b);
+            if (lm_eval_run(m, &ev, eval_b, T, n_eval, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
             cJSON *e = lm_eval_json(&er);
             cJSON_AddNumberToObject(e, "step", (double)ts.step);
             write_line(log, e);
