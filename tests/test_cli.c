@@ -81,6 +81,14 @@ static void path_of(char *buf, size_t n, const char *run_dir, const char *file) 
     snprintf(buf, n, "%s/%s/%s", dir, run_dir, file);
 }
 
+// <dir>/<run_dir>/<file> read whole, NUL-terminated (free it)
+static char *run_text(const char *run_dir, const char *file) {
+    char p[800];
+    path_of(p, sizeof p, run_dir, file);
+    size_t n;
+    return (char *)slurp(p, &n);
+}
+
 static void test_same_seed_same_run(void **state) {
     (void)state;
     train("a", NULL, NULL);
@@ -137,10 +145,7 @@ static void test_resume_is_bit_exact(void **state) {
 static void test_nonfinite_steps(void **state) {
     (void)state;
     train("nan1", "--debug-nan-steps 3", NULL);
-    char p[700];
-    path_of(p, sizeof p, "nan1", "metrics.jsonl");
-    size_t n;
-    char *b = (char *)slurp(p, &n);
+    char *b = run_text("nan1", "metrics.jsonl");
     assert_non_null(strstr(b, "\"step\":4,\"loss\""));
     assert_non_null(strstr(b, "\"skipped\":1,\"skipped_total\":1"));
     assert_non_null(strstr(b, "\"step\":20,"));
@@ -163,10 +168,7 @@ static void test_kill_during_save(void **state) {
     result r = run("LINMOE_TEST_CRASH_IN_SAVE=10", args);
     printf("killed by signal %d\n", r.signal);
     assert_int_equal(r.signal, 9);
-    char p[700];
-    path_of(p, sizeof p, "k", "latest");
-    size_t n;
-    char *latest = (char *)slurp(p, &n);
+    char *latest = run_text("k", "latest");
     assert_string_equal(latest, "ckpt_000005\n");
     free(latest);
     snprintf(args, sizeof args, "eval --model %s/k/ckpt_000005 --batches 1 --batch 2 --seq 64 -t 2", dir);
@@ -193,10 +195,7 @@ static void test_context_stages(void **state) {
     result r = run(NULL, args);
     if (r.status) printf("stderr: %s\n", r.err);
     assert_int_equal(r.status, 0);
-    char p[700];
-    path_of(p, sizeof p, "stages", "metrics.jsonl");
-    size_t n;
-    char *b = (char *)slurp(p, &n);
+    char *b = run_text("stages", "metrics.jsonl");
     const int want[7] = {32, 32, 32, 64, 64, 128, 128};
     int k = 0;
     for (char *line = strtok(b, "\n"); line; line = strtok(NULL, "\n")) {
@@ -209,7 +208,7 @@ static void test_context_stages(void **state) {
     }
     assert_int_equal(k, 7);
     free(b);
-    b = (char *)slurp(p, &n);
+    b = run_text("stages", "metrics.jsonl");
     assert_non_null(strstr(b, "\"tokens_per_step\":256"));
     free(b);
 }
@@ -327,10 +326,7 @@ static void test_ablate(void **state) {
     assert_true(exists("abl/gate", "report.html") && exists("abl/gate", "report.md"));
     assert_true(exists("abl/gate/bounded-seed1", "metrics.jsonl") && exists("abl/gate/unbounded-seed1", "metrics.jsonl"));
     tu_check("ablate: checkpoint written without --checkpoints (exists = 1)", exists("abl/gate/bounded-seed1", "latest"), 0);
-    char p[800];
-    path_of(p, sizeof p, "abl/gate", "report.md");
-    size_t n;
-    char *md = (char *)slurp(p, &n);
+    char *md = run_text("abl/gate", "report.md");
     assert_non_null(strstr(md, "| bounded | 1 |"));
     assert_non_null(strstr(md, "| unbounded | 1 |"));
     free(md);
@@ -348,10 +344,7 @@ static void test_no_checkpoints_and_end_line(void **state) {
     train("nc", "--no-checkpoints --micro-batch 1 --eval-every 10 --eval-batches 1", NULL);
     tu_check("--no-checkpoints: 'latest' written (exists = 1)", exists("nc", "latest"), 0);
     tu_check("--no-checkpoints: step-20 checkpoint written (exists = 1)", exists("nc", "ckpt_000020"), 0);
-    char p[800];
-    path_of(p, sizeof p, "nc", "metrics.jsonl");
-    size_t n;
-    char *m = (char *)slurp(p, &n);
+    char *m = run_text("nc", "metrics.jsonl");
     const char *end = strstr(m, "\"type\":\"end\"");
     assert_non_null(end);
     assert_non_null(strstr(end, "\"median_tok_s\":"));
