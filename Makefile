@@ -143,10 +143,9 @@ build/cuda/linmoe: $(patsubst src/cli/%.c,build/cuda/obj/cli/%.o,$(CLI_SRC)) $(C
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
 cuda-cli: build/cuda/linmoe
 # generation benchmark of the `small` preset, hybrid vs all-MLA (bench/RESULTS.md; needs a GPU to run)
-CUDA_INC := $(patsubst %/bin/,%/include,$(dir $(realpath $(NVCC))))
 build/cuda/obj/bench/%.o: bench/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_f32) -DLM_CUDA -I$(CUDA_INC) -c $< -o $@
+	$(CC) $(CFLAGS_f32) -DLM_CUDA -c $< -o $@
 build/cuda/bench_generate: build/cuda/obj/bench/bench_generate.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
 cuda-tests: build/cuda/tests/test_cuda_ops

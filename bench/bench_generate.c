@@ -11,7 +11,6 @@
 //
 // Usage: bench_generate [--steps N] [--max-ctx L] [--op-only]     (needs a CUDA GPU)
 //   --op-only: only the MLA decode op on synthetic one-layer caches (no model)
-#include <cuda_runtime_api.h>
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
 #include "model/cache.h"
@@ -20,15 +19,8 @@
 #define GB 1e9
 static const lm_ops *OPS = &lm_cuda_ops;
 
-static void sync_dev(void) {
-    cudaError_t e = cudaDeviceSynchronize();
-    LM_CHECK(e == cudaSuccess, "cuda: %s", cudaGetErrorString(e));
-}
-static size_t free_bytes(void) {
-    size_t fr, tot;
-    cudaMemGetInfo(&fr, &tot);
-    return fr;
-}
+static void sync_dev(void) { lm_cuda_sync(); }
+static size_t free_bytes(void) { return lm_cuda_free_bytes(); }
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -215,11 +207,11 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--op-only]\n"); return 2; }
     }
     LM_CHECK(steps >= 1 && steps <= 1000, "--steps must be in [1, 1000]");
-    struct cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
+    double dev_bytes = 0;
+    const char *dev_name = lm_cuda_device_name(&dev_bytes);
     printf("== bench_generate: %s, %.0f GB, GEMMs %s; decode caches filled synthetically (random latents, states "
            "and conv caches: a step's cost does not depend on the values)\n",
-           prop.name, (double)prop.totalGlobalMem / GB, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
+           dev_name, dev_bytes / GB, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
     lm_config cfg[2];
     const char *label[2] = {"hybrid (KKKM)", "all-MLA"};
     for (int v = 0; v < 2; v++) {

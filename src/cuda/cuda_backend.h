@@ -28,6 +28,11 @@ cudaStream_t lm_cuda_stream(void);
 #endif
 // frees the backend's workspace and cuBLAS handle (optional, e.g. at exit)
 void lm_cuda_backend_shutdown(void);
+// host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
+// CUDA headers: wait for the device; free bytes on the device; device 0's name and memory
+void lm_cuda_sync(void);
+size_t lm_cuda_free_bytes(void);
+const char *lm_cuda_device_name(double *total_bytes);
 
 // Precision of the dense and grouped GEMMs. fp32: SGEMM, matches the CPU reference to
 // ~1e-6 (the tests' tight checks). tf32: TF32 tensor cores. bf16 (the default): operands

@@ -70,6 +70,19 @@ void lm_cuda_read(void *host, const void *dev, size_t bytes) {
     cudaCheck(cudaStreamSynchronize(lm_cuda_stream()));
 }
 
+void lm_cuda_sync(void) { cudaCheck(cudaDeviceSynchronize()); }
+size_t lm_cuda_free_bytes(void) {
+    size_t fr = 0, tot = 0;
+    cudaCheck(cudaMemGetInfo(&fr, &tot));
+    return fr;
+}
+const char *lm_cuda_device_name(double *total_bytes) {
+    static cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    if (total_bytes) *total_bytes = (double)prop.totalGlobalMem;
+    return prop.name;
+}
+
 void lm_cuda_backend_shutdown(void) {
     if (g_cublas) { cublasDestroy(g_cublas); g_cublas = NULL; }
     if (g_scratch) { cudaFree(g_scratch); g_scratch = NULL; g_scratch_cap = 0; }
