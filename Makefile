@@ -38,7 +38,7 @@ CFLAGS_f32 := $(BASE) $(OPT)
 CFLAGS_f64 := $(BASE) $(OPT) -DLM_DOUBLE
 CFLAGS_san := $(BASE) -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 
-.PHONY: all run test test-f32 test-f64 test-san deps cuda cuda-all cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda bench-moe clean bench-cpu
+.PHONY: all run test test-f32 test-f64 test-san test-cuda-harness deps cuda cuda-all cuda-cli cuda-tests test-cuda-ops test-cuda bench-cuda bench-moe clean bench-cpu
 .DEFAULT_GOAL := all
 .SECONDARY:
 
@@ -81,11 +81,25 @@ test-san: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_sup
 test-san: export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 
 test: deps
-	$(MAKE) --no-print-directory test-f64 test-f32 test-san
+	$(MAKE) --no-print-directory test-f64 test-f32 test-san test-cuda-harness
 	@echo "== all tests passed"
 
 run: deps build/f32/linmoe
 	build/f32/linmoe train --preset tiny --out runs/tiny --overwrite
+
+# tests/cuda/test_cuda_ops.c with the CPU table standing in for the GPU, under the sanitizers:
+# no GPU here, so every error is 0, but the test's own code (every check's setup, indexing,
+# teardown) runs on every CI run and cannot rot between GPU sessions
+build/san/tests/test_cuda_harness: tests/cuda/test_cuda_ops.c build/san/obj/tests/compare.o build/san/liblinmoe.a | deps-quiet
+	@mkdir -p $(dir $@)
+	@echo "  LD [san] $@"
+	@$(CC) $(CFLAGS_san) -DTEST_HARNESS_ON_CPU $^ -o $@ $(LDLIBS)
+test-cuda-harness: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
+test-cuda-harness: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
+test-cuda-harness: export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
+test-cuda-harness: build/san/tests/test_cuda_harness
+	@echo "== san test_cuda_ops on the CPU table (harness self-test)"
+	@OMP_NUM_THREADS=$(THREADS) $< > $<.log 2>&1 || { cat $<.log; exit 1; }; tail -n 1 $<.log
 
 # Install missing Debian packages (the project is built as root on a fresh machine).
 deps:

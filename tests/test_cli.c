@@ -337,11 +337,32 @@ static void test_ablate(void **state) {
     assert_true(exists("abl/gate/unbounded-seed1", "latest"));
 }
 
+// the per-task example counts ("n":…) of a run's first eval record, concatenated
+static void first_eval_counts(const char *run_dir, char *out, size_t cap) {
+    char *m = run_text(run_dir, "metrics.jsonl");
+    const char *e = strstr(m, "\"type\":\"eval\"");
+    assert_non_null(e);
+    const char *eol = strchr(e, '\n');
+    out[0] = 0;
+    for (const char *p = strstr(e, "\"n\":"); p && (!eol || p < eol); p = strstr(p + 1, "\"n\":"))
+        snprintf(out + strlen(out), cap - strlen(out), "%d,", atoi(p + 4));
+    free(m);
+    assert_true(out[0] != 0);
+}
+
 // --no-checkpoints writes none; the end line carries the median step, tokens/s and the model
-// FLOPs per token; a micro-batched run evaluates (in batches of its micro-batch)
+// FLOPs per token; a micro-batched run evaluates (in batches of its micro-batch) the same
+// sequences as an unbatched one, also when the micro-batch does not divide the batch
 static void test_no_checkpoints_and_end_line(void **state) {
     (void)state;
     train("nc", "--no-checkpoints --micro-batch 1 --eval-every 10 --eval-batches 1", NULL);
+    train("nc3", "--no-checkpoints --batch 3 --eval-every 10 --eval-batches 2", NULL);
+    train("nc3m2", "--no-checkpoints --batch 3 --micro-batch 2 --eval-every 10 --eval-batches 2", NULL);
+    char n_full[256], n_micro[256];
+    first_eval_counts("nc3", n_full, sizeof n_full);
+    first_eval_counts("nc3m2", n_micro, sizeof n_micro);
+    printf("eval examples per task: batch 3 %s micro-batch 2 %s\n", n_full, n_micro);
+    tu_check("eval examples differ between micro-batch 2 and none (differs = 1)", strcmp(n_full, n_micro) != 0, 0);
     tu_check("--no-checkpoints: 'latest' written (exists = 1)", exists("nc", "latest"), 0);
     tu_check("--no-checkpoints: step-20 checkpoint written (exists = 1)", exists("nc", "ckpt_000020"), 0);
     char *m = run_text("nc", "metrics.jsonl");

@@ -1,5 +1,5 @@
 // cuda_backend.h — the CUDA backend's ops (every op of ops.h except the memory ops
-// alloc/free/to_device/to_host/copy/zero and the KDA ops, which live in cuda_ops.cu and
+// alloc/free/to_device/to_host/copy/zero/copy2d and the KDA ops, which live in cuda_ops.cu and
 // kda*.cu), one function per op named cuda_<op>, with the signatures of the cpu_<op>
 // functions in src/cpu/cpu.h. All tensor pointers are DEVICE pointers; `real` is float.
 // Every function runs on lm_cuda_stream() (see cuda_common.cuh); the ones that return a
@@ -29,10 +29,10 @@ cudaStream_t lm_cuda_stream(void);
 // frees the backend's workspace and cuBLAS handle (optional, e.g. at exit)
 void lm_cuda_backend_shutdown(void);
 // host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
-// CUDA headers: wait for the device; free bytes on the device; device 0's name and memory
+// CUDA headers: wait for the device; free bytes on the device; the device's name and memory
 void lm_cuda_sync(void);
 size_t lm_cuda_free_bytes(void);
-const char *lm_cuda_device_name(double *total_bytes);
+const char *lm_cuda_device_name(double *total_bytes);   // the current device
 
 // Precision of the dense and grouped GEMMs. fp32: SGEMM, matches the CPU reference to
 // ~1e-6 (the tests' tight checks). tf32: TF32 tensor cores. bf16 (the default): operands
@@ -44,7 +44,6 @@ void lm_cuda_set_gemm_mode(int mode);
 const char *lm_cuda_gemm_name(int mode);
 int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
 
-void cuda_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols);
 void cuda_add(real *out, const real *a, const real *b, size_t n);
 void cuda_acc(real *acc, const real *x, size_t n);
 void cuda_scale(real *x, real s, size_t n);

@@ -78,7 +78,9 @@ size_t lm_cuda_free_bytes(void) {
 }
 const char *lm_cuda_device_name(double *total_bytes) {
     static cudaDeviceProp prop;
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
     if (total_bytes) *total_bytes = (double)prop.totalGlobalMem;
     return prop.name;
 }
@@ -122,10 +124,10 @@ __global__ static void to_bf16_k(__nv_bfloat16 *y, const float *x, size_t n, int
     for (size_t i = done + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
         y[i] = __float2bfloat16(x[i]);
 }
-// y: device buffer of n bf16, 8-byte aligned (the workspace is 256-aligned)
+// y: device buffer of n bf16 (4 elements per step when x is 16- and y 8-byte aligned)
 void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
     if (!n) return;
-    int vec = (uintptr_t)x % 16 == 0;
+    int vec = (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0;
     unsigned g = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
     if (g > 8192) g = 8192;
     to_bf16_k<<<g, 256, 0, lm_cuda_stream()>>>(y, x, n, vec);

@@ -1,12 +1,5 @@
-// elementwise.cu — strided 2-D copy, add, accumulate, scale, sum of squares, finiteness.
+// elementwise.cu — add, accumulate, scale, sum of squares, finiteness.
 #include "cuda_common.cuh"
-
-void cuda_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols) {
-    if (!rows || !cols) return;
-    // the regions of one call never overlap in the model (distinct buffers)
-    cudaCheck(cudaMemcpy2DAsync(dst, dst_stride * sizeof(real), src, src_stride * sizeof(real), cols * sizeof(real),
-                                rows, cudaMemcpyDeviceToDevice, lm_cuda_stream()));
-}
 
 __global__ static void add_k(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)

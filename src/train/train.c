@@ -465,10 +465,12 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             lm_loader_rewind(&ev);
             // eval_batches batches of min(B, 16) sequences, run in forwards no larger than the
             // training micro-batch (the memory that fits: a B8 run in micro-batches of 2 ran
-            // out of GPU memory in its first evaluation); the sequences evaluated do not
-            // depend on the micro-batch
-            const int full_b = B > 16 ? 16 : B, eval_b = micro < full_b ? micro : full_b;
-            const int n_eval = o->eval_batches * ((full_b + eval_b - 1) / eval_b);
+            // out of GPU memory in its first evaluation). The forward size divides the batch,
+            // so the sequences evaluated do not depend on the micro-batch.
+            const int full_b = B > 16 ? 16 : B;
+            int eval_b = micro < full_b ? micro : full_b;
+            while (full_b % eval_b) eval_b--;
+            const int n_eval = o->eval_batches * (full_b / eval_b);
             if (lm_eval_run(m, &ev, eval_b, T, n_eval, &er) != LM_OK) FAIL("eval: %s", lm_last_error());
             cJSON *e = lm_eval_json(&er);
             cJSON_AddNumberToObject(e, "step", (double)ts.step);

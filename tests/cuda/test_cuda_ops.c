@@ -26,11 +26,15 @@
 #include "cuda/cuda_backend.h"
 
 #ifdef TEST_HARNESS_ON_CPU
-// self-test of this file without a GPU: the "GPU" side is the CPU table (every error 0)
+// Self-test of this file without a GPU (make test-cuda-harness, run by `make test`): the
+// "GPU" side is the CPU table, so every error is 0, but every check's setup, indexing and
+// teardown runs (under the sanitizers), and a check that cannot pass even then shows up.
 #define lm_cuda_ops lm_cpu_ops
-static void lm_cuda_backend_shutdown(void) {}
-#else
-void lm_cuda_backend_shutdown(void);
+static int harness_gemm_mode = LM_GEMM_BF16;
+#define lm_cuda_backend_shutdown() ((void)0)
+#define lm_cuda_gemm_mode() (harness_gemm_mode)
+#define lm_cuda_set_gemm_mode(m) ((void)(harness_gemm_mode = (m)))
+#define lm_cuda_gemm_name(m) ((m) == LM_GEMM_FP32 ? "fp32" : (m) == LM_GEMM_TF32 ? "tf32" : "bf16")
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
