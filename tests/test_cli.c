@@ -5,6 +5,7 @@
 // on disk untouched; `linmoe ablate` runs a study end to end.
 #include "harness.h"
 #include "core/safetensors.h"
+#include "train/text.h"
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -236,6 +237,86 @@ static void expect_error(const char *label, const char *args, const char *word) 
     free(after);
 }
 
+// the bytes of <run_dir>/<file> equal `want` (n bytes)
+static int file_is(const char *run_dir, const char *file, const uint8_t *want, size_t n) {
+    char p[800];
+    path_of(p, sizeof p, run_dir, file);
+    size_t m;
+    uint8_t *b = slurp(p, &m);
+    int same = m == n && memcmp(b, want, n) == 0;
+    free(b);
+    return same;
+}
+
+// values out of range, folders where files belong, and runs that must not touch an
+// earlier run's folder (found by an adversarial pass over the CLI)
+static void test_bad_values_and_run_folders(void) {
+    char args[3000], p[700];
+    const char *bad[][2] = {
+        {"--seq 0", "--seq"},               {"--steps 0", "--steps"},     {"--steps -1", "--steps"},
+        {"--threads 100000", "--threads"},  {"--lr 1e39", "--lr"},        {"--seed ' -1'", "--seed"},
+        {"--max-skips 0", "--max-skips"},   {"--muon-momentum 5", "momentum"}, {"--qk-clip -1", "--qk-clip"},
+        {"--samples -1", "--samples"},      {"--batch 2000000000", "tokens per step"},
+        {"--stages 2147483647:1", "--stages"}, {"--set n_experts=-1", "n_experts"},
+        {"--set qb_bins=1000000000", "qb_bins"}, {"--set kda_heads=2147483647", "kda_heads"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "train %s %s --out %s/x %s", MODEL, TRAIN, dir, bad[i][0]);
+        expect_error(bad[i][0], args, bad[i][1]);
+    }
+    snprintf(args, sizeof args, "train %s %s --out ''", MODEL, TRAIN);
+    expect_error("empty --out", args, "--out");
+    snprintf(args, sizeof args, "train %s %s --out %s/x --init %s/a", MODEL, TRAIN, dir, dir);
+    expect_error("--init a folder", args, "not a regular file");
+    snprintf(p, sizeof p, "%s/inf.json", dir);
+    assert_int_equal(lm_write_file_atomic(p, "{\"norm_eps\": 1e999}", 19), LM_OK);
+    snprintf(args, sizeof args, "train %s %s --out %s/x --config %s", MODEL, TRAIN, dir, p);
+    expect_error("config value 1e999", args, "finite");
+    expect_error("plan negative seq", "plan --seq -5", "--seq");
+    snprintf(args, sizeof args, "eval --model %s/a --seq -1", dir);
+    expect_error("eval negative seq", args, "--seq");
+    // a run folder stands for its latest checkpoint
+    snprintf(args, sizeof args, "eval --model %s/a --batches 1 --batch 2 --seq 64 -t 2", dir);
+    assert_int_equal(run(NULL, args).status, 0);
+
+    // a run without checkpoints: a new run into its folder is refused, its metrics kept
+    train("keep", "--no-checkpoints --steps 3", NULL);
+    path_of(p, sizeof p, "keep", "metrics.jsonl");
+    size_t nm;
+    uint8_t *m0 = slurp(p, &nm);
+    snprintf(args, sizeof args, "train %s %s --out %s/keep", MODEL, TRAIN, dir);
+    expect_error("run without checkpoints", args, "--overwrite");
+    tu_check("refused run: metrics of a run without checkpoints changed (differ = 1)", !file_is("keep", "metrics.jsonl", m0, nm), 0);
+    free(m0);
+    // --overwrite with inputs that fail to load leaves the earlier run as it was
+    path_of(p, sizeof p, "a", "metrics.jsonl");
+    m0 = slurp(p, &nm);
+    snprintf(args, sizeof args, "train %s %s --out %s/a --overwrite --data %s/no_such_file.txt", MODEL, TRAIN, dir, dir);
+    expect_error("--overwrite, bad data", args, "no_such_file");
+    tu_check("failed --overwrite: metrics changed (differ = 1)", !file_is("a", "metrics.jsonl", m0, nm), 0);
+    // resuming a finished run: nothing to do, nothing changed
+    snprintf(args, sizeof args, "train %s %s --out %s/a --resume", MODEL, TRAIN, dir);
+    expect_error("resume a finished run", args, "already finished");
+    tu_check("resume of a finished run: metrics changed (differ = 1)", !file_is("a", "metrics.jsonl", m0, nm), 0);
+    free(m0);
+    // a model whose vocab has no byte tokens cannot take a text prompt
+    snprintf(p, sizeof p, "%s/two_tokens.bin", dir);
+    char cmd[1600];
+    snprintf(args, sizeof args, "train %s %s --set vocab=2 --data shards:%s --out %s/v2 --samples 0", MODEL, TRAIN, p, dir);
+    {
+        // a shard of 4096 tokens in {0, 1} (uint32 tokens after the 20-byte header)
+        lm_shard_writer w;
+        assert_int_equal(lm_shard_writer_open(&w, p, 2), LM_OK);
+        uint32_t t[4096];
+        for (int i = 0; i < 4096; i++) t[i] = (uint32_t)(i * 7 % 3 == 0);
+        assert_int_equal(lm_shard_writer_append(&w, t, 4096), LM_OK);
+        assert_int_equal(lm_shard_writer_close(&w), LM_OK);
+    }
+    assert_int_equal(run(NULL, args).status, 0);
+    snprintf(cmd, sizeof cmd, "generate --model %s/v2 --prompt hello", dir);
+    expect_error("prompt, vocab 2", cmd, "vocab");
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     char args[3000], p[700], q[700];
@@ -305,6 +386,7 @@ static void test_bad_input(void **state) {
     // the checkpoint we damaged copies of still loads
     snprintf(args, sizeof args, "eval --model %s/%s --batches 1 --batch 2 --seq 64 -t 2", dir, ck);
     assert_int_equal(run(NULL, args).status, 0);
+    test_bad_values_and_run_folders();
 }
 
 // `linmoe ablate` end to end on a tiny model: one run per variant, the report, and no

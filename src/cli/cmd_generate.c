@@ -11,17 +11,23 @@
 static lm_model *load_model(const char *path, const lm_ops *ops) {
     lm_config c;
     if (lm_read_weights_config(path, &c) != LM_OK) return NULL;
+    double tot, act;
+    lm_config_count_params(&c, &tot, &act);   // weights and their gradient buffer
+    if (strcmp(ops->name, "cpu") == 0 && lm_check_host_memory(tot * 2 * sizeof(real), "this model") != LM_OK) return NULL;
     lm_model *m = lm_model_create(&c, ops, 0);
     if (lm_load_weights(m, path) != LM_OK) { lm_model_free(m); return NULL; }
     return m;
 }
 
-// A checkpoint folder or a weights file.
+// A weights file, a checkpoint folder, or a run folder (its latest checkpoint).
 static void weights_path(const char *arg, char *out, size_t n) {
     size_t l = strlen(arg);
+    char ck[2048];
     if (l > 12 && strcmp(arg + l - 12, ".safetensors") == 0) snprintf(out, n, "%s", arg);
+    else if (lm_ckpt_latest(arg, ck, sizeof ck) == LM_OK) snprintf(out, n, "%s/model.safetensors", ck);
     else snprintf(out, n, "%s/model.safetensors", arg);
 }
+#define MODEL_HELP "a run folder (its latest checkpoint), a checkpoint folder or a model.safetensors (required)"
 
 int lm_cmd_generate(int argc, char **argv) {
     lm_model_flags mf;
@@ -32,7 +38,7 @@ int lm_cmd_generate(int argc, char **argv) {
     uint64_t seed = 1;
     lm_flag fl[32];
     int n = 0;
-    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, "checkpoint folder or model.safetensors (required)"};
+    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, MODEL_HELP};
     fl[n++] = (lm_flag){"prompt", 'P', FL_STR, prompt, sizeof prompt, "prompt text (bytes); a SEP token is appended unless --raw"};
     fl[n++] = (lm_flag){"raw", 0, FL_BOOL, &raw, 0, "continue the prompt as plain text (no SEP, no stop at EOS)"};
     fl[n++] = (lm_flag){"max-new", 'n', FL_INT, &max_new, 0, "tokens to generate at most"};
@@ -48,14 +54,18 @@ int lm_cmd_generate(int argc, char **argv) {
     if (rc >= 0) return rc;
     if (!model[0]) { fprintf(stderr, "linmoe generate: error: --model is required\n"); return 1; }
     if (!prompt[0] && tasks <= 0) { fprintf(stderr, "linmoe generate: error: give --prompt or --tasks\n"); return 1; }
-    if (max_new < 1) { fprintf(stderr, "linmoe generate: error: --max-new must be positive\n"); return 1; }
+    if (max_new < 1 || max_new > LM_MAX_SEQ) {
+        fprintf(stderr, "linmoe generate: error: --max-new must be in [1, %d]\n", LM_MAX_SEQ);
+        return 1;
+    }
+    if (chunk < 0) { fprintf(stderr, "linmoe generate: error: --prefill-chunk must be >= 0\n"); return 1; }
     if (temp < 0 || top_p <= 0 || top_p > 1 || top_k < 0) {
         fprintf(stderr, "linmoe generate: error: need --temp >= 0, 0 < --top-p <= 1, --top-k >= 0\n");
         return 1;
     }
     const lm_ops *ops;
     if (lm_model_flags_backend(&mf, &ops) != LM_OK) { fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error()); return 1; }
-    char path[1100];
+    char path[2200];
     weights_path(model, path, sizeof path);
     lm_model *m = load_model(path, ops);
     if (!m) { fprintf(stderr, "linmoe generate: error: %s\n", lm_last_error()); return 1; }
@@ -63,6 +73,13 @@ int lm_cmd_generate(int argc, char **argv) {
         lm_show_task_samples(m, tasks, seed, m->cfg.seq_len, stdout);
         lm_model_free(m);
         return 0;
+    }
+    // the prompt is bytes plus BOS/SEP: a model trained on shards with a smaller vocab cannot read it
+    if (m->cfg.vocab < LM_TOK_MIN_VOCAB_TASKS) {
+        fprintf(stderr, "linmoe generate: error: --prompt needs a byte-level model (vocab >= %d); this one has %d\n",
+                LM_TOK_MIN_VOCAB_TASKS, m->cfg.vocab);
+        lm_model_free(m);
+        return 1;
     }
     int np = (int)strlen(prompt);
     int *tok = lm_malloc((size_t)(np + 2) * sizeof(int)), *out = lm_malloc((size_t)max_new * sizeof(int));
@@ -97,7 +114,7 @@ int lm_cmd_eval(int argc, char **argv) {
     uint64_t seed = 1;
     lm_flag fl[32];
     int n = 0;
-    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, "checkpoint folder or model.safetensors (required)"};
+    fl[n++] = (lm_flag){"model", 'm', FL_STR, model, sizeof model, MODEL_HELP};
     fl[n++] = (lm_flag){"data", 0, FL_STR, data, sizeof data, "'tasks', a text file, or shards:a.bin,b.bin (held-out part)"};
     fl[n++] = (lm_flag){"tasks", 0, FL_STR, mix, sizeof mix, "task mix for task data"};
     fl[n++] = (lm_flag){"max-example", 0, FL_INT, &max_example, 0, "longest task example in tokens (0 = a whole row)"};
@@ -110,31 +127,35 @@ int lm_cmd_eval(int argc, char **argv) {
     int rc = lm_flags_run("eval", "usage: linmoe eval --model CKPT [flags]\n\nHeld-out loss, per-task accuracy and loss by position.\n", fl, n, argc, argv);
     if (rc >= 0) return rc;
     if (!model[0]) { fprintf(stderr, "linmoe eval: error: --model is required\n"); return 1; }
-    if (batches < 1 || B < 1 || T < 0) { fprintf(stderr, "linmoe eval: error: --batches and --batch must be positive\n"); return 1; }
+    if (batches < 1 || B < 1) { fprintf(stderr, "linmoe eval: error: --batches and --batch must be positive\n"); return 1; }
+    if (T < 0 || T == 1 || T > LM_MAX_SEQ) {
+        fprintf(stderr, "linmoe eval: error: --seq must be 0 (the model's) or in [2, %d]\n", LM_MAX_SEQ);
+        return 1;
+    }
     const lm_ops *ops;
     if (lm_model_flags_backend(&mf, &ops) != LM_OK) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); return 1; }
-    char path[1100];
+    char path[2200];
     weights_path(model, path, sizeof path);
     lm_model *m = load_model(path, ops);
     if (!m) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); return 1; }
     if (T == 0) T = m->cfg.seq_len;
-    lm_loader tr, ev;
-    lm_status st;
-    if (strcmp(data, "tasks") == 0) {
-        lm_task_mix tm;
-        st = lm_task_mix_parse(&tm, mix);
-        if (st == LM_OK) st = lm_loader_init_tasks(&tr, seed, &tm, max_example, m->cfg.vocab);
-    } else if (strncmp(data, "shards:", 7) == 0) {
-        const char *p[1] = {data + 7};
-        st = lm_loader_init_shards(&tr, p, 1, m->cfg.vocab);
-    } else {
-        st = lm_loader_init_text(&tr, data, m->cfg.vocab);
+    if ((long)B * T > LM_MAX_TOKENS_PER_STEP) {
+        fprintf(stderr, "linmoe eval: error: %ld tokens per batch is more than %ld\n", (long)B * T, (long)LM_MAX_TOKENS_PER_STEP);
+        lm_model_free(m);
+        return 1;
     }
+    lm_loader tr, ev;
+    lm_task_mix tm;
+    lm_status st = strcmp(data, "tasks") == 0 ? lm_task_mix_parse(&tm, mix) : LM_OK;
+    if (st == LM_OK) st = lm_loader_init_spec(&tr, data, seed, &tm, max_example, m->cfg.vocab);
     if (st == LM_OK) st = lm_loader_init_heldout(&ev, &tr);
     if (st != LM_OK) { fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error()); lm_model_free(m); return 1; }
     lm_eval_result r;
     if (lm_eval_run(m, &ev, B, T, batches, &r) != LM_OK) {
         fprintf(stderr, "linmoe eval: error: %s\n", lm_last_error());
+        lm_loader_free(&ev);
+        lm_loader_free(&tr);
+        lm_model_free(m);
         return 1;
     }
     lm_eval_print(&r, stdout);

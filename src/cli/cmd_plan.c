@@ -1,6 +1,7 @@
 // cmd_plan.c — `linmoe plan`: a config with its parameter counts and the memory a
 // training step and an inference cache need (on paper; nothing is allocated).
 #include "cli/cli.h"
+#include "model/model.h"
 #include "model/params.h"
 
 int lm_cmd_plan(int argc, char **argv) {
@@ -17,6 +18,10 @@ int lm_cmd_plan(int argc, char **argv) {
     if (rc >= 0) return rc;
     lm_config c;
     if (lm_model_flags_config(&mf, &c) != LM_OK) { fprintf(stderr, "linmoe plan: error: %s\n", lm_last_error()); return 1; }
+    if (T < 0 || T > (1 << 24) || B < 1 || (long)B * (T ? T : c.seq_len) > (1L << 26)) {
+        fprintf(stderr, "linmoe plan: error: need --seq in [0, 2^24], --batch >= 1 and at most 2^26 tokens\n");
+        return 1;
+    }
     if (T == 0) T = c.seq_len;
     if (ctx == 0) ctx = T;
     lm_config_print(&c, stdout);
@@ -24,6 +29,8 @@ int lm_cmd_plan(int argc, char **argv) {
     lm_config_count_params(&c, &tot, &act);
     // weights + grads + 2 moments, fp32 master copy (bf16 weights on GPU would add 2 bytes/param)
     printf("  training state (fp32 weights, grads, AdamW moments): %.3g GB\n", tot * 16 / 1e9);
+    printf("  activations at batch %d x %d tokens: %.3g GB for a forward, %.3g GB with their gradients\n", B, T,
+           lm_config_acts_bytes(&c, B, T, 0) / 1e9, lm_config_acts_bytes(&c, B, T, 1) / 1e9);
     printf("  forward FLOPs per token (2 x active params, no attention): %.3g GFLOP\n", 2 * act / 1e9);
     double kda = 0, mla = 0;
     for (int i = 0; i < c.n_layers; i++) {

@@ -48,7 +48,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"resume", 'r', FL_BOOL, &o.resume, 0, "continue bit-exactly from <out>/latest"};
     fl[n++] = (lm_flag){"overwrite", 0, FL_BOOL, &o.overwrite, 0, "<out> holds an earlier run: start over (removes its checkpoints)"};
     fl[n++] = (lm_flag){"init", 0, FL_STR, o.init, sizeof o.init, "start from these weights (model.safetensors)"};
-    fl[n++] = (lm_flag){"samples", 0, FL_INT, &samples, 0, "at the end, print N generated answers per task (task data)"};
+    fl[n++] = (lm_flag){"samples", 0, FL_INT, &samples, 0, "at the end, print N generated answers per task (task data; needs a checkpoint)"};
     fl[n++] = (lm_flag){"quiet", 'q', FL_BOOL, &o.quiet, 0, "no progress lines"};
     fl[n++] = (lm_flag){"debug-nan-steps", 0, FL_STR, o.nan_steps, sizeof o.nan_steps,
                         "testing: poison the gradients of these steps with NaN (e.g. 5,6)"};
@@ -60,6 +60,7 @@ int lm_cmd_train(int argc, char **argv) {
     int k = lm_optimizer_from_name(optimizer);
     if (k < 0) { fprintf(stderr, "linmoe train: error: --optimizer '%s' is not adamw or muon\n", optimizer); return 1; }
     o.opt.kind = k;
+    if (samples < 0) { fprintf(stderr, "linmoe train: error: --samples must be >= 0\n"); return 1; }
     if (o.resume && o.init[0]) { fprintf(stderr, "linmoe train: error: use --resume or --init, not both\n"); return 1; }
     if (lm_model_flags_backend(&mf, &ops) != LM_OK || lm_model_flags_config(&mf, &cfg) != LM_OK) {
         fprintf(stderr, "linmoe train: error: %s\n", lm_last_error());
@@ -98,9 +99,10 @@ int lm_cmd_train(int argc, char **argv) {
         cfg = saved;
     }
     rc = lm_train_run(&o, &cfg, ops);
-    if (rc == 0 && samples > 0 && strcmp(o.data, "tasks") == 0) {
-        char ck[2048], p[2100];
-        lm_ckpt_latest(o.out_dir, ck, sizeof ck);
+    char ck[2048];
+    // the samples come from the saved weights (none with --no-checkpoints)
+    if (rc == 0 && samples > 0 && strcmp(o.data, "tasks") == 0 && lm_ckpt_latest(o.out_dir, ck, sizeof ck) == LM_OK) {
+        char p[2100];
         snprintf(p, sizeof p, "%s/model.safetensors", ck);
         lm_model *m = lm_model_create(&cfg, ops, o.seed);
         if (lm_load_weights(m, p) == LM_OK) {

@@ -1,5 +1,7 @@
 // flags.c — see flags.h.
 #include "cli/flags.h"
+#include <ctype.h>
+#include <errno.h>
 
 static const lm_flag *find(const lm_flag *fl, int n, const char *arg) {
     if (arg[0] != '-') return NULL;
@@ -15,6 +17,12 @@ static const lm_flag *find(const lm_flag *fl, int n, const char *arg) {
 
 static lm_status set_value(const lm_flag *f, const char *v) {
     char *end;
+    // strtol/strtoull/strtod skip leading blanks and strtoull takes " -1" as 2^64−1
+    if (f->kind != FL_STR && f->kind != FL_LIST && isspace((unsigned char)*v)) {
+        lm_set_error("--%s: unexpected blank before '%s'", f->name, v + strspn(v, " \t\n\r\f\v"));
+        return LM_ERR;
+    }
+    errno = 0;
     switch (f->kind) {
     case FL_INT: {
         long x = strtol(v, &end, 10);
@@ -23,12 +31,18 @@ static lm_status set_value(const lm_flag *f, const char *v) {
     } break;
     case FL_U64: {
         unsigned long long x = strtoull(v, &end, 10);
-        if (!*v || *end || *v == '-') { lm_set_error("--%s expects a non-negative integer, got '%s'", f->name, v); return LM_ERR; }
+        if (!*v || *end || *v == '-' || errno == ERANGE) {
+            lm_set_error("--%s expects a non-negative integer below 2^64, got '%s'", f->name, v);
+            return LM_ERR;
+        }
         *(uint64_t *)f->ptr = (uint64_t)x;
     } break;
     case FL_REAL: {
         double x = strtod(v, &end);
-        if (!*v || *end || !isfinite(x)) { lm_set_error("--%s expects a number, got '%s'", f->name, v); return LM_ERR; }
+        if (!*v || *end || !isfinite(x) || !isfinite((real)x)) {   // 1e39 is finite as a double, not as a float
+            lm_set_error("--%s expects a finite number, got '%s'", f->name, v);
+            return LM_ERR;
+        }
         *(real *)f->ptr = (real)x;
     } break;
     case FL_STR:

@@ -55,7 +55,8 @@ lm_status lm_model_flags_config(const lm_model_flags *f, lm_config *c) {
 }
 
 lm_status lm_model_flags_backend(const lm_model_flags *f, const lm_ops **ops) {
-    if (f->threads < 0) { lm_set_error("--threads must be >= 0"); return LM_ERR; }
+    // a thread's stack is reserved up front: 100000 threads overflow inside the OpenMP runtime
+    if (f->threads < 0 || f->threads > 1024) { lm_set_error("--threads must be in [0, 1024], got %d", f->threads); return LM_ERR; }
     if (f->threads > 0) omp_set_num_threads(f->threads);
     if (strcmp(f->device, "cpu") == 0) { *ops = &lm_cpu_ops; return LM_OK; }
     if (strcmp(f->device, "cuda") == 0) {

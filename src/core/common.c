@@ -5,6 +5,7 @@
 #include <omp.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static _Thread_local char g_last_error[512];
 
@@ -47,6 +48,7 @@ char *lm_strdup(const char *s) {
 }
 
 lm_status lm_make_dirs(const char *dir) {
+    if (!dir[0]) { lm_set_error("the folder name is empty"); return LM_ERR; }
     char *p = lm_strdup(dir);
     for (char *s = p + 1;; s++) {
         if (*s != '/' && *s != 0) continue;
@@ -65,6 +67,15 @@ lm_status lm_make_dirs(const char *dir) {
     if (!ok) lm_set_error("'%s' is not a folder", p);
     free(p);
     return ok ? LM_OK : LM_ERR;
+}
+
+lm_status lm_check_host_memory(double need_bytes, const char *what) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return LM_OK;   // unknown: let the allocation decide
+    double have = (double)pages * (double)page;
+    if (need_bytes <= have) return LM_OK;
+    lm_set_error("%s needs about %.3g GB of memory, this machine has %.3g GB", what, need_bytes / 1e9, have / 1e9);
+    return LM_ERR;
 }
 
 double lm_time_sec(void) {

@@ -48,6 +48,9 @@ void *lm_realloc(void *p, size_t bytes);
 char *lm_strdup(const char *s);
 // mkdir -p: creates dir and every missing parent; fails (with lm_last_error) if dir is not a folder
 lm_status lm_make_dirs(const char *dir);
+// LM_ERR ("<what> needs about X GB of memory, this machine has Y GB") when need_bytes is
+// more than the machine's physical memory: a clear line instead of the kernel's OOM kill
+lm_status lm_check_host_memory(double need_bytes, const char *what);
 
 static inline real lm_sigmoid(real x) { return (real)1 / ((real)1 + exp(-x)); }
 // log(1 + e^x) without overflow for large x

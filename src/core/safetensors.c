@@ -36,6 +36,13 @@ uint32_t lm_crc32(uint32_t crc, const void *data, size_t n) {
 // files
 
 uint8_t *lm_read_file(const char *path, size_t *size) {
+    // a folder or FIFO where a file belongs: say so (fopen of a folder succeeds, and its
+    // "size" is LONG_MAX; opening a FIFO would wait for a writer)
+    struct stat ps;
+    if (stat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
+        lm_set_error("'%s' is not a regular file%s", path, S_ISDIR(ps.st_mode) ? " (a folder)" : "");
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) { lm_set_error("cannot open '%s': %s", path, strerror(errno)); return NULL; }
     if (fseek(f, 0, SEEK_END) != 0) { fclose(f); lm_set_error("cannot read '%s'", path); return NULL; }

@@ -102,9 +102,24 @@ lm_status lm_config_preset(lm_config *c, const char *name) {
 
 #define REQUIRE(cond, ...) do { if (!(cond)) { lm_set_error("config: " __VA_ARGS__); return LM_ERR; } } while (0)
 
+// Upper limits on single fields, far above any real model: they keep every tensor
+// dimension and per-layer product inside int arithmetic (a bad --set fails here with
+// one line instead of overflowing later).
+#define CAP(field, hi) REQUIRE(c->field <= (hi), #field " (%d) must be at most %d", c->field, (hi))
+
 lm_status lm_config_finalize(lm_config *c) {
     REQUIRE(c->vocab >= 2, "vocab (%d) must be at least 2", c->vocab);
     REQUIRE(c->d_model >= 1, "d_model (%d) must be positive", c->d_model);
+    CAP(vocab, 1 << 22); CAP(d_model, 1 << 16); CAP(kda_heads, 4096); CAP(mla_heads, 4096);
+    CAP(kv_lora_rank, 1 << 16); CAP(q_lora_rank, 1 << 16); CAP(qk_nope_dim, 4096); CAP(qk_extra_dim, 4096);
+    CAP(v_head_dim, 4096); CAP(d_ff_dense, 1 << 20); CAP(d_ff_expert, 1 << 20); CAP(n_experts, 1 << 16);
+    CAP(n_shared, 1024); CAP(moe_latent_dim, 1 << 16); CAP(qb_bins, 1 << 16); CAP(block_layers, LM_MAX_LAYERS);
+    CAP(seq_len, 1 << 24);
+    REQUIRE(c->n_experts >= 0, "n_experts (%d) must be >= 0 (0 = dense FFN layers)", c->n_experts);
+    REQUIRE(isfinite(c->norm_eps) && isfinite(c->init_std) && isfinite(c->route_scale) && isfinite(c->gate_lb) &&
+                isfinite(c->balance_rate) && isfinite(c->aux_coef) && isfinite(c->zloss_coef) &&
+                isfinite(c->capacity_factor),
+            "config values must be finite numbers");
     REQUIRE(c->n_layers >= 1 && c->n_layers <= LM_MAX_LAYERS, "n_layers (%d) must be in [1, %d]", c->n_layers,
             LM_MAX_LAYERS);
     REQUIRE(c->norm_eps > 0, "norm_eps must be positive");
@@ -175,6 +190,9 @@ lm_status lm_config_finalize(lm_config *c) {
     REQUIRE(c->residual >= LM_RES_BLOCK && c->residual <= LM_RES_PRENORM, "residual must be block, full or prenorm");
     if (c->residual == LM_RES_BLOCK) REQUIRE(c->block_layers >= 1, "block_layers (%d) must be positive", c->block_layers);
     REQUIRE(c->seq_len >= 1, "seq_len (%d) must be positive", c->seq_len);
+    double tot, act;
+    lm_config_count_params(c, &tot, &act);
+    REQUIRE(tot <= 1e12, "the model would have %.3g parameters (more than 10^12)", tot);
     return LM_OK;
 }
 
@@ -269,7 +287,10 @@ lm_status lm_config_apply_json(lm_config *c, const char *json) {
             } else *(int *)p = (int)it->valuedouble;
             break;
         case F_REAL:
-            if (!cJSON_IsNumber(it)) { lm_set_error("config: %s must be a number", f->key); st = LM_ERR; }
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !isfinite((real)it->valuedouble)) {
+                lm_set_error("config: %s must be a finite number", f->key);
+                st = LM_ERR;
+            }
             else *(real *)p = (real)it->valuedouble;
             break;
         case F_STR:

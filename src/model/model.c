@@ -165,6 +165,15 @@ size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
     return bytes;
 }
 
+size_t lm_config_acts_bytes(const lm_config *c, int B, int T, int with_grads) {
+    lm_model *m = lm_malloc(sizeof *m);   // the plan only: no parameters allocated
+    m->cfg = *c;
+    build_plan(m);
+    size_t bytes = lm_model_acts_bytes(m, B, T, with_grads);
+    free(m);
+    return bytes;
+}
+
 // the activation tensors of a B × T batch, registered in L (initialised here) for *a
 static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *L) {
     const lm_config *c = &m->cfg;

@@ -72,6 +72,8 @@ void lm_model_reserve(lm_model *m, int B, int T);
 // Backend bytes of the activations of a B × T batch, and of their gradients too when
 // with_grads (what training needs; a forward alone needs the activations).
 size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads);
+// the same for a config, without creating its model (linmoe plan)
+size_t lm_config_acts_bytes(const lm_config *c, int B, int T, int with_grads);
 
 typedef struct {
     int training;                   // update balancing statistics

@@ -156,7 +156,7 @@ static lm_status save_state(const char *path, const lm_model *m, const lm_optim 
 static lm_status parse_long(const lm_safetensors *st, const char *path, const char *key, long *out) {
     const char *v = lm_st_meta(st, key);
     char *end;
-    if (!v || !*v || (*out = strtol(v, &end, 10), *end)) {
+    if (!v || !*v || (*out = strtol(v, &end, 10), *end) || *out < 0) {
         lm_set_error("'%s': missing or bad '%s' in the training state", path, key);
         return LM_ERR;
     }
@@ -287,6 +287,25 @@ void lm_ckpt_clear(const char *out_dir) {
     closedir(d);
     snprintf(p, sizeof p, "%s/latest", out_dir);
     unlink(p);
+}
+
+int lm_ckpt_dir_holds_run(const char *out_dir, char *what, size_t len) {
+    char p[4200];
+    if (lm_ckpt_latest(out_dir, p, sizeof p) == LM_OK) { snprintf(what, len, "%s", p); return 1; }
+    // no valid 'latest': a run without checkpoints, or one whose 'latest' is gone
+    DIR *d = opendir(out_dir);
+    int found = 0;
+    if (d) {
+        struct dirent *e;
+        while (!found && (e = readdir(d)))
+            if (strncmp(e->d_name, "ckpt_", 5) == 0 || strcmp(e->d_name, "metrics.jsonl") == 0 ||
+                strcmp(e->d_name, "latest") == 0) {
+                snprintf(what, len, "%s/%s", out_dir, e->d_name);
+                found = 1;
+            }
+        closedir(d);
+    }
+    return found;
 }
 
 lm_status lm_ckpt_latest(const char *out_dir, char *path, size_t len) {

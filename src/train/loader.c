@@ -46,6 +46,24 @@ lm_status lm_loader_init_shards(lm_loader *l, const char *const *paths, int n, i
     return init_stream(l, LM_LOADER_SHARDS, d);
 }
 
+lm_status lm_loader_init_spec(lm_loader *l, const char *data, uint64_t seed, const lm_task_mix *mix, int max_len,
+                              int model_vocab) {
+    if (strcmp(data, "tasks") == 0) return lm_loader_init_tasks(l, seed, mix, max_len, model_vocab);
+    if (strncmp(data, "shards:", 7) == 0) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", data + 7);
+        const char *paths[256];
+        int n = 0;
+        for (char *s = strtok(buf, ","); s; s = strtok(NULL, ",")) {
+            if (n == 256) { lm_set_error("--data shards: at most 256 files"); return LM_ERR; }
+            paths[n++] = s;
+        }
+        if (n == 0) { lm_set_error("--data shards: needs at least one file"); return LM_ERR; }
+        return lm_loader_init_shards(l, paths, n, model_vocab);
+    }
+    return lm_loader_init_text(l, data, model_vocab);
+}
+
 lm_status lm_loader_init_heldout(lm_loader *eval, const lm_loader *train) {
     memset(eval, 0, sizeof *eval);
     if (train->heldout) { lm_set_error("the held-out loader is made from a training loader"); return LM_ERR; }

@@ -43,6 +43,10 @@ typedef struct {
 lm_status lm_loader_init_tasks(lm_loader *l, uint64_t seed, const lm_task_mix *mix, int max_len, int model_vocab);
 lm_status lm_loader_init_text(lm_loader *l, const char *path, int model_vocab);
 lm_status lm_loader_init_shards(lm_loader *l, const char *const *paths, int n, int model_vocab);
+// The training loader named by a --data value: "tasks" (with mix, seed and max_len),
+// "shards:a.bin,b.bin" (a comma-separated list, at most 256 files), or a text file's path.
+lm_status lm_loader_init_spec(lm_loader *l, const char *data, uint64_t seed, const lm_task_mix *mix, int max_len,
+                              int model_vocab);
 // The held-out loader of `train` (which must be a training loader). For text/shards it
 // shares train's mapped files; free it before train or after, either works.
 lm_status lm_loader_init_heldout(lm_loader *eval, const lm_loader *train);

@@ -10,6 +10,11 @@
 
 lm_status lm_data_map(lm_data_file *f, const char *path, const char *what) {
     memset(f, 0, sizeof *f);
+    struct stat ps;   // before open(): opening a FIFO would wait for a writer
+    if (stat(path, &ps) == 0 && !S_ISREG(ps.st_mode)) {
+        lm_set_error("%s '%s' is not a regular file", what, path);
+        return LM_ERR;
+    }
     int fd = open(path, O_RDONLY);
     if (fd < 0) { lm_set_error("cannot open %s '%s': %s", what, path, strerror(errno)); return LM_ERR; }
     struct stat st;

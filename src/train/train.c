@@ -41,6 +41,11 @@ typedef struct { int seq, steps; } stage;
 static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
     *n = 0;
     if (!o->stages[0]) {
+        if (o->seq_len < 2 || o->seq_len > LM_MAX_SEQ) {
+            lm_set_error("--seq must be in [2, %d], got %d", LM_MAX_SEQ, o->seq_len);
+            return LM_ERR;
+        }
+        if (o->steps < 1) { lm_set_error("--steps must be at least 1, got %d", o->steps); return LM_ERR; }
         st[0] = (stage){o->seq_len, o->steps};
         *n = 1;
         return LM_OK;
@@ -48,9 +53,10 @@ static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
     const char *p = o->stages;
     while (*p) {
         int seq, steps, used = 0;
-        if (*n == LM_MAX_STAGES || sscanf(p, "%d:%d%n", &seq, &steps, &used) != 2 || seq < 2 || steps < 1) {
-            lm_set_error("--stages '%s': expected a list like 256:300,2048:100 (at most %d stages)", o->stages,
-                         LM_MAX_STAGES);
+        if (*n == LM_MAX_STAGES || sscanf(p, "%d:%d%n", &seq, &steps, &used) != 2 || seq < 2 || seq > LM_MAX_SEQ ||
+            steps < 1) {
+            lm_set_error("--stages '%s': expected a list like 256:300,2048:100 (at most %d stages, lengths in "
+                         "[2, %d], steps >= 1)", o->stages, LM_MAX_STAGES, LM_MAX_SEQ);
             return LM_ERR;
         }
         st[(*n)++] = (stage){seq, steps};
@@ -74,21 +80,9 @@ static const stage *stage_at(const stage *st, int n, long step) {
 // data
 
 static lm_status open_loader(lm_loader *l, const lm_train_opts *o, int vocab) {
-    if (strcmp(o->data, "tasks") == 0) {
-        lm_task_mix mix;
-        if (lm_task_mix_parse(&mix, o->tasks) != LM_OK) return LM_ERR;
-        return lm_loader_init_tasks(l, o->seed, &mix, o->max_example, vocab);
-    }
-    if (strncmp(o->data, "shards:", 7) == 0) {
-        char buf[1024];
-        snprintf(buf, sizeof buf, "%s", o->data + 7);
-        const char *paths[256];
-        int n = 0;
-        for (char *s = strtok(buf, ","); s && n < 256; s = strtok(NULL, ",")) paths[n++] = s;
-        if (n == 0) { lm_set_error("--data shards: needs at least one file"); return LM_ERR; }
-        return lm_loader_init_shards(l, paths, n, vocab);
-    }
-    return lm_loader_init_text(l, o->data, vocab);
+    lm_task_mix mix;
+    if (strcmp(o->data, "tasks") == 0 && lm_task_mix_parse(&mix, o->tasks) != LM_OK) return LM_ERR;
+    return lm_loader_init_spec(l, o->data, o->seed, &mix, o->max_example, vocab);
 }
 
 static int parse_step_list(const char *s, long step) {
@@ -165,24 +159,32 @@ static void write_line(FILE *f, cJSON *o) {
 }
 
 // On resume: keep the metrics lines up to the checkpoint's step, drop the rest (they
-// belong to the interrupted run and will be produced again).
-static void truncate_metrics(const char *path, long step) {
+// belong to the interrupted run and will be produced again). Written whole to a temporary
+// file and renamed, so an interruption leaves the old file or the new one.
+static lm_status truncate_metrics(const char *path, long step) {
     size_t n;
     uint8_t *buf = lm_read_file(path, &n);
-    if (!buf) return;
-    FILE *f = fopen(path, "wb");
-    if (!f) { free(buf); return; }
+    if (!buf) return LM_OK;   // no metrics yet: nothing to keep
+    char *out = lm_malloc(n + 1);
+    size_t used = 0;
     for (char *line = strtok((char *)buf, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *o = cJSON_Parse(line);
         cJSON *s = o ? cJSON_GetObjectItemCaseSensitive(o, "step") : NULL;
         cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "type") : NULL;
         int keep = o && (!s || (cJSON_IsNumber(s) && s->valuedouble <= step));
         if (keep && t && cJSON_IsString(t) && strcmp(t->valuestring, "end") == 0) keep = 0;
-        if (keep) fprintf(f, "%s\n", line);
+        if (keep) {
+            size_t len = strlen(line);
+            memcpy(out + used, line, len);
+            out[used + len] = '\n';
+            used += len + 1;
+        }
         cJSON_Delete(o);
     }
-    fclose(f);
+    lm_status st = lm_write_file_atomic(path, out, used);
+    free(out);
     free(buf);
+    return st;
 }
 
 static char *train_json(const lm_train_opts *o) {
@@ -231,11 +233,16 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     snprintf(ts.train_json, sizeof ts.train_json, "%s", tj);
     free(tj);
 
+    if (!o->out_dir[0]) FAIL("--out must name a folder");
     if (parse_stages(o, st, &nst) != LM_OK) FAIL("%s", lm_last_error());
     long total_steps = 0;
     for (int i = 0; i < nst; i++) total_steps += st[i].steps;
+    if (total_steps > 1000000000L) FAIL("%ld steps in all: at most 10^9", total_steps);
     if (o->batch < 1) FAIL("--batch must be at least 1");
     const long tokens_per_step = (long)o->batch * st[0].seq;
+    if (tokens_per_step > LM_MAX_TOKENS_PER_STEP)
+        FAIL("%ld tokens per step (batch %d x length %d) is more than the %ld this build handles", tokens_per_step,
+             o->batch, st[0].seq, (long)LM_MAX_TOKENS_PER_STEP);
     for (int i = 0; i < nst; i++)
         if (tokens_per_step / st[i].seq < 1)
             FAIL("stage %d: sequence length %d exceeds the %ld tokens per step (batch x first length)", i, st[i].seq,
@@ -248,18 +255,38 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     if (o->opt.warmup < 0 || o->micro_batch < 0 || o->eval_every < 0 || o->save_every < 0 || o->keep < 0)
         FAIL("--warmup, --micro-batch, --eval-every, --save-every and --keep must be >= 0");
     if (o->eval_batches < 1 || o->log_every < 1) FAIL("--eval-batches and --log-every must be positive");
+    if (o->max_skips < 1) FAIL("--max-skips must be at least 1");
+    if (o->max_example < 0 || o->log_attnres_every < 0 || o->qk_clip < 0)
+        FAIL("--max-example, --log-attnres and --qk-clip must be >= 0");
+    if (!(o->opt.muon_mu >= 0 && o->opt.muon_mu < 1)) FAIL("--muon-momentum must be in [0, 1)");
     if (lm_make_dirs(o->out_dir) != LM_OK) FAIL("%s", lm_last_error());
-    if (!o->resume) {   // never replace an earlier run's checkpoints and metrics by accident
-        char prev[4200];
-        if (lm_ckpt_latest(o->out_dir, prev, sizeof prev) == LM_OK) {
-            if (!o->overwrite)
-                FAIL("'%s' already holds a training run (%s): continue it with --resume, start over with "
-                     "--overwrite, or choose another --out", o->out_dir, prev);
-            lm_ckpt_clear(o->out_dir);
-        }
+    // never replace an earlier run's checkpoints and metrics by accident; --overwrite clears
+    // them only once the model, weights and data have loaded (a run that fails on its
+    // inputs leaves the folder as it was)
+    char prev[4200];
+    const int clear_prev = !o->resume && lm_ckpt_dir_holds_run(o->out_dir, prev, sizeof prev);
+    if (clear_prev && !o->overwrite) {
+        char ck[4200];
+        if (lm_ckpt_latest(o->out_dir, ck, sizeof ck) == LM_OK)
+            FAIL("'%s' already holds a training run (%s): continue it with --resume, start over with "
+                 "--overwrite, or choose another --out", o->out_dir, prev);
+        FAIL("'%s' already holds a training run without a checkpoint to resume (%s): start over with --overwrite, "
+             "or choose another --out", o->out_dir, prev);
     }
 
     // model
+    if (strcmp(ops->name, "cpu") == 0) {   // weights, gradients, two moments; activations and their gradients
+        double ptot, pact;
+        lm_config_count_params(cfg, &ptot, &pact);
+        int T0 = 0, B0 = 0;
+        for (int i = 0; i < nst; i++) {
+            const int Ti = st[i].seq, Bi = (int)(tokens_per_step / Ti);
+            const int mi = o->micro_batch > 0 && o->micro_batch < Bi ? o->micro_batch : Bi;
+            if ((long)mi * Ti > (long)B0 * T0) B0 = mi, T0 = Ti;
+        }
+        if (lm_check_host_memory(ptot * 4 * sizeof(real) + (double)lm_config_acts_bytes(cfg, B0, T0, 1), "training") != LM_OK)
+            FAIL("%s", lm_last_error());
+    }
     m = lm_model_create(cfg, ops, o->seed);
     if (o->init[0] && lm_load_weights(m, o->init) != LM_OK) FAIL("%s", lm_last_error());
     lm_optim_config oc = o->opt;
@@ -286,12 +313,16 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (lm_loader_set_state(&ld, blob) != LM_OK) FAIL("--resume: %s", lm_last_error());
         memcpy(blob, saved.loader_eval, sizeof blob);
         if (lm_loader_set_state(&ev, blob) != LM_OK) FAIL("--resume: %s", lm_last_error());
+        if (saved.step >= total_steps)
+            FAIL("--resume: the run in '%s' already finished (step %ld of %ld); nothing to resume", o->out_dir,
+                 saved.step, total_steps);
         ts.step = saved.step;
         ts.skipped_total = saved.skipped_total;
         ts.elapsed_s = saved.elapsed_s;
-        truncate_metrics(path, ts.step);
+        if (truncate_metrics(path, ts.step) != LM_OK) FAIL("--resume: %s", lm_last_error());
         if (!o->quiet) printf("resumed from %s at step %ld\n", ck, ts.step);
     }
+    if (clear_prev) lm_ckpt_clear(o->out_dir);
     log = fopen(path, o->resume ? "ab" : "wb");
     if (!log) FAIL("cannot write '%s': %s", path, strerror(errno));
 

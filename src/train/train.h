@@ -8,6 +8,9 @@
 #include "train/optimizer.h"
 
 #define LM_MAX_STAGES 8
+// limits on a run's shapes: positions and token counts stay within int arithmetic
+#define LM_MAX_SEQ (1 << 24)
+#define LM_MAX_TOKENS_PER_STEP (1L << 26)
 
 typedef struct {
     char out_dir[1024];
