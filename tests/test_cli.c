@@ -254,7 +254,9 @@ static void test_bad_values_and_run_folders(void) {
     char args[3000], p[700];
     const char *bad[][2] = {
         {"--seq 0", "--seq"},               {"--steps 0", "--steps"},     {"--steps -1", "--steps"},
-        {"--threads 100000", "--threads"},  {"--lr 1e39", "--lr"},        {"--seed ' -1'", "--seed"},
+        {"--threads 100000", "--threads"},
+        // past the largest `real` (float: 3.4e38; the f64 build's double: 1.8e308)
+        {sizeof(real) == 4 ? "--lr 1e39" : "--lr 1e309", "--lr"},        {"--seed ' -1'", "--seed"},
         {"--max-skips 0", "--max-skips"},   {"--muon-momentum 5", "momentum"}, {"--qk-clip -1", "--qk-clip"},
         {"--samples -1", "--samples"},      {"--batch 2000000000", "tokens per step"},
         {"--stages 2147483647:1", "--stages"}, {"--set n_experts=-1", "n_experts"},

@@ -192,7 +192,7 @@ lm_status lm_config_finalize(lm_config *c) {
     REQUIRE(c->seq_len >= 1, "seq_len (%d) must be positive", c->seq_len);
     double tot, act;
     lm_config_count_params(c, &tot, &act);
-    REQUIRE(tot <= 1e12, "the model would have %.3g parameters (more than 10^12)", tot);
+    REQUIRE(tot <= 1e14, "the model would have %.3g parameters (more than 10^14)", tot);
     return LM_OK;
 }
 
