@@ -64,7 +64,7 @@ lm_status lm_model_flags_backend(const lm_model_flags *f, const lm_ops **ops) {
         *ops = &lm_cuda_ops;
         return LM_OK;
 #else
-        lm_set_error("--device cuda: this build has no CUDA backend (build with `make cuda` on a GPU machine)");
+        lm_set_error("--device cuda: this build has no CUDA backend (build/cuda/linmoe has it: `make cuda-cli`, needs nvcc, not a GPU)");
         return LM_ERR;
 #endif
     }
