@@ -266,6 +266,9 @@ static void test_bad_values_and_run_folders(void) {
         snprintf(args, sizeof args, "train %s %s --out %s/x %s", MODEL, TRAIN, dir, bad[i][0]);
         expect_error(bad[i][0], args, bad[i][1]);
     }
+    // 2.78e12 parameters: more memory than any machine has, refused before allocating
+    snprintf(args, sizeof args, "train -p k3 --steps 1 --batch 1 --seq 64 -q --out %s/x", dir);
+    expect_error("k3 on the CPU", args, "GB of memory");
     snprintf(args, sizeof args, "train %s %s --out ''", MODEL, TRAIN);
     expect_error("empty --out", args, "--out");
     snprintf(args, sizeof args, "train %s %s --out %s/x --init %s/a", MODEL, TRAIN, dir, dir);

@@ -305,6 +305,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         lm_train_state saved;
         if (lm_ckpt_load(ck, m, &opt, &saved) != LM_OK) FAIL("--resume: %s", lm_last_error());
         char key[64], now[96], was[96];
+        if (!saved.train_json[0]) FAIL("--resume: '%s' has no training options in its state", ck);
         if (lm_json_first_diff(ts.train_json, saved.train_json, key, sizeof key, now, was, sizeof now))
             FAIL("--resume: the training options differ from the checkpoint's: %s is %s, the checkpoint has %s", key,
                  now, was);
