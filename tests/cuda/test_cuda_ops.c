@@ -423,39 +423,33 @@ static void mla_decode_f64(float *o, const float *ql, const float *qp, const flo
     HFREE(sc, acc);
 }
 
-// long caches at the `small` preset's MLA shapes (H 8, R 256, De 64): the split-KV kernel
-// with many splits, sequences of different lengths (0 and 1 included) in one batch
-static void t_mla_decode_long(int B, int Tmax, const int *lens) {
-    const int H = 8, R = 256, De = 64;
+// one decode case: B sequences of cache lengths lens[b] ≤ Tmax, H heads, latent R, extra De;
+// the reference is the CPU op, or (f64_ref) the f64 loop above
+static void mla_decode_case(const char *op, int B, int H, int R, int De, int Tmax, const int *lens, double scale,
+                            int f64_ref) {
     float *ql = hrandn((size_t)B * H * R, 1), *qp = hrandn((size_t)B * H * De, 1);
     float *cc = hrandn((size_t)B * Tmax * R, 1), *kc = hrandn((size_t)B * Tmax * De, 1);
     float *gql = dfl(ql, (size_t)B * H * R), *gqp = dfl(qp, (size_t)B * H * De);
     float *gcc = dfl(cc, (size_t)B * Tmax * R), *gkc = dfl(kc, (size_t)B * Tmax * De), *go = dpoison((size_t)B * H * R);
     int *glens = dint(lens, B);
     float *o = lm_malloc((size_t)B * H * R * sizeof(float));
-    const double scale = 1 / sqrt(192.0);
-    mla_decode_f64(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
+    if (f64_ref) mla_decode_f64(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
+    else CPU->mla_decode(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, (real)scale);
     GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, (real)scale);
-    char what[40];
-    snprintf(what, sizeof what, "o_lat B=%d Tmax=%d vs f64", B, Tmax);
-    cmp("mla_decode (split-KV)", what, go, o, (size_t)B * H * R, TOL);
+    char what[48] = "o_lat";
+    if (f64_ref) snprintf(what, sizeof what, "o_lat B=%d Tmax=%d vs f64", B, Tmax);
+    cmp(op, what, go, o, (size_t)B * H * R, TOL);
     DFREE(gql, gqp, gcc, gkc, go, glens); HFREE(ql, qp, cc, kc, o);
 }
 
+// long caches at the `small` preset's MLA shapes (H 8, R 256, De 64): the split-KV kernel
+// with many splits, sequences of different lengths (0 and 1 included) in one batch
+static void t_mla_decode_long(int B, int Tmax, const int *lens) {
+    mla_decode_case("mla_decode (split-KV)", B, 8, 256, 64, Tmax, lens, 1 / sqrt(192.0), 1);
+}
+
 static void t_mla_decode(void) {
-    const int B = 3, H = 2, R = 40, De = 4, Tmax = 70;
-    int lens[3] = {70, 17, 0};
-    float *ql = hrandn((size_t)B * H * R, 1), *qp = hrandn((size_t)B * H * De, 1);
-    float *cc = hrandn((size_t)B * Tmax * R, 1), *kc = hrandn((size_t)B * Tmax * De, 1);
-    float *gql = dfl(ql, (size_t)B * H * R), *gqp = dfl(qp, (size_t)B * H * De);
-    float *gcc = dfl(cc, (size_t)B * Tmax * R), *gkc = dfl(kc, (size_t)B * Tmax * De), *go = dpoison((size_t)B * H * R);
-    int *glens = dint(lens, B);
-    float *o = lm_malloc((size_t)B * H * R * sizeof(float));
-    const real scale = 1 / sqrtf(24.0f);
-    CPU->mla_decode(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
-    GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, scale);
-    cmp("mla_decode", "o_lat", go, o, (size_t)B * H * R, TOL);
-    DFREE(gql, gqp, gcc, gkc, go, glens); HFREE(ql, qp, cc, kc, o);
+    mla_decode_case("mla_decode", 3, 2, 40, 4, 70, (const int[]){70, 17, 0}, 1 / sqrtf(24.0f), 0);
 }
 
 // ---------------------------------------------------------------------------
