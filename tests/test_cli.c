@@ -237,6 +237,16 @@ static void expect_error(const char *label, const char *args, const char *word) 
     free(after);
 }
 
+// writes `bytes` to <dir>/<name>, then expects a training run given `flag`<that path> to fail
+static void expect_error_on_file(const char *label, const char *name, const void *bytes, size_t n, const char *flag,
+                                 const char *word) {
+    char p[700], args[3000];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    assert_int_equal(lm_write_file_atomic(p, bytes, n), LM_OK);
+    snprintf(args, sizeof args, "train %s %s --out %s/x %s%s", MODEL, TRAIN, dir, flag, p);
+    expect_error(label, args, word);
+}
+
 // the bytes of <run_dir>/<file> equal `want` (n bytes)
 static int file_is(const char *run_dir, const char *file, const uint8_t *want, size_t n) {
     char p[800];
@@ -273,10 +283,7 @@ static void test_bad_values_and_run_folders(void) {
     expect_error("empty --out", args, "--out");
     snprintf(args, sizeof args, "train %s %s --out %s/x --init %s/a", MODEL, TRAIN, dir, dir);
     expect_error("--init a folder", args, "not a regular file");
-    snprintf(p, sizeof p, "%s/inf.json", dir);
-    assert_int_equal(lm_write_file_atomic(p, "{\"norm_eps\": 1e999}", 19), LM_OK);
-    snprintf(args, sizeof args, "train %s %s --out %s/x --config %s", MODEL, TRAIN, dir, p);
-    expect_error("config value 1e999", args, "finite");
+    expect_error_on_file("config value 1e999", "inf.json", "{\"norm_eps\": 1e999}", 19, "--config ", "finite");
     expect_error("plan negative seq", "plan --seq -5", "--seq");
     snprintf(args, sizeof args, "eval --model %s/a --seq -1", dir);
     expect_error("eval negative seq", args, "--seq");
@@ -354,14 +361,8 @@ static void test_bad_input(void **state) {
     snprintf(args, sizeof args, "train %s --set top_k=1 %s --out %s/a --resume", MODEL, TRAIN, dir);
     expect_error("config mismatch (--resume)", args, "config");
     // data
-    snprintf(q, sizeof q, "%s/bad_shard.bin", dir);
-    assert_int_equal(lm_write_file_atomic(q, "LMTS\x01\x00\x00\x00garbage", 15), LM_OK);
-    snprintf(args, sizeof args, "train %s %s --out %s/x --data shards:%s", MODEL, TRAIN, dir, q);
-    expect_error("malformed shard", args, "bad_shard.bin");
-    snprintf(q, sizeof q, "%s/empty.txt", dir);
-    assert_int_equal(lm_write_file_atomic(q, "", 0), LM_OK);
-    snprintf(args, sizeof args, "train %s %s --out %s/x --data %s", MODEL, TRAIN, dir, q);
-    expect_error("empty text file", args, "empty");
+    expect_error_on_file("malformed shard", "bad_shard.bin", "LMTS\x01\x00\x00\x00garbage", 15, "--data shards:", "bad_shard.bin");
+    expect_error_on_file("empty text file", "empty.txt", "", 0, "--data ", "empty");
     // flags and values
     expect_error("unknown flag", "train --bogus 3", "--bogus");
     expect_error("unknown command", "trian", "trian");
