@@ -267,7 +267,7 @@ static void test_bad_values_and_run_folders(void) {
         {"--threads 100000", "--threads"},
         // past the largest `real` (float: 3.4e38; the f64 build's double: 1.8e308)
         {sizeof(real) == 4 ? "--lr 1e39" : "--lr 1e309", "--lr"},        {"--seed ' -1'", "--seed"},
-        {"--max-skips 0", "--max-skips"},   {"--muon-momentum 5", "momentum"}, {"--qk-clip -1", "--qk-clip"},
+        {"--max-skips -1", "--max-skips"},   {"--muon-momentum 5", "momentum"}, {"--qk-clip -1", "--qk-clip"},
         {"--samples -1", "--samples"},      {"--batch 2000000000", "tokens per step"},
         {"--stages 2147483647:1", "--stages"}, {"--set n_experts=-1", "n_experts"},
         {"--set qb_bins=1000000000", "qb_bins"}, {"--set kda_heads=2147483647", "kda_heads"},
@@ -306,6 +306,14 @@ static void test_bad_values_and_run_folders(void) {
     snprintf(args, sizeof args, "train %s %s --out %s/a --overwrite --data %s/no_such_file.txt", MODEL, TRAIN, dir, dir);
     expect_error("--overwrite, bad data", args, "no_such_file");
     tu_check("failed --overwrite: metrics changed (differ = 1)", !file_is("a", "metrics.jsonl", m0, nm), 0);
+    // ... also when the data opens but its first batch fails (a task longer than the row)
+    snprintf(args, sizeof args, "train %s --steps 20 --batch 2 --seq 8 -q --out %s/a --overwrite", MODEL, dir);
+    expect_error("--overwrite, row too short", args, "needs examples");
+    tu_check("failed --overwrite (first batch): metrics changed (differ = 1)", !file_is("a", "metrics.jsonl", m0, nm), 0);
+    // a run that failed on its data leaves nothing behind, so the corrected command runs
+    snprintf(args, sizeof args, "train %s --steps 20 --batch 2 --seq 8 -q --out %s/retry", MODEL, dir);
+    expect_error("row too short", args, "needs examples");
+    train("retry", NULL, NULL);
     // resuming a finished run: nothing to do, nothing changed
     snprintf(args, sizeof args, "train %s %s --out %s/a --resume", MODEL, TRAIN, dir);
     expect_error("resume a finished run", args, "already finished");

@@ -74,10 +74,12 @@ int lm_cmd_generate(int argc, char **argv) {
         lm_model_free(m);
         return 0;
     }
-    // the prompt is bytes plus BOS/SEP: a model trained on shards with a smaller vocab cannot read it
-    if (m->cfg.vocab < LM_TOK_MIN_VOCAB_TASKS) {
-        fprintf(stderr, "linmoe generate: error: --prompt needs a byte-level model (vocab >= %d); this one has %d\n",
-                LM_TOK_MIN_VOCAB_TASKS, m->cfg.vocab);
+    // the prompt is bytes plus BOS (and SEP unless --raw): a model trained on shards with a
+    // smaller vocab cannot read it
+    const int need_vocab = (raw ? LM_TOK_BOS : LM_TOK_SEP) + 1;
+    if (m->cfg.vocab < need_vocab) {
+        fprintf(stderr, "linmoe generate: error: --prompt%s needs a byte-level model (vocab >= %d); this one has %d\n",
+                raw ? " --raw" : "", need_vocab, m->cfg.vocab);
         lm_model_free(m);
         return 1;
     }

@@ -127,8 +127,9 @@ lm_status lm_task_batch(lm_task_gen *g, int B, int T, lm_batch *out) {
         min_len[i] = lm_task_min_len(i);
         if (g->mix.w[i] > 0 && min_len[i] > longest) {
             lm_set_error("task '%s' needs examples of at least %d tokens, but examples may have at most %d "
-                         "(rows of T+1 = %d, max example length %d: raise --max-example, 0 = a whole row)",
-                         lm_task_name(i), min_len[i], longest, slots, g->max_len);
+                         "(rows of T+1 = %d, max example length %d: %s)",
+                         lm_task_name(i), min_len[i], longest, slots, g->max_len,
+                         longest == slots ? "use a longer --seq" : "raise --max-example, 0 = a whole row");
             return LM_ERR;
         }
     }

@@ -85,6 +85,26 @@ static lm_status open_loader(lm_loader *l, const lm_train_opts *o, int vocab) {
     return lm_loader_init_spec(l, o->data, o->seed, &mix, o->max_example, vocab);
 }
 
+// One row of every stage's length from the training and the held-out loader, then both
+// loaders put back where they were: the inputs that only fail on a first batch (a task
+// longer than the row, data shorter than T+1) fail here, before an earlier run in the
+// folder is cleared or a metrics file is written.
+static lm_status check_data(lm_loader *ld, lm_loader *ev, const stage *st, int nst) {
+    uint64_t s_ld[LM_LOADER_STATE_WORDS], s_ev[LM_LOADER_STATE_WORDS];
+    lm_loader_get_state(ld, s_ld);
+    lm_loader_get_state(ev, s_ev);
+    lm_batch b = {0};
+    lm_status r = LM_OK;
+    for (int i = 0; i < nst && r == LM_OK; i++) {
+        r = lm_loader_next(ld, 1, st[i].seq, &b);
+        if (r == LM_OK) r = lm_loader_next(ev, 1, st[i].seq, &b);
+    }
+    lm_batch_free(&b);
+    if (lm_loader_set_state(ld, s_ld) != LM_OK || lm_loader_set_state(ev, s_ev) != LM_OK)
+        LM_CHECK(0, "a loader did not take back its own state");
+    return r;
+}
+
 static int parse_step_list(const char *s, long step) {
     for (const char *p = s; *p;) {
         char *end;
@@ -255,7 +275,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     if (o->opt.warmup < 0 || o->micro_batch < 0 || o->eval_every < 0 || o->save_every < 0 || o->keep < 0)
         FAIL("--warmup, --micro-batch, --eval-every, --save-every and --keep must be >= 0");
     if (o->eval_batches < 1 || o->log_every < 1) FAIL("--eval-batches and --log-every must be positive");
-    if (o->max_skips < 1) FAIL("--max-skips must be at least 1");
+    if (o->max_skips < 0) FAIL("--max-skips must be >= 0 (0 = never stop)");
     if (o->max_example < 0 || o->log_attnres_every < 0 || o->qk_clip < 0)
         FAIL("--max-example, --log-attnres and --qk-clip must be >= 0");
     if (!(o->opt.muon_mu >= 0 && o->opt.muon_mu < 1)) FAIL("--muon-momentum must be in [0, 1)");
@@ -296,6 +316,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     have_loader = 1;
     if (lm_loader_init_heldout(&ev, &ld) != LM_OK) FAIL("%s", lm_last_error());
     have_eval = 1;
+    if (check_data(&ld, &ev, st, nst) != LM_OK) FAIL("data: %s", lm_last_error());
 
     char path[2048];
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
