@@ -130,8 +130,8 @@ int lm_cmd_eval(int argc, char **argv) {
     if (rc >= 0) return rc;
     if (!model[0]) { fprintf(stderr, "linmoe eval: error: --model is required\n"); return 1; }
     if (batches < 1 || B < 1) { fprintf(stderr, "linmoe eval: error: --batches and --batch must be positive\n"); return 1; }
-    if (T < 0 || T == 1 || T > LM_MAX_SEQ) {
-        fprintf(stderr, "linmoe eval: error: --seq must be 0 (the model's) or in [2, %d]\n", LM_MAX_SEQ);
+    if (T < 0 || T > LM_MAX_SEQ) {
+        fprintf(stderr, "linmoe eval: error: --seq must be 0 (the model's) or in [1, %d]\n", LM_MAX_SEQ);
         return 1;
     }
     const lm_ops *ops;
