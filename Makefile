@@ -76,9 +76,9 @@ $(eval $(call VARIANT,f64))
 $(eval $(call VARIANT,san))
 
 # sanitizer runs: leak checks on, OpenBLAS/OpenMP runtime allocations ignored
-test-san: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
-test-san: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
-test-san: export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
+test-san test-cuda-harness: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
+test-san test-cuda-harness: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
+test-san test-cuda-harness: export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 
 test: deps
 	$(MAKE) --no-print-directory test-f64 test-f32 test-san test-cuda-harness
@@ -94,9 +94,6 @@ build/san/tests/test_cuda_harness: tests/cuda/test_cuda_ops.c build/san/obj/test
 	@mkdir -p $(dir $@)
 	@echo "  LD [san] $@"
 	@$(CC) $(CFLAGS_san) -DTEST_HARNESS_ON_CPU $^ -o $@ $(LDLIBS)
-test-cuda-harness: export ASAN_OPTIONS = detect_leaks=1:abort_on_error=1
-test-cuda-harness: export LSAN_OPTIONS = suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0
-test-cuda-harness: export UBSAN_OPTIONS = print_stacktrace=1:halt_on_error=1
 test-cuda-harness: build/san/tests/test_cuda_harness
 	@echo "== san test_cuda_ops on the CPU table (harness self-test)"
 	@OMP_NUM_THREADS=$(THREADS) $< > $<.log 2>&1 || { cat $<.log; exit 1; }; tail -n 1 $<.log

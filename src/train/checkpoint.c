@@ -301,7 +301,7 @@ int lm_ckpt_dir_holds_run(const char *out_dir, char *what, size_t len) {
             if (strncmp(e->d_name, "ckpt_", 5) == 0 || strcmp(e->d_name, "metrics.jsonl") == 0 ||
                 strcmp(e->d_name, "latest") == 0) {
                 snprintf(what, len, "%s/%s", out_dir, e->d_name);
-                found = 1;
+                found = 2;
             }
         closedir(d);
     }

@@ -38,8 +38,9 @@ lm_status lm_ckpt_save(const char *out_dir, const lm_model *m, const lm_optim *o
 // Removes every checkpoint folder (finished or interrupted) and `latest` from out_dir, so a
 // fresh run that replaces an earlier one cannot be confused with it.
 void lm_ckpt_clear(const char *out_dir);
-// 1 when out_dir holds an earlier run (a 'latest', a ckpt_* folder or a metrics.jsonl),
-// and what was found in `what`
+// Whether out_dir holds an earlier run, and what was found in `what`: 1 = one with a valid
+// 'latest' (resumable), 2 = only traces of one (ckpt_* folders, a metrics.jsonl, a broken
+// 'latest'), 0 = none
 int lm_ckpt_dir_holds_run(const char *out_dir, char *what, size_t len);
 // Path of the newest complete checkpoint in out_dir (via `latest`); LM_ERR if none.
 lm_status lm_ckpt_latest(const char *out_dir, char *path, size_t len);

@@ -67,6 +67,9 @@ static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
     return LM_OK;
 }
 
+// sequences per forward/backward in a step of B sequences
+static int micro_of(const lm_train_opts *o, int B) { return o->micro_batch > 0 && o->micro_batch < B ? o->micro_batch : B; }
+
 static const stage *stage_at(const stage *st, int n, long step) {
     long end = 0;
     for (int i = 0; i < n; i++) {
@@ -284,24 +287,21 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     // them only once the model, weights and data have loaded (a run that fails on its
     // inputs leaves the folder as it was)
     char prev[4200];
-    const int clear_prev = !o->resume && lm_ckpt_dir_holds_run(o->out_dir, prev, sizeof prev);
-    if (clear_prev && !o->overwrite) {
-        char ck[4200];
-        if (lm_ckpt_latest(o->out_dir, ck, sizeof ck) == LM_OK)
-            FAIL("'%s' already holds a training run (%s): continue it with --resume, start over with "
-                 "--overwrite, or choose another --out", o->out_dir, prev);
+    const int held = o->resume ? 0 : lm_ckpt_dir_holds_run(o->out_dir, prev, sizeof prev), clear_prev = held > 0;
+    if (held == 1 && !o->overwrite)
+        FAIL("'%s' already holds a training run (%s): continue it with --resume, start over with "
+             "--overwrite, or choose another --out", o->out_dir, prev);
+    if (held == 2 && !o->overwrite)
         FAIL("'%s' already holds a training run without a checkpoint to resume (%s): start over with --overwrite, "
              "or choose another --out", o->out_dir, prev);
-    }
 
     // model
+    double ptot, pact;
+    lm_config_count_params(cfg, &ptot, &pact);
     if (strcmp(ops->name, "cpu") == 0) {   // weights, gradients, two moments; activations and their gradients
-        double ptot, pact;
-        lm_config_count_params(cfg, &ptot, &pact);
         int T0 = 0, B0 = 0;
         for (int i = 0; i < nst; i++) {
-            const int Ti = st[i].seq, Bi = (int)(tokens_per_step / Ti);
-            const int mi = o->micro_batch > 0 && o->micro_batch < Bi ? o->micro_batch : Bi;
+            const int Ti = st[i].seq, mi = micro_of(o, (int)(tokens_per_step / Ti));
             if ((long)mi * Ti > (long)B0 * T0) B0 = mi, T0 = Ti;
         }
         if (lm_check_host_memory(ptot * 4 * sizeof(real) + (double)lm_config_acts_bytes(cfg, B0, T0, 1), "training") != LM_OK)
@@ -348,8 +348,6 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     log = fopen(path, o->resume ? "ab" : "wb");
     if (!log) FAIL("cannot write '%s': %s", path, strerror(errno));
 
-    double ptot, pact;
-    lm_config_count_params(cfg, &ptot, &pact);
     if (!o->resume) {
         cJSON *r = cJSON_CreateObject();
         cJSON_AddStringToObject(r, "type", "run");
@@ -385,7 +383,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         double t0 = lm_time_sec();
         const stage *sg = stage_at(st, nst, ts.step);
         const int T = sg->seq, B = (int)(tokens_per_step / T);
-        const int micro = o->micro_batch > 0 && o->micro_batch < B ? o->micro_batch : B;
+        const int micro = micro_of(o, B);
         const int n_micro = (B + micro - 1) / micro;
         if (n_micro > n_micro_cap) {
             mb = lm_realloc(mb, (size_t)n_micro * sizeof *mb);
