@@ -10,16 +10,6 @@
 #include "train/optimizer.h"
 #include <stdio.h>
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static real *randn(size_t n, lm_rng *r, double s) {
     real *x = lm_malloc(n * sizeof(real));
     for (size_t i = 0; i < n; i++) x[i] = (real)(s * lm_rng_normal(r));
@@ -52,8 +42,8 @@ static void bench_kda(int B, int T, int H, int K, int gate, int form, int chunk,
     }
     static const char *forms[] = {"auto", "naive", "chunk-factored", "chunk-exact"};
     printf("| kda %-14s | %-9s | B%d T%d H%d K=V=%d chunk %d | %8.2f ms | %8.2f ms |\n", forms[form],
-           gate == LM_GATE_BOUNDED ? "bounded" : "unbounded", B, T, H, K, chunk, 1e3 * median(tf, reps),
-           1e3 * median(tb, reps));
+           gate == LM_GATE_BOUNDED ? "bounded" : "unbounded", B, T, H, K, chunk, 1e3 * lm_median(tf, reps),
+           1e3 * lm_median(tb, reps));
     free(q); free(k); free(v); free(f); free(bl); free(Al); free(db); free(o); free(d_o);
     free(dq); free(dk); free(dv); free(df); free(dbl); free(dA); free(ddb);
 }
@@ -88,7 +78,7 @@ static void bench_train_step(int reps) {
         tb[i] = t2 - t1;
         to[i] = lm_time_sec() - t2;
     }
-    double f = median(tf, reps), b = median(tb, reps), op = median(to, reps);
+    double f = lm_median(tf, reps), b = lm_median(tb, reps), op = lm_median(to, reps);
     printf("| tiny train step, B%d T%d (%d tokens) | forward %.1f ms | backward %.1f ms | optimizer %.1f ms | %.0f tok/s |\n",
            B, T, B * T, 1e3 * f, 1e3 * b, 1e3 * op, B * T / (f + b + op));
     lm_optim_free(&o, m);

@@ -21,14 +21,6 @@ static const lm_ops *OPS = &lm_cuda_ops;
 
 static void sync_dev(void) { lm_cuda_sync(); }
 static size_t free_bytes(void) { return lm_cuda_free_bytes(); }
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // cache bytes of B sequences of max_len tokens: KDA states + conv caches, MLA latents
 static void cache_bytes(const lm_config *c, long B, long L, double *kda, double *mla) {
@@ -109,7 +101,7 @@ static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, 
         sync_dev();
         if (k >= 2) t[k - 2] = lm_time_sec() - t0;
     }
-    double tm = median(t, REPS), bytes = (double)B * L * (R + De) * sizeof(real);
+    double tm = lm_median(t, REPS), bytes = (double)B * L * (R + De) * sizeof(real);
     printf("          mla_decode op alone (one layer, B=%d, len %d): %.3f ms, %.0f GB/s of cache read\n", B, L,
            tm * 1e3, bytes / tm / GB);
     OPS->free(ql); OPS->free(qp); OPS->free(o);
@@ -177,13 +169,15 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
         sync_dev();
         if (s >= warm) ms[s - warm] = (lm_time_sec() - t0) * 1e3;
     }
-    res.ms = median(ms, steps);
+    double ms_min = ms[0], ms_max = ms[0];
+    for (int s = 1; s < steps; s++) ms_min = fmin(ms_min, ms[s]), ms_max = fmax(ms_max, ms[s]);
+    res.ms = lm_median(ms, steps);
     res.tok_s = B / (res.ms * 1e-3);
     res.used_gb = (fr - (double)free_bytes()) / GB;
     res.ok = 1;
     printf("  decode  B=%-3d L=%-8d %8.3f ms/step (min %.3f, max %.3f)  %9.0f tok/s   cache %.2f GB "
            "(KDA state+conv %.3f, MLA latents %.2f), GPU memory used %.2f GB\n",
-           B, L, res.ms, ms[0], ms[steps - 1], res.tok_s, (kda + mla) / GB, kda / GB, mla / GB, res.used_gb);
+           B, L, res.ms, ms_min, ms_max, res.tok_s, (kda + mla) / GB, kda / GB, mla / GB, res.used_gb);
     // the MLA decode op alone on the last MLA layer's cache (lens = L from the last step)
     for (int i = c->n_layers - 1; i >= 0; i--)
         if (lm_layer_is_mla(c, i)) {

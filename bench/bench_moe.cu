@@ -146,21 +146,15 @@ int main(int argc, char **argv) {
         cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
     };
     // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
-    auto gemm_bwd_only = [&] {
-        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
-        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
+    // (dinp, dW) of the three: both, or one of them (a NULL output is skipped)
+    auto gemm_bwd_parts = [&](bool dinp, bool dw) {
+        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F);
     };
-    auto gemm_bwd_dinp = [&] {
-        cuda_grouped_matmul_bwd(deh, NULL, dyp, eh, w2, offsets, E, F, d);
-        cuda_grouped_matmul_bwd(dxp, NULL, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dxp, NULL, deb, xp, w3, offsets, E, d, F);
-    };
-    auto gemm_bwd_dw = [&] {
-        cuda_grouped_matmul_bwd(NULL, gw2, dyp, eh, w2, offsets, E, F, d);
-        cuda_grouped_matmul_bwd(NULL, gw1, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(NULL, gw3, deb, xp, w3, offsets, E, d, F);
-    };
+    auto gemm_bwd_only = [&] { gemm_bwd_parts(true, true); };
+    auto gemm_bwd_dinp = [&] { gemm_bwd_parts(true, false); };
+    auto gemm_bwd_dw = [&] { gemm_bwd_parts(false, true); };
     auto glu_b = [&] { cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act); };
     auto gather_b = [&] {
         zero(dxn, (size_t)N * d * 4);
