@@ -83,18 +83,24 @@ static void row(const char *what, double ms, double flop) {
 static void result(const char *key, double v) { printf("RESULT %s %.4f\n", key, v); }
 
 int main(int argc, char **argv) {
-    int N = 16384, quick = 0;
+    // Kimi-Linear shapes by default; --small: the `small` preset's MoE (d 1024, expert ffn
+    // 256, 80 experts, top-4, one 4096-token sequence: ~205 rows per expert)
+    int N = 16384, quick = 0, d = 2304, F = 1024, E = 256, k = 8;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) N = atoi(argv[i + 1]);
-        quick |= !strcmp(argv[i], "--quick");   // one rep each (for compute-sanitizer)
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) N = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--small")) { N = 4096; d = 1024; F = 256; E = 80; k = 4; }
+        else if (!strcmp(argv[i], "--quick")) quick = 1;   // one rep each (for compute-sanitizer)
+        else { fprintf(stderr, "bench_moe: unknown argument '%s' (--tokens N, --small, --quick)\n", argv[i]); return 2; }
     }
-    const int d = 2304, F = 1024, E = 256, k = 8, act = LM_ACT_SWIGLU, WARM = quick ? 0 : 2, REPS = quick ? 1 : 10;
+    const int act = LM_ACT_SWIGLU, WARM = quick ? 0 : 2, REPS = quick ? 1 : 10;
     const size_t NK = (size_t)N * k;
     const double gemm1 = 2.0 * NK * d * F;   // one expert GEMM (all rows)
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s\n",
-           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
+    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s, "
+           "grouped kernel %s\n",
+           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()),
+           lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()));
 
     // activations and parameters (std 0.02 weights, unit-variance input)
     float *x = frand((size_t)N * d, 1, 1.0f), *Wr = frand((size_t)E * d, 2, 0.02f), *bias = falloc(E);
@@ -121,9 +127,9 @@ int main(int argc, char **argv) {
     auto plan = [&] { cuda_moe_plan(counts, offsets, row_token, slot_row, idx, s, N, E, k, -1); };
     auto gather = [&] { cuda_moe_gather_fwd(xp, x, row_token, offsets, E, d); };
     auto gemm_fwd = [&] {
-        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F);
-        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d, (int)NK);
     };
     auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
     auto combine = [&] {
@@ -138,19 +144,19 @@ int main(int argc, char **argv) {
     };
     auto gemm_bwd = [&] {
         zero(deh, NK * F * 4);
-        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d, (int)NK);
         zero(dea, NK * F * 4); zero(deb, NK * F * 4);
         cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act);
         zero(dxp, NK * d * 4);
-        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F, (int)NK);
     };
     // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
     // (dinp, dW) of the three: both, or one of them (a NULL output is skipped)
     auto gemm_bwd_parts = [&](bool dinp, bool dw) {
-        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d, (int)NK);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F, (int)NK);
     };
     auto gemm_bwd_only = [&] { gemm_bwd_parts(true, true); };
     auto gemm_bwd_dinp = [&] { gemm_bwd_parts(true, false); };
@@ -224,7 +230,9 @@ int main(int argc, char **argv) {
                                      CUDA_R_16BF, d, &zr, ea, CUDA_R_32F, F, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         };
         double t = time_ms(dense, WARM, REPS);
-        row("dense cuBLAS bf16 GEMM 131072x2304 -> 1024 (bf16 in)", t, gemm1);
+        char what[64];
+        snprintf(what, sizeof what, "dense cuBLAS bf16 GEMM %zux%d -> %d (bf16 in)", NK, d, F);
+        row(what, t, gemm1);
         result("dense_bf16_tflops", gemm1 / t * 1e-9);
         // the backend's dense linear layer on fp32 tensors (bf16 copies + cuBLAS), same FLOPs
         double t2 = time_ms([&] { cuda_matmul_fwd(ea, xp, w1, NULL, (int)NK, d, F); }, WARM, REPS);
@@ -235,7 +243,7 @@ int main(int argc, char **argv) {
     }
     {   // the previous fp32 CUDA-core grouped kernel (LM_GEMM_FP32), one forward GEMM
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F); }, 1, 3);
+        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK); }, 1, 3);
         row("grouped_matmul_fwd w1, fp32 kernel (LM_GEMM_FP32)", t, gemm1);
         result("gemm_fwd_fp32_kernel_tflops", gemm1 / t * 1e-9);
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
