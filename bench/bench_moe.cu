@@ -5,9 +5,10 @@
 // moe_combine; then the backward counterparts), all tensors fp32, GEMMs in the default
 // bf16 mode. Prints medians (CUDA events) of each piece, TFLOP/s of the expert GEMMs, the
 // whole layer, a dense cuBLAS bf16 GEMM of the same FLOPs, the old fp32 grouped kernel,
-// and the expert GEMMs under a skewed routing.
+// and the expert GEMMs under a skewed routing. --small: the `small` preset's MoE instead
+// (d 1024, expert FFN 256, 80 experts, top-4, 4096 tokens: ~205 rows per expert).
 //
-//   bench_moe [--tokens N] [--quick]      prints a table and "RESULT key value" lines
+//   bench_moe [--tokens N] [--small] [--quick]   prints a table and "RESULT key value" lines
 #include <algorithm>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,10 +98,8 @@ int main(int argc, char **argv) {
     const double gemm1 = 2.0 * NK * d * F;   // one expert GEMM (all rows)
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s, "
-           "grouped kernel %s\n",
-           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()),
-           lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()));
+    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s\n",
+           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
 
     // activations and parameters (std 0.02 weights, unit-variance input)
     float *x = frand((size_t)N * d, 1, 1.0f), *Wr = frand((size_t)E * d, 2, 0.02f), *bias = falloc(E);
@@ -127,9 +126,9 @@ int main(int argc, char **argv) {
     auto plan = [&] { cuda_moe_plan(counts, offsets, row_token, slot_row, idx, s, N, E, k, -1); };
     auto gather = [&] { cuda_moe_gather_fwd(xp, x, row_token, offsets, E, d); };
     auto gemm_fwd = [&] {
-        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d, (int)NK);
+        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d);
     };
     auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
     auto combine = [&] {
@@ -144,19 +143,19 @@ int main(int argc, char **argv) {
     };
     auto gemm_bwd = [&] {
         zero(deh, NK * F * 4);
-        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d, (int)NK);
+        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
         zero(dea, NK * F * 4); zero(deb, NK * F * 4);
         cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act);
         zero(dxp, NK * d * 4);
-        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
     };
     // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
     // (dinp, dW) of the three: both, or one of them (a NULL output is skipped)
     auto gemm_bwd_parts = [&](bool dinp, bool dw) {
-        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d, (int)NK);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F);
     };
     auto gemm_bwd_only = [&] { gemm_bwd_parts(true, true); };
     auto gemm_bwd_dinp = [&] { gemm_bwd_parts(true, false); };
@@ -243,7 +242,7 @@ int main(int argc, char **argv) {
     }
     {   // the previous fp32 CUDA-core grouped kernel (LM_GEMM_FP32), one forward GEMM
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK); }, 1, 3);
+        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F); }, 1, 3);
         row("grouped_matmul_fwd w1, fp32 kernel (LM_GEMM_FP32)", t, gemm1);
         result("gemm_fwd_fp32_kernel_tflops", gemm1 / t * 1e-9);
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);

@@ -193,12 +193,10 @@ typedef struct lm_ops {
     void (*moe_gather_fwd)(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
     void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
     // grouped GEMM: rows [offsets[e], offsets[e+1]) of inp [R,C] times W[e]ᵀ, W [E, OC, C] → out [R, OC].
-    // Offsets are read from backend memory (no host round trip). R: rows allocated (≥ offsets[E]),
-    // a host-side size hint (the CUDA backend picks its tile shape from R / E).
-    void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
-                               int R);
+    // Offsets are read from backend memory (no host round trip).
+    void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
     void (*grouped_matmul_bwd)(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                               const int *offsets, int E, int C, int OC, int R);
+                               const int *offsets, int E, int C, int OC);
     // combine: y[i] += Σ_slot gate[i,slot] · yp[slot_row[i,slot]] (dropped slots add nothing)
     void (*moe_combine_fwd)(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
     void (*moe_combine_bwd)(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,

@@ -43,13 +43,6 @@ int lm_cuda_gemm_mode(void);
 void lm_cuda_set_gemm_mode(int mode);
 const char *lm_cuda_gemm_name(int mode);
 int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
-// Kernel of the bf16 grouped expert GEMM: 0 auto (wgmma, 128-column tiles when experts
-// average < 384 rows, else 256), 1 wgmma 256-column tiles, 2 wgmma 128-column tiles,
-// 3 the mma.sync kernel. Read once from LM_MOE_GEMM (auto | wg256 | wg128 | mma) unless set
-// here first.
-int lm_cuda_moe_gemm(void);
-void lm_cuda_set_moe_gemm(int mode);
-const char *lm_cuda_moe_gemm_name(int mode);
 
 void cuda_add(real *out, const real *a, const real *b, size_t n);
 void cuda_acc(real *acc, const real *x, size_t n);
@@ -89,8 +82,8 @@ void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *i
 void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
 void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
 void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
-void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);

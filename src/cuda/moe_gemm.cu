@@ -9,34 +9,36 @@
 //   * gmm_k: plain fp32 CUDA-core tiles (exact; LM_GEMM_FP32 / TF32 modes, and the fallback
 //     for shapes the tensor-core kernel does not take: C or OC not a multiple of 4, or
 //     pointers not 16-byte aligned).
-//   * tc_tile kernels: bf16 tensor cores (LM_GEMM_BF16, the default), mma.sync m16n8k16
-//     with fp32 accumulation. Operands stay fp32 in global memory and are rounded to bf16 as
-//     each warp reads its fragments (cvt.rn.bf16x2) — no workspace: the number of rows R
-//     is only known on the device (offsets[E]), and a bf16 pass over the weights would move
-//     1.5× their fp32 size through DRAM every call. Shared memory holds every operand
-//     K-major (k contiguous), so every fragment is one 16-byte read:
-//       - K-major operands (inp and W in the forward, dout in dinp) stream in with cp.async
-//         (4-stage pipeline);
-//       - MN-major operands (W in dinp; dout and inp in dW) are loaded into registers a
-//         pipeline slot ahead and stored transposed (a 4 × 4 register transpose per unit).
-//     Tile shapes are template parameters: 128 × 256 for large experts, 64 × 128 (two CTAs
-//     per SM) when experts average few rows, as in training (R / E from the caller).
+//   * tc_k: bf16 tensor cores (LM_GEMM_BF16, the default). Operands stay fp32 in global
+//     memory and stream into shared memory with cp.async (4-stage pipeline); each warp
+//     rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2) and multiplies with
+//     mma.sync m16n8k16, fp32 accumulation. Converting on load needs no workspace: the
+//     number of rows R is only known on the device (offsets[E]), so a conversion pass of the
+//     activations could not be sized on the host without a synchronisation, and a pass over
+//     the weights alone would move 1.5× their fp32 size through DRAM every call.
 //
 // Fragment trick: the mma's k index may be permuted freely as long as A and B use the same
 // permutation. Logical k pairs (2t,2t+1) and (2t+8,2t+9) of thread t (lane%4) are taken
-// from physical k 4t..4t+3 of the 16-wide slice, so each thread's fragment pair is one
-// 16-byte shared load.
+// from physical k 4t..4t+3 of the 16-wide slice, so a K-contiguous operand gives each
+// thread its fragment pair with one 16-byte shared load. Operands whose k is the slow
+// index (W in dinp; dout and inp in dW) are read with 4-byte loads.
+//
+// Ceiling (measured on an H200, bench_moe, session 5): with fp32 operands in global memory a
+// 128 × 256 tile moves 48 KB from L2 per 2.1 MFLOP of a 32-deep slice, and this kernel runs at
+// 200–215 TFLOP/s at Kimi shapes, i.e. ~5 TB/s of L2 → SM traffic. A wgmma kernel that
+// rounds each slice to bf16 once per CTA (commit b674bb6) landed on the same 203–216: the
+// operand bytes, not the multiply instructions, set the limit. Going faster needs bf16
+// operands in memory (the experts' weights once per step, the gathered rows and GLU output
+// written as bf16), which halves the bytes.
 //
 // Work mapping (no host round trip, CUDA-graph friendly):
 //   fwd, dinp: a one-block kernel turns offsets into tile_start[e] (prefix sum of the
-//     expert's row tiles × column tiles) in the workspace; a persistent grid (CTAs per SM ×
-//     SMs) walks the global tile list, finding each tile's expert by binary search.
+//     expert's 128-row tiles × column tiles) in the workspace; a persistent grid of one
+//     CTA per SM walks the global tile list, finding each tile's expert by binary search.
 //   dW: grid (OC tiles × C tiles, E); the expert's rows are the k loop, summed in order
 //     inside one CTA: deterministic, no atomics. Experts with no rows return at once.
 #include "cuda_common.cuh"
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 // ---------------------------------------------------------------------------
 // fp32 kernel (exact): 64×64 tiles, 16-deep k slices, 4×4 outputs per thread, k in order.
@@ -294,12 +296,12 @@ __device__ __forceinline__ void tc_tile(float *smem, float *Cout, long ldc, cons
         }
 }
 
-// tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / tm) · ntn (one block; E small)
-__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn, int tm) {
+// tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / TC_M) · ntn (one block; E small)
+__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn) {
     __shared__ int part[1024];
     const int tid = threadIdx.x, per = (E + blockDim.x - 1) / blockDim.x;
     int s = 0;
-    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
+    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
     part[tid] = s;
     __syncthreads();
     if (tid == 0) {
@@ -311,7 +313,7 @@ __global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, in
     int run = part[tid];
     for (int e = tid * per; e < min(E, (tid + 1) * per); e++) {
         tile_start[e] = run;
-        run += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
+        run += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
     }
 }
 
@@ -357,262 +359,6 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
                                 B + (long)o0 * N + n0, N, M - m0, N - n0, rows);
 }
 
-// ---------------------------------------------------------------------------
-// wgmma kernel (sm_90a). Per 32-deep k slice: cp.async brings the fp32 operand tiles into a
-// staging ring (WgCfg::STAGES slices in flight); all 256 threads round the slice to bf16
-// once, into the K-major "core matrix" layout wgmma reads (8 rows × 16 bytes contiguous,
-// k-chunks LBO apart, 8-row groups 128 B apart), transposing MN-major operands on the
-// way; two warpgroups (64 rows each) multiply it with wgmma.mma_async while the next
-// slice is converted into the other bf16 buffer. CTA tile 128 × WN, WN = 256 (large
-// experts) or 128 (small ones).
-#define WG_M 128
-#define WG_THREADS 256
-template <int WN> struct WgCfg {
-    static constexpr int STAGES = WN == 256 ? 3 : 4;
-    static constexpr int A_F32 = WG_M * TC_K, STAGE_F32 = (WG_M + WN) * TC_K;   // floats
-    static constexpr int A_BF = WG_M * TC_K * 2, BF_BYTES = (WG_M + WN) * TC_K * 2;
-    static constexpr int SMEM = STAGES * STAGE_F32 * 4 + 2 * BF_BYTES;
-};
-
-// fp32 staging of a K-major operand (element (r, k) at g[r·ld + k]): [ROWS][32], 16-byte
-// chunk c of row r at chunk c ^ (r & 7) (the conversion reads 8 rows' same chunk at once)
-template <int ROWS>
-__device__ __forceinline__ void wg_stage_kmaj(float *s, const float *g, long ld, int nr, int nk, int tid) {
-#pragma unroll
-    for (int it = 0; it < ROWS * 8 / WG_THREADS; it++) {
-        const int l = tid + it * WG_THREADS, r = l >> 3, c = l & 7;
-        const bool v = r < nr && 4 * c < nk;
-        tc_cp16(s + r * TC_K + ((c ^ (r & 7)) << 2), v ? g + (long)r * ld + 4 * c : g, v);
-    }
-}
-// fp32 staging of an MN-major operand (element (r, k) at g[k·ld + r]): [32][ROWS] as in memory
-template <int ROWS>
-__device__ __forceinline__ void wg_stage_mn(float *s, const float *g, long ld, int nr, int nk, int tid) {
-    constexpr int CPR = ROWS / 4;
-#pragma unroll
-    for (int it = 0; it < ROWS * 8 / WG_THREADS; it++) {
-        const int l = tid + it * WG_THREADS, kk = l / CPR, c = l % CPR;
-        const bool v = kk < nk && 4 * c < nr;
-        tc_cp16(s + kk * ROWS + 4 * c, v ? g + (long)kk * ld + 4 * c : g, v);
-    }
-}
-// Conversion of one operand's slice (fp32 staging → bf16 core-matrix layout: row r,
-// k 8j..8j+7 at byte j·ROWS·16 + r·16) in two phases, all shared loads first, so that
-// their latency overlaps (a thread converts several units).
-//   K-major: ROWS·4 units (row r, k-chunk j): two 16-byte loads, one 16-byte store.
-//   MN-major: ROWS units (rows 4nc..4nc+3, k-chunk j): eight loads (one per k), a
-//     register transpose, four stores.
-template <int ROWS, bool KMAJ> struct WgConv {
-    static constexpr int UNITS = KMAJ ? ROWS * 4 : ROWS;
-    static constexpr int U = (UNITS + WG_THREADS - 1) / WG_THREADS, NV = KMAJ ? 2 : 8;
-    float4 v[U][NV];
-    __device__ __forceinline__ void load(const float *s, int tid) {
-#pragma unroll
-        for (int it = 0; it < U; it++) {
-            const int u = tid + it * WG_THREADS;
-            if (UNITS % WG_THREADS && u >= UNITS) break;
-            if constexpr (KMAJ) {
-                const int r = u % ROWS, j = u / ROWS;
-                v[it][0] = *reinterpret_cast<const float4 *>(s + r * TC_K + (((2 * j) ^ (r & 7)) << 2));
-                v[it][1] = *reinterpret_cast<const float4 *>(s + r * TC_K + (((2 * j + 1) ^ (r & 7)) << 2));
-            } else {
-                const int nc = u % (ROWS / 4), j = u / (ROWS / 4);
-#pragma unroll
-                for (int i = 0; i < 8; i++) v[it][i] = *reinterpret_cast<const float4 *>(s + (8 * j + i) * ROWS + 4 * nc);
-            }
-        }
-    }
-    __device__ __forceinline__ void store(uint8_t *d, int tid) const {
-#pragma unroll
-        for (int it = 0; it < U; it++) {
-            const int u = tid + it * WG_THREADS;
-            if (UNITS % WG_THREADS && u >= UNITS) break;
-            if constexpr (KMAJ) {
-                const int r = u % ROWS, j = u / ROWS;
-                const float4 x = v[it][0], y = v[it][1];
-                *reinterpret_cast<uint4 *>(d + j * ROWS * 16 + r * 16) =
-                    make_uint4(tc_pack(x.x, x.y), tc_pack(x.z, x.w), tc_pack(y.x, y.y), tc_pack(y.z, y.w));
-            } else {
-                const int nc = u % (ROWS / 4), j = u / (ROWS / 4);
-                const float4 *q = v[it];
-                uint8_t *o = d + j * ROWS * 16 + 4 * nc * 16;
-                *reinterpret_cast<uint4 *>(o) = make_uint4(tc_pack(q[0].x, q[1].x), tc_pack(q[2].x, q[3].x),
-                                                           tc_pack(q[4].x, q[5].x), tc_pack(q[6].x, q[7].x));
-                *reinterpret_cast<uint4 *>(o + 16) = make_uint4(tc_pack(q[0].y, q[1].y), tc_pack(q[2].y, q[3].y),
-                                                                tc_pack(q[4].y, q[5].y), tc_pack(q[6].y, q[7].y));
-                *reinterpret_cast<uint4 *>(o + 32) = make_uint4(tc_pack(q[0].z, q[1].z), tc_pack(q[2].z, q[3].z),
-                                                                tc_pack(q[4].z, q[5].z), tc_pack(q[6].z, q[7].z));
-                *reinterpret_cast<uint4 *>(o + 48) = make_uint4(tc_pack(q[0].w, q[1].w), tc_pack(q[2].w, q[3].w),
-                                                                tc_pack(q[4].w, q[5].w), tc_pack(q[6].w, q[7].w));
-            }
-        }
-    }
-};
-
-// wgmma exists only in the arch-specific sm_90a target; nvcc 13 also runs a generic
-// compute_90 pass for -arch=sm_90a, where these compile to a trap (never run on sm_90a)
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ASM(...) asm volatile(__VA_ARGS__)
-#else
-#define WG_ASM(...) __trap()
-#endif
-__device__ __forceinline__ void wg_fence() { WG_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { WG_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-    WG_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// generic-proxy stores to shared memory, made visible to wgmma (the async proxy)
-__device__ __forceinline__ void wg_fence_proxy() { WG_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// shared-memory matrix descriptor, no swizzle: start, LBO (k direction), SBO (8-row groups)
-__device__ __forceinline__ uint64_t wg_desc(const void *p, int lbo, int sbo) {
-    const uint64_t a = (uint32_t)__cvta_generic_to_shared(p);
-    return ((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
-}
-// d [64] += A (64 × 16, descriptor da) · B (128 × 16, descriptor db)ᵀ, one warpgroup
-__device__ __forceinline__ void wg_mma_n128(float d[64], uint64_t da, uint64_t db, int accumulate) {
-    WG_ASM(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(accumulate));
-}
-
-// One CTA tile: Cout [M,N] (ldc) (= or +=) A·Bᵀ over k < K (operand conventions as tc_tile)
-template <int WN, bool A_KMAJ, bool B_KMAJ, bool ACC>
-__device__ __forceinline__ void wg_tile(uint8_t *smem, float *Cout, long ldc, const float *A, long lda, const float *B,
-                                        long ldb, int M, int N, int K) {
-    typedef WgCfg<WN> Cfg;
-    const int tid = threadIdx.x, wg = tid >> 7;
-    const int KT = (K + TC_K - 1) / TC_K;
-    float *ring = reinterpret_cast<float *>(smem);
-    uint8_t *bf = smem + Cfg::STAGES * Cfg::STAGE_F32 * 4;
-    float acc[WN / 128][64];
-#pragma unroll
-    for (int h = 0; h < WN / 128; h++)
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[h][i] = 0.0f;
-
-    auto stage = [&](int kt) {   // cp.async of slice kt into its ring slot
-        float *s = ring + (kt % Cfg::STAGES) * Cfg::STAGE_F32;
-        const int k0 = kt * TC_K;
-        if constexpr (A_KMAJ) wg_stage_kmaj<WG_M>(s, A + k0, lda, M, K - k0, tid);
-        else wg_stage_mn<WG_M>(s, A + (long)k0 * lda, lda, M, K - k0, tid);
-        if constexpr (B_KMAJ) wg_stage_kmaj<WN>(s + Cfg::A_F32, B + k0, ldb, N, K - k0, tid);
-        else wg_stage_mn<WN>(s + Cfg::A_F32, B + (long)k0 * ldb, ldb, N, K - k0, tid);
-    };
-    auto convert = [&](int kt) {   // slice kt: ring slot → bf16 buffer kt & 1
-        const float *s = ring + (kt % Cfg::STAGES) * Cfg::STAGE_F32;
-        uint8_t *d = bf + (kt & 1) * Cfg::BF_BYTES;
-        WgConv<WG_M, A_KMAJ> ca;
-        WgConv<WN, B_KMAJ> cb;
-        ca.load(s, tid);
-        cb.load(s + Cfg::A_F32, tid);
-        ca.store(d, tid);
-        cb.store(d + Cfg::A_BF, tid);
-        wg_fence_proxy();
-    };
-#pragma unroll
-    for (int st = 0; st < Cfg::STAGES - 1; st++) {
-        if (st < KT) stage(st);
-        tc_commit();
-    }
-    tc_wait<Cfg::STAGES - 2>();
-    __syncthreads();
-    if (KT > 0) convert(0);
-    __syncthreads();
-    for (int kt = 0; kt < KT; kt++) {
-        if (kt + Cfg::STAGES - 1 < KT) stage(kt + Cfg::STAGES - 1);
-        tc_commit();
-        const uint8_t *d = bf + (kt & 1) * Cfg::BF_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int s = 0; s < TC_K / 16; s++) {
-            const uint64_t da = wg_desc(d + wg * 64 * 16 + s * 2 * WG_M * 16, WG_M * 16, 128);
-#pragma unroll
-            for (int h = 0; h < WN / 128; h++)
-                wg_mma_n128(acc[h], da, wg_desc(d + Cfg::A_BF + h * 128 * 16 + s * 2 * WN * 16, WN * 16, 128), 1);
-        }
-        wg_commit();
-        if (kt + 1 < KT) {
-            tc_wait<Cfg::STAGES - 2>();   // slice kt+1 landed (this thread's copies)
-            wg_wait<1>();                 // this warpgroup's multiply of slice kt-1 is done ...
-            __syncthreads();              // ... and the other's; slice kt+1 visible to all
-            convert(kt + 1);
-            __syncthreads();
-        }
-    }
-    wg_wait<0>();
-    tc_wait<0>();
-    __syncthreads();   // the next tile of a persistent CTA restages
-    // accumulator layout (per warpgroup, m64 × n128 per h): register 4i+q of warp w, lane l
-    // is row 16w + l/4 + 8·(q/2), column 8i + 2·(l%4) + q%2
-    const int w = (tid & 127) >> 5, l = tid & 31;
-#pragma unroll
-    for (int h = 0; h < WN / 128; h++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int m = wg * 64 + w * 16 + (l >> 2) + 8 * hf;
-            if (m >= M) continue;
-            float *crow = Cout + (long)m * ldc;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int n = h * 128 + 8 * i + 2 * (l & 3);
-                if (n >= N) continue;
-                float2 *p = reinterpret_cast<float2 *>(crow + n);
-                float2 v = make_float2(acc[h][4 * i + 2 * hf], acc[h][4 * i + 2 * hf + 1]);
-                if (ACC) { float2 o = *p; v.x += o.x; v.y += o.y; }
-                *p = v;
-            }
-        }
-}
-
-// the wgmma counterparts of tc_rows_k and tc_dw_k
-template <int WN, bool B_KMAJ, bool ACC>
-__global__ static void __launch_bounds__(WG_THREADS, 1)
-    wg_rows_k(float *Out, const float *A, const float *B, const int *offsets, const int *tile_start, int E, int N,
-              int K, long ldb, long w_stride) {
-    extern __shared__ __align__(1024) uint8_t wg_smem[];
-    const int total = tile_start[E];
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        int lo = 0, hi = E;
-        while (hi - lo > 1) {
-            int mid = (lo + hi) >> 1;
-            if (tile_start[mid] <= tile) lo = mid; else hi = mid;
-        }
-        const int e = lo, local = tile - tile_start[e];
-        const int o0 = offsets[e], rows = offsets[e + 1] - o0;
-        const int mtn = (rows + WG_M - 1) / WG_M;
-        const int m0 = (local % mtn) * WG_M, n0 = (local / mtn) * WN;
-        const float *Be = B + (long)e * w_stride + (B_KMAJ ? (long)n0 * ldb : n0);
-        wg_tile<WN, true, B_KMAJ, ACC>(wg_smem, Out + (long)(o0 + m0) * N + n0, N, A + (long)(o0 + m0) * K, K, Be,
-                                       ldb, rows - m0, N - n0, K);
-    }
-}
-template <int WN>
-__global__ static void __launch_bounds__(WG_THREADS, 1)
-    wg_dw_k(float *dW, const float *A, const float *B, const int *offsets, int M, int N) {
-    extern __shared__ __align__(1024) uint8_t wg_smem[];
-    const int e = blockIdx.y, o0 = offsets[e], rows = offsets[e + 1] - o0;
-    if (rows <= 0) return;
-    const int ntm = (M + WG_M - 1) / WG_M;
-    const int m0 = (blockIdx.x % ntm) * WG_M, n0 = (blockIdx.x / ntm) * WN;
-    wg_tile<WN, false, false, true>(wg_smem, dW + (long)e * M * N + (long)m0 * N + n0, N, A + (long)o0 * M + m0, M,
-                                    B + (long)o0 * N + n0, N, M - m0, N - n0, rows);
-}
-
 static int tc_num_sms(void) {
     static int n = 0;
     if (!n) {
@@ -622,16 +368,16 @@ static int tc_num_sms(void) {
     }
     return n;
 }
-// a kernel's dynamic shared memory opt-in, once; returns its resident CTAs per SM
-template <typename K> static int tc_prepare(K kernel, int threads, int smem) {
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int nb = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, threads, smem));
-    LM_CHECK(nb > 0, "grouped GEMM kernel does not fit on an SM (%d threads, %d B shared)", threads, smem);
-    return nb;
+static void tc_setup(void) {
+    static int done = 0;
+    if (done) return;
+    cudaCheck(cudaFuncSetAttribute(tc_rows_k<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    cudaCheck(cudaFuncSetAttribute(tc_rows_k<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    cudaCheck(cudaFuncSetAttribute(tc_dw_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
+    done = 1;
 }
-// the tensor-core kernels take C, OC multiples of 4 (16-byte rows) and 16-byte aligned
-// tensors; anything else runs the fp32 kernel
+// the tensor-core kernel takes C, OC multiples of 4 (16-byte rows for cp.async) and
+// 16-byte aligned tensors; anything else runs the fp32 kernel
 static int tc_ok(int C, int OC, const void *p0, const void *p1, const void *p2, const void *p3) {
     if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4) return 0;
     const void *ps[4] = {p0, p1, p2, p3};
@@ -639,98 +385,27 @@ static int tc_ok(int C, int OC, const void *p0, const void *p1, const void *p2, 
         if (ps[i] && (uintptr_t)ps[i] % 16) return 0;
     return 1;
 }
-// tile_start of the rows-as-m kernels (tiles of tm rows × tn columns), in the workspace
-static int *tc_schedule(const int *offsets, int E, int N, int tm, int tn) {
+// tile_start of the rows-as-m kernels for N output columns, in the workspace
+static int *tc_schedule(const int *offsets, int E, int N) {
     int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + tn - 1) / tn, tm);
+    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + TC_N - 1) / TC_N);
     cudaLaunchCheck();
     return ts;
-}
-
-// Out [R, N] (= or +=) per expert A_e · B_eᵀ, persistent over the device-built tile list
-template <bool B_KMAJ, bool ACC>
-static void mma_rows(float *Out, const float *A, const float *B, const int *offsets, int E, int N, int K, long ldb,
-                     long w_stride) {
-    static int grid = 0;
-    if (!grid) grid = tc_prepare(tc_rows_k<B_KMAJ, ACC>, TC_THREADS, TC_SMEM) * tc_num_sms();
-    int *ts = tc_schedule(offsets, E, N, TC_M, TC_N);
-    tc_rows_k<B_KMAJ, ACC><<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(Out, A, B, offsets, ts, E, N, K, ldb,
-                                                                            w_stride);
-    cudaLaunchCheck();
-}
-template <int WN, bool B_KMAJ, bool ACC>
-static void wg_rows(float *Out, const float *A, const float *B, const int *offsets, int E, int N, int K, long ldb,
-                    long w_stride) {
-    static int grid = 0;
-    if (!grid) grid = tc_prepare(wg_rows_k<WN, B_KMAJ, ACC>, WG_THREADS, WgCfg<WN>::SMEM) * tc_num_sms();
-    int *ts = tc_schedule(offsets, E, N, WG_M, WN);
-    wg_rows_k<WN, B_KMAJ, ACC><<<grid, WG_THREADS, WgCfg<WN>::SMEM, lm_cuda_stream()>>>(Out, A, B, offsets, ts, E, N,
-                                                                                        K, ldb, w_stride);
-    cudaLaunchCheck();
-}
-// dW [E, OC, C] += per expert doutᵀ · inp
-static void mma_dw(float *dW, const float *dout, const float *inp, const int *offsets, int E, int OC, int C) {
-    static int ready = 0;
-    if (!ready) ready = tc_prepare(tc_dw_k, TC_THREADS, TC_SMEM);
-    dim3 grid(((OC + TC_M - 1) / TC_M) * ((C + TC_N - 1) / TC_N), E);
-    tc_dw_k<<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C);
-    cudaLaunchCheck();
-}
-template <int WN> static void wg_dw(float *dW, const float *dout, const float *inp, const int *offsets, int E, int OC,
-                                    int C) {
-    static int ready = 0;
-    if (!ready) ready = tc_prepare(wg_dw_k<WN>, WG_THREADS, WgCfg<WN>::SMEM);
-    dim3 grid(((OC + WG_M - 1) / WG_M) * ((C + WN - 1) / WN), E);
-    wg_dw_k<WN><<<grid, WG_THREADS, WgCfg<WN>::SMEM, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C);
-    cudaLaunchCheck();
-}
-
-// Kernel choice: LM_MOE_GEMM=auto|wg256|wg128|mma (benchmarks and tests compare them);
-// auto takes wgmma with 128-column tiles when experts average fewer than WG_SMALL_ROWS rows
-// (R / E), else 256-column tiles
-#define WG_SMALL_ROWS 384
-enum { MOE_AUTO, MOE_WG256, MOE_WG128, MOE_MMA, MOE_NKERNELS };
-static int g_moe_gemm = -1;
-static const char *const MOE_GEMM_NAMES[] = {"auto", "wg256", "wg128", "mma"};
-int lm_cuda_moe_gemm(void) {
-    if (g_moe_gemm < 0) {
-        const char *s = getenv("LM_MOE_GEMM");
-        g_moe_gemm = MOE_AUTO;
-        if (s && *s) {
-            g_moe_gemm = -1;
-            for (int m = 0; m < MOE_NKERNELS; m++)
-                if (strcmp(s, MOE_GEMM_NAMES[m]) == 0) g_moe_gemm = m;
-            if (g_moe_gemm < 0) lm_die("LM_MOE_GEMM='%s' is not one of auto, wg256, wg128, mma", s);
-        }
-    }
-    return g_moe_gemm;
-}
-void lm_cuda_set_moe_gemm(int mode) {
-    LM_CHECK(mode >= 0 && mode < MOE_NKERNELS, "bad MoE GEMM kernel %d", mode);
-    g_moe_gemm = mode;
-}
-const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKERNELS ? MOE_GEMM_NAMES[mode] : "?"; }
-static int moe_kernel(int R, int E) {
-    const int m = lm_cuda_moe_gemm();
-    if (m != MOE_AUTO) return m;
-    return (long)R < (long)WG_SMALL_ROWS * E ? MOE_WG128 : MOE_WG256;
 }
 
 // ---------------------------------------------------------------------------
 // the ops
 
 // out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
-                             int R) {
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
     if (E <= 0 || OC <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
     if (C > 0 && tc_ok(C, OC, out, inp, W, NULL)) {
-        // A = inp (K-major), B_e = W[e] with (n=oc, k=c) at oc·C + c (K-major)
-        switch (moe_kernel(R, E)) {
-        case MOE_WG256: wg_rows<256, true, false>(out, inp, W, offsets, E, OC, C, C, (long)OC * C); break;
-        case MOE_WG128: wg_rows<128, true, false>(out, inp, W, offsets, E, OC, C, C, (long)OC * C); break;
-        default: mma_rows<true, false>(out, inp, W, offsets, E, OC, C, C, (long)OC * C); break;
-        }
+        tc_setup();
+        int *ts = tc_schedule(offsets, E, OC);
+        tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(out, inp, W, offsets, ts, E,
+                                                                                        OC, C, C, (long)OC * C);
+        cudaLaunchCheck();
         return;
     }
     dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
@@ -741,23 +416,22 @@ void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const in
 
 // dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
 void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                             const int *offsets, int E, int C, int OC, int R) {
+                             const int *offsets, int E, int C, int OC) {
     if (E <= 0 || OC <= 0 || C <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
     if (tc_ok(C, OC, dinp, dW, dout, inp) && (uintptr_t)W % 16 == 0) {
-        const int kern = moe_kernel(R, E);
-        // dinp: rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
-        if (dinp) switch (kern) {
-            case MOE_WG256: wg_rows<256, false, true>(dinp, dout, W, offsets, E, C, OC, C, (long)OC * C); break;
-            case MOE_WG128: wg_rows<128, false, true>(dinp, dout, W, offsets, E, C, OC, C, (long)OC * C); break;
-            default: mma_rows<false, true>(dinp, dout, W, offsets, E, C, OC, C, (long)OC * C); break;
-            }
-        // dW: OC × C, k = the expert's rows: A = dout (oc contiguous), B = inp (c contiguous)
-        if (dW) switch (kern) {
-            case MOE_WG256: wg_dw<256>(dW, dout, inp, offsets, E, OC, C); break;
-            case MOE_WG128: wg_dw<128>(dW, dout, inp, offsets, E, OC, C); break;
-            default: mma_dw(dW, dout, inp, offsets, E, OC, C); break;
-            }
+        tc_setup();
+        if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
+            int *ts = tc_schedule(offsets, E, C);
+            tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+                dinp, dout, W, offsets, ts, E, C, OC, C, (long)OC * C);
+            cudaLaunchCheck();
+        }
+        if (dW) {     // OC × C, k = the expert's rows: A = dout (oc contiguous), B = inp (c contiguous)
+            dim3 grid(((OC + TC_M - 1) / TC_M) * ((C + TC_N - 1) / TC_N), E);
+            tc_dw_k<<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C);
+            cudaLaunchCheck();
+        }
         return;
     }
     if (dinp) {

@@ -35,10 +35,6 @@ static int harness_gemm_mode = LM_GEMM_BF16;
 #define lm_cuda_gemm_mode() (harness_gemm_mode)
 #define lm_cuda_set_gemm_mode(m) ((void)(harness_gemm_mode = (m)))
 #define lm_cuda_gemm_name(m) ((m) == LM_GEMM_FP32 ? "fp32" : (m) == LM_GEMM_TF32 ? "tf32" : "bf16")
-static int harness_moe_gemm;
-#define lm_cuda_moe_gemm() (harness_moe_gemm)
-#define lm_cuda_set_moe_gemm(m) ((void)(harness_moe_gemm = (m)))
-#define lm_cuda_moe_gemm_name(m) ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : "mma")
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -577,11 +573,11 @@ static void t_moe_experts(void) {
     float *dinp = hrandn(NK * C, 1), *dW = hrandn((size_t)E * F * C, 1);
     float *gW = dfl(W, (size_t)E * F * C), *gout = dfl(out, NK * F), *gdout = dfl(dout, NK * F);
     float *gdinp = dfl(dinp, NK * C), *gdW = dfl(dW, (size_t)E * F * C);
-    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, F, (int)NK);
-    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, F, (int)NK);
+    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, F);
+    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, F);
     cmp("grouped_matmul", "fwd out", gout, out, NK * F, TOL);
-    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, F, (int)NK);
-    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, F, (int)NK);
+    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, F);
+    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, F);
     cmp("grouped_matmul", "bwd dinp", gdinp, dinp, NK * C, TOL);
     cmp("grouped_matmul", "bwd dW", gdW, dW, (size_t)E * F * C, TOL);
     // combine (yp = the grouped output)
@@ -611,8 +607,7 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     const size_t NK = (size_t)N * k;
     plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);   // skewed: the high experts are empty
     char op[48];
-    snprintf(op, sizeof op, "grouped_mm %dx%d E%d %s %s", C, OC, E, lm_cuda_gemm_name(mode),
-             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()));
+    snprintf(op, sizeof op, "grouped_mm %dx%d E%d %s", C, OC, E, lm_cuda_gemm_name(mode));
     printf("    (%s: %d rows, experts:", op, p.offsets[E]);
     for (int e = 0; e < E; e++) printf(" %d", p.offsets[e + 1] - p.offsets[e]);
     printf(")\n");
@@ -620,11 +615,11 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     float *dout = hrandn(NK * OC, 1), *dinp = hrandn(NK * C, 1), *dW = hrandn((size_t)E * OC * C, 1);
     float *gxp = dfl(xp, NK * C), *gW = dfl(W, (size_t)E * OC * C), *gout = dfl(out, NK * OC);
     float *gdout = dfl(dout, NK * OC), *gdinp = dfl(dinp, NK * C), *gdW = dfl(dW, (size_t)E * OC * C);
-    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC, (int)NK);
-    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC);
+    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC);
     cmp(op, "fwd out (rows used)", gout, out, (size_t)p.offsets[E] * OC, tol);
-    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, OC, (int)NK);
-    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, OC);
+    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC);
     cmp(op, "bwd dinp (rows used)", gdinp, dinp, (size_t)p.offsets[E] * C, tol);
     cmp(op, "bwd dW", gdW, dW, (size_t)E * OC * C, tol);
     DFREE(gxp, gW, gout, gdout, gdinp, gdW);
@@ -1134,8 +1129,8 @@ static void t_bench(void) {
     BENCH("moe_plan N=16384 k=4 E=80 (dropless)", 0, GPU->moe_plan(gc, go, grt, gsr, gidx, gs, N, E, k, -1), gs);
     float *xp = drand_big(NK * d, 1), *We = drand_big((size_t)E * F * d, 0.05), *h = drand_big(NK * F, 1);
     float *dWe = drand_big((size_t)E * F * d, 1);
-    BENCH("grouped_matmul_fwd R=65536 C=1024 OC=256", 2.0 * NK * d * F, GPU->grouped_matmul_fwd(h, xp, We, go, E, d, F, (int)NK), h);
-    BENCH("grouped_matmul_bwd dinp+dW", 4.0 * NK * d * F, GPU->grouped_matmul_bwd(xp, dWe, h, xp, We, go, E, d, F, (int)NK), h);
+    BENCH("grouped_matmul_fwd R=65536 C=1024 OC=256", 2.0 * NK * d * F, GPU->grouped_matmul_fwd(h, xp, We, go, E, d, F), h);
+    BENCH("grouped_matmul_bwd dinp+dW", 4.0 * NK * d * F, GPU->grouped_matmul_bwd(xp, dWe, h, xp, We, go, E, d, F), h);
     BENCH("moe_gather_fwd R=65536 C=1024", 0, GPU->moe_gather_fwd(xp, x, grt, go, E, d), xp);
     BENCH("moe_gather_bwd R=65536 C=1024", 0, GPU->moe_gather_bwd(x, xp, grt, go, E, d, (int)NK), x);
     DFREE(gidx, gc, go, grt, gsr, gs, xp, We, h, dWe);
@@ -1228,18 +1223,12 @@ int main(int argc, char **argv) {
         t_moe_route(50, 4, 4, 1);
         t_moe_plan();
         t_moe_experts();
-        // bf16 tensor-core grouped GEMMs, every kernel (wgmma 256/128-column tiles, mma.sync):
-        // partial row tiles, empty experts, C/OC not multiples of the column tile or the
-        // 32-deep k slice, expert row counts not multiples of 4 (the dW k loop); then sizes
-        // that fall back
+        // bf16 tensor-core grouped GEMMs: partial 128-row tiles, empty experts, C/OC not
+        // multiples of the 256-column tile or the 32-deep k slice; then sizes that fall back
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-        for (int kernel = 1; kernel <= 3; kernel++) {
-            lm_cuda_set_moe_gemm(kernel);
-            t_grouped_matmul(300, 12, 3, 40, 76, 44);
-            t_grouped_matmul(700, 8, 2, -1, 300, 260);
-            t_grouped_matmul(2000, 6, 2, -1, 132, 516);
-        }
-        lm_cuda_set_moe_gemm(0);
+        t_grouped_matmul(300, 12, 3, 40, 76, 44);
+        t_grouped_matmul(700, 8, 2, -1, 300, 260);
+        t_grouped_matmul(2000, 6, 2, -1, 132, 516);
         t_grouped_matmul(300, 12, 3, 40, 70, 45);   // fp32 fallback (C, OC not multiples of 4)
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_balance();
