@@ -56,6 +56,10 @@ typedef struct {
     // pool entry of sequence b (NULL = b)
     real *state;
     const int *slots;
+    // training: backend memory of kda_saved_bytes that carries the forward's intermediates
+    // to the backward of the same inputs (the forward fills it, the backward reads it
+    // instead of recomputing); NULL = the backward recomputes them
+    void *saved;
 } lm_kda_args;
 
 // A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a
@@ -124,8 +128,10 @@ typedef struct lm_ops {
 
     // ---- KDA (see lm_kda_args) ----
     void (*kda_fwd)(const lm_kda_args *a);
-    void (*kda_bwd)(const lm_kda_args *a);       // recomputes what it needs from the inputs
+    void (*kda_bwd)(const lm_kda_args *a);       // recomputes what it needs, unless a->saved
     void (*kda_decode)(const lm_kda_args *a);    // T = 1 step on a->state[a->slots[b]]
+    // bytes of lm_kda_args.saved for a B × T batch (0: the backend always recomputes)
+    size_t (*kda_saved_bytes)(int B, int T, int H, int K, int V);
 
     // ---- MLA ----
     // per-head keys and values from the up-projected latent and the shared extra dims:

@@ -34,6 +34,7 @@ void cpu_conv_cache_update(real *cache, const real *inp, int B, int T, int C, in
 void cpu_kda_fwd(const lm_kda_args *a);
 void cpu_kda_bwd(const lm_kda_args *a);
 void cpu_kda_decode(const lm_kda_args *a);
+size_t cpu_kda_saved_bytes(int B, int T, int H, int K, int V);
 void cpu_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
 void cpu_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
 void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);

@@ -33,6 +33,7 @@ const lm_ops lm_cpu_ops = {
     .kda_fwd = cpu_kda_fwd,
     .kda_bwd = cpu_kda_bwd,
     .kda_decode = cpu_kda_decode,
+    .kda_saved_bytes = cpu_kda_saved_bytes,
     .mla_split_fwd = cpu_mla_split_fwd,
     .mla_split_bwd = cpu_mla_split_bwd,
     .attn_fwd = cpu_attn_fwd,

@@ -91,6 +91,12 @@ void cpu_kda_fwd(const lm_kda_args *a) {
     }
 }
 
+// The CPU backward always recomputes the forward's intermediates (lm_kda_args.saved unused).
+size_t cpu_kda_saved_bytes(int B, int T, int H, int K, int V) {
+    (void)B; (void)T; (void)H; (void)K; (void)V;
+    return 0;
+}
+
 // One token for each of B sequences, on a->state [n_slots,H,K,V] in place: sequence b
 // uses slot a->slots[b] (b when slots is NULL); slots must be distinct. Inputs are the
 // [B,1,H,·] tensors of the forward; o [B,1,H,V]. The same step as the naive forward,

@@ -145,10 +145,22 @@ static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a) {
     p->q = c->q; p->k = c->k; p->v = c->v; p->f = c->f; p->beta = c->beta;
 }
 
+// bytes of lm_kda_args.saved: the forward's chunk intermediates and state checkpoints
+static size_t cu_kda_saved_bytes(int B, int T, int H, int K, int V) {
+    kda_params p;
+    memset(&p, 0, sizeof p);
+    p.N = B; p.T = T; p.H = H; p.K = K; p.V = V;
+    return kda_saved_size(&p);
+}
+
 static void cu_kda_fwd(const lm_kda_args *a) {
     kda_call c;
     kda_call_init(&c, a);
     c.p.S_out = a->S_out;
+    if (a->saved) {   // keep the intermediates for the backward in the caller's buffer
+        c.p.save = 1;
+        c.p.ws_fwd = a->saved;
+    }
     size_t wsb = kda_workspace_size(&c.p, 0);
     carver cv = {NULL, 0};
     for (int pass = 0; pass < 2; pass++) {   // pass 0 counts, pass 1 carves
@@ -168,6 +180,10 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     int K = a->K, H = a->H;
     size_t ns = (size_t)a->B * H * K * a->V;
     p->dS_out = a->dS_out;
+    if (a->saved) {   // the forward of the same inputs left its intermediates there
+        p->saved = 1;
+        p->ws_fwd = a->saved;
+    }
     size_t wsb = kda_workspace_size(p, 1);
     carver cv = {NULL, 0};
     __nv_bfloat16 *d_o = NULL, *g = NULL;
@@ -245,6 +261,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .kda_fwd = cu_kda_fwd,
     .kda_bwd = cu_kda_bwd,
     .kda_decode = cu_kda_decode,
+    .kda_saved_bytes = cu_kda_saved_bytes,
     .mla_split_fwd = cuda_mla_split_fwd,
     .mla_split_bwd = cuda_mla_split_bwd,
     .attn_fwd = cuda_attn_fwd,

@@ -48,11 +48,17 @@ typedef struct {
     void *ws;
     int save;                       // forward: also keep state checkpoints for the backward
     int saved;                      // backward: ws holds a save = 1 forward of the same inputs
+    // optional separate home (kda_saved_size bytes) of what a save = 1 forward keeps for
+    // the backward: the forward writes it there, a saved = 1 backward reads it from there,
+    // and ws holds only the rest (kda_workspace_size then counts only the rest). Lets a
+    // caller keep the forward's intermediates per layer while ws stays shared scratch.
+    void *ws_fwd;
     int scan_warps;                 // warps per scan block (0 = automatic)
     cudaStream_t stream;
 } kda_params;
 
 size_t kda_workspace_size(const kda_params *p, int backward);
+size_t kda_saved_size(const kda_params *p);   // bytes a save = 1 forward keeps (ws_fwd)
 // all return cudaSuccess or the first error (launch or argument: cudaErrorInvalidValue)
 cudaError_t kda_fwd(const kda_params *p);
 cudaError_t kda_bwd(const kda_params *p);

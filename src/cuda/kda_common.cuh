@@ -221,9 +221,11 @@ struct KWs {
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
     bf16 *dU;
-    size_t bytes;
+    size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
+    size_t fwd_bytes;   // of the forward's part (coff … ckpt)
 };
-// base = NULL: only sizes (bytes); backward adds the backward arrays
+// base = NULL: only sizes (bytes); backward adds the backward arrays; the forward's part
+// is carved from p->ws_fwd when set
 KWs kda_ws_layout(const kda_params *p, void *base, int backward);
 KSeq kda_seq(const kda_params *p, const KWs &w);
 cudaError_t kda_offsets(const kda_params *p, const KWs &w);

@@ -40,7 +40,8 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
         w.NS = p->N * ((p->T + KDA_C * KDA_SEG - 1) / (KDA_C * KDA_SEG));
     }
     size_t H = p->H, K = p->K, V = p->V, NC = w.NC, NS = w.NS, off = 0;
-    char *b = (char *)base;
+    // the forward's part (through ckpt) lives in ws_fwd when the caller gave one
+    char *b = (char *)(p->ws_fwd ? p->ws_fwd : base);
 #define TAKE(ptr, type, n)                                  \
     do {                                                    \
         w.ptr = b ? (type *)(b + off) : NULL;               \
@@ -55,6 +56,11 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     TAKE(M, bf16, H * NC * 2 * 16 * 16);   // hi then lo
     TAKE(gl, float, H * NC * K);
     if (p->save || backward) TAKE(ckpt, float, H * NS * V * K);
+    w.fwd_bytes = off;
+    if (p->ws_fwd) {
+        b = (char *)base;
+        off = 0;
+    }
     if (backward) {
         TAKE(dckpt, float, H * NS * V * K);
         TAKE(dQg, float, H * NC * 16 * K);
@@ -72,6 +78,12 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
 }
 
 size_t kda_workspace_size(const kda_params *p, int backward) { return kda_ws_layout(p, NULL, backward).bytes; }
+size_t kda_saved_size(const kda_params *p) {
+    kda_params q = *p;
+    q.save = 1;
+    q.ws_fwd = NULL;
+    return kda_ws_layout(&q, NULL, 0).fwd_bytes;
+}
 
 KSeq kda_seq(const kda_params *p, const KWs &w) {
     KSeq s;
@@ -495,7 +507,7 @@ static cudaError_t check_params(const kda_params *p) {
     if (!((p->K == 64 || p->K == 128) && (p->V == 64 || p->V == 128))) return cudaErrorInvalidValue;
     if (p->gate_mode != 0 && p->gate_mode != 1) return cudaErrorInvalidValue;
     if (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) return cudaErrorInvalidValue;
-    if (!p->ws) return cudaErrorInvalidValue;
+    if (!p->ws && !p->ws_fwd) return cudaErrorInvalidValue;
     return cudaSuccess;
 }
 

@@ -10,6 +10,7 @@ static lm_kda_args kda_args(const lm_step_ctx *s, const lm_layer_params *p, cons
     k.B = s->B; k.T = s->T; k.H = c->kda_heads; k.K = c->kda_head_dim; k.V = c->kda_head_dim;
     k.gate_mode = c->gate_mode; k.lb = c->gate_lb; k.form = c->kda_form; k.chunk = c->kda_chunk;
     k.scale = 1 / sqrt((real)c->kda_head_dim);
+    k.saved = s->kda_saved ? s->kda_saved[s->layer] : NULL;
     k.q = a->q; k.k = a->k; k.v = a->v; k.f = a->f; k.beta_logit = a->bl;
     k.A_log = p->A_log; k.dt_bias = p->dt_bias;
     return k;

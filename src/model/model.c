@@ -127,6 +127,7 @@ void lm_model_free(lm_model *m) {
     o->free(m->grads_mem);
     if (m->acts_mem) o->free(m->acts_mem);
     if (m->dacts_mem) o->free(m->dacts_mem);
+    if (m->kda_saved_mem) o->free(m->kda_saved_mem);
     lm_layout_free(&m->playout);
     lm_layout_free(&m->alayout);
     free(m);
@@ -141,12 +142,40 @@ void lm_model_reserve(lm_model *m, int B, int T) {
     const lm_ops *o = m->ops;
     if (m->acts_mem) { o->free(m->acts_mem); lm_layout_free(&m->alayout); }
     if (m->dacts_mem) { o->free(m->dacts_mem); m->dacts_mem = NULL; }
+    if (m->kda_saved_mem) { o->free(m->kda_saved_mem); m->kda_saved_mem = NULL; }
     lm_layout *L = &m->alayout;
     acts_layout(m, B, T, &m->acts, L);
     m->acts_mem = o->alloc(L->numel * sizeof(real));
     lm_layout_bind(L, &m->acts, m->acts_mem);
     m->B = B;
     m->T = T;
+}
+
+// bytes of one KDA layer's saved forward intermediates at B × T (0 if the backend recomputes)
+static size_t kda_saved_each(const lm_model *m, int B, int T) {
+    const lm_config *c = &m->cfg;
+    if (!m->ops || !m->ops->kda_saved_bytes) return 0;   // lm_config_acts_bytes: no backend
+    size_t b = m->ops->kda_saved_bytes(B, T, c->kda_heads, c->kda_head_dim, c->kda_head_dim);
+    return (b + 255) & ~(size_t)255;   // each layer's home 256-byte aligned
+}
+static int n_kda_layers(const lm_config *c) {
+    int n = 0;
+    for (int i = 0; i < c->n_layers; i++) n += !lm_layer_is_mla(c, i);
+    return n;
+}
+// per-layer homes of the KDA forward's intermediates for a training forward (freed with
+// the activations when the shape changes); NULL when the backend recomputes them
+static void *const *reserve_kda_saved(lm_model *m) {
+    const size_t each = kda_saved_each(m, m->B, m->T);
+    if (!each || !n_kda_layers(&m->cfg)) return NULL;
+    if (!m->kda_saved_mem) {
+        const lm_config *c = &m->cfg;
+        char *base = m->ops->alloc(each * n_kda_layers(c));
+        m->kda_saved_mem = base;
+        for (int i = 0, j = 0; i < c->n_layers; i++)
+            m->kda_saved[i] = lm_layer_is_mla(c, i) ? NULL : base + each * j++;
+    }
+    return m->kda_saved;
 }
 
 static void reserve_grads(lm_model *m) {
@@ -160,6 +189,7 @@ size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
     lm_layout L;
     acts_layout(m, B, T, a, &L);
     size_t bytes = (with_grads ? 2 : 1) * L.numel * sizeof(real);
+    if (with_grads) bytes += kda_saved_each(m, B, T) * n_kda_layers(&m->cfg);
     lm_layout_free(&L);
     free(a);
     return bytes;
@@ -226,7 +256,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     const int N = B * T, d = c->d_model;
     lm_acts *a = &m->acts;
     m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
-                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache};
+                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache,
+                           .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL};
     LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
     o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
     o->embed_fwd(a->stream[m->stream_embed], a->tokens, m->params.embed, N, d);

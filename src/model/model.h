@@ -49,6 +49,10 @@ typedef struct lm_model {
     lm_layout alayout;
     lm_acts acts, dacts;            // activations and their gradients (same layout)
     real *acts_mem, *dacts_mem;
+    // what the backend's KDA forward keeps for its backward (training only; ops->kda_saved_bytes
+    // per KDA layer, none when 0): one allocation, a pointer per layer (NULL for MLA layers)
+    void *kda_saved_mem;
+    void *kda_saved[LM_MAX_LAYERS];
     // residual plan
     int n_stream, n_tape, n_mix;
     int stream_embed, stream_final;

@@ -264,6 +264,7 @@ static void test_saved_and_determinism(const Prob &P) {
     Dev D;
     dev_setup(D, P, 1, 1);
     CU(kda_fwd(&D.p));
+    std::vector<float> o1 = down_bf16(D.o);
     D.p.saved = 1;
     CU(kda_bwd(&D.p));
     CU(cudaDeviceSynchronize());
@@ -278,6 +279,33 @@ static void test_saved_and_determinism(const Prob &P) {
     double m = fmax(fmax(max_abs(a1.data(), a2.data(), a1.size()), max_abs(b1.data(), b2.data(), b1.size())),
                     fmax(max_abs(c1.data(), c2.data(), c1.size()), max_abs(d1.data(), d2.data(), d1.size())));
     snprintf(w, sizeof w, "%s: saved fwd == recompute, two runs (max abs)", s);
+    check(w, m, 0);
+    // the forward's part in a separate home (ws_fwd, kda_saved_size bytes), ws only the rest:
+    // same outputs as the shared workspace; both buffers poisoned first
+    dbuf<unsigned char> home, rest;
+    D.p.ws_fwd = nullptr;
+    D.p.save = 1;
+    const size_t hb = kda_saved_size(&D.p);
+    home.alloc(hb);
+    D.p.ws_fwd = home.p;
+    const size_t rb = kda_workspace_size(&D.p, 1);
+    rest.alloc(rb);
+    CU(cudaMemset(home.p, 0xFF, hb));
+    CU(cudaMemset(rest.p, 0xFF, rb));
+    D.p.ws = nullptr;   // the forward needs nothing but its home
+    D.o.poison();
+    CU(kda_fwd(&D.p));
+    D.p.ws = rest.p;
+    D.p.saved = 1;
+    D.dk.poison(); D.ddb.poison(); D.dS0.poison(); D.df.poison();
+    CU(kda_bwd(&D.p));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> a3 = down_bf16(D.dk), b3 = down_f32(D.ddb), c3 = down_f32(D.dS0), d3 = down_bf16(D.df);
+    std::vector<float> o3 = down_bf16(D.o);
+    m = fmax(fmax(max_abs(a1.data(), a3.data(), a1.size()), max_abs(b1.data(), b3.data(), b1.size())),
+             fmax(max_abs(c1.data(), c3.data(), c1.size()), max_abs(d1.data(), d3.data(), d1.size())));
+    m = fmax(m, max_abs(o1.data(), o3.data(), o1.size()));
+    snprintf(w, sizeof w, "%s: separate saved home == shared workspace (max abs)", s);
     check(w, m, 0);
 }
 
@@ -420,6 +448,41 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     a.dA_log = dA; a.ddt_bias = ddb; a.dS0 = dS0;
     g->kda_fwd(&a);
     g->kda_bwd(&a);
+    // the same through the training path: the forward keeps its intermediates in a->saved
+    // and the backward reads them instead of recomputing — bit-identical gradients
+    {
+        const size_t sb = g->kda_saved_bytes(B, T, H, K, K);
+        lm_kda_args s = a;
+        s.saved = g->alloc(sb);
+        std::vector<float> zq(nqk, 0.25f);
+        s.dq = up(zq);
+        s.dk = (float *)g->alloc(nqk * 4); s.dv = (float *)g->alloc(nv * 4); s.df = (float *)g->alloc(nqk * 4);
+        s.dbeta_logit = (float *)g->alloc(nb * 4); s.dA_log = (float *)g->alloc(H * 4);
+        s.ddt_bias = (float *)g->alloc((size_t)H * K * 4); s.dS0 = (float *)g->alloc(ns * 4);
+        s.o = (float *)g->alloc(nv * 4);
+        g->kda_fwd(&s);
+        g->kda_bwd(&s);
+        std::vector<float> x1(nqk), x2(nqk), y1(nv), y2(nv), z1((size_t)H * K), z2((size_t)H * K);
+        double m = 0;
+        const float *pairs[][2] = {{a.dq, s.dq}, {a.dk, s.dk}, {a.df, s.df}};
+        for (auto &pr : pairs) {
+            g->to_host(x1.data(), pr[0], nqk * 4); g->to_host(x2.data(), pr[1], nqk * 4);
+            m = fmax(m, max_abs(x1.data(), x2.data(), nqk));
+        }
+        g->to_host(y1.data(), a.dv, nv * 4); g->to_host(y2.data(), s.dv, nv * 4);
+        m = fmax(m, max_abs(y1.data(), y2.data(), nv));
+        g->to_host(y1.data(), a.o, nv * 4); g->to_host(y2.data(), s.o, nv * 4);
+        m = fmax(m, max_abs(y1.data(), y2.data(), nv));
+        g->to_host(z1.data(), a.ddt_bias, (size_t)H * K * 4); g->to_host(z2.data(), s.ddt_bias, (size_t)H * K * 4);
+        m = fmax(m, max_abs(z1.data(), z2.data(), (size_t)H * K));
+        char w[200];
+        snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: saved == recompute (%zu B)", B, T, H, K,
+                 gate ? "unbounded" : "bounded", sb);
+        check(w, sb > 0 ? m : 1, 0);   // the CUDA backend must offer the saved path
+        float *sb_bufs[] = {s.dq, s.dk, s.dv, s.df, s.dbeta_logit, s.dA_log, s.ddt_bias, s.dS0, s.o};
+        for (float *b : sb_bufs) g->free(b);
+        g->free(s.saved);
+    }
     std::vector<float> ho(nv), hS(ns), hdq(nqk), hdv(nv), hdA(H);
     g->to_host(ho.data(), o, nv * 4); g->to_host(hS.data(), S, ns * 4); g->to_host(hdq.data(), dq, nqk * 4);
     g->to_host(hdv.data(), dv, nv * 4); g->to_host(hdA.data(), dA, H * 4);
