@@ -1080,6 +1080,11 @@ static void t_model(void) {
     // (at these sizes every product has < 64 rows, which the bf16 mode runs on TF32 SGEMM:
     // this checks that path; the bf16 GEMMs themselves are in the training check above)
     model_incremental("tiny, bf16 mode (TF32 < 64 rows), 9 + 12", tiny, pd, 13);
+    // mixed: a prefill of 2 × 40 = 80 rows (bf16 GEMMs) continued by one-token steps (TF32),
+    // against a full forward whose 104 rows all run in bf16
+    int pm[13] = {40};
+    for (int i = 1; i <= 12; i++) pm[i] = 1;
+    model_incremental("tiny, bf16 prefill 40 + 12 TF32 steps", tiny, pm, 13);
     t_ckpt_interchange();
     lm_cuda_set_gemm_mode(LM_GEMM_FP32);
 }
