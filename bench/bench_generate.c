@@ -2,15 +2,17 @@
 // hybrid model (KKKM: 12 KDA + 4 MLA layers) against an all-MLA variant of the same
 // width (16 MLA layers; d_model, heads, experts unchanged), both randomly initialised.
 //
-//   prefill tokens/s: one forward of B×L tokens from an empty cache (the flash-attention
-//     path), where its activations fit on the GPU;
+//   prefill tokens/s: B×L tokens from an empty cache — one forward (the flash-attention
+//     path) where its activations fit on the GPU, else chunks through the cache (KDA
+//     states carried, MLA attention of each chunk over the up-projected cache);
 //   decode tokens/s:  the cache filled synthetically to length L (random latents, KDA
 //     states and conv caches: the cost of a step does not depend on the values), then
 //     `steps` one-token steps per sequence, median step time → B / step time;
 //   the MLA decode op alone on one layer's cache: GB/s of cache read.
 //
-// Usage: bench_generate [--steps N] [--max-ctx L] [--op-only]     (needs a CUDA GPU)
+// Usage: bench_generate [--steps N] [--max-ctx L] [--op-only] [--all-prefill]   (needs a CUDA GPU)
 //   --op-only: only the MLA decode op on synthetic one-layer caches (no model)
+//   --all-prefill: also the prefills with > 20 PFLOP of attention (all-MLA at 1M: minutes)
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
 #include "model/cache.h"
@@ -47,39 +49,73 @@ typedef struct { double ms, tok_s, kda_gb, mla_gb, used_gb; int ok; } decode_res
 
 // ---------------------------------------------------------------------------
 
-static void bench_prefill(lm_model *m, int B, int L, lm_rng *r) {
+// device bytes of the chunked prefill's per-head keys and values of the whole cache (one MLA
+// layer at a time: the fp32 up-projection of one sequence, k and v of all, their bf16 copies
+// in the flash kernel's workspace), with the cache scratch's 25% headroom
+static double prefix_bytes(const lm_config *c, long B, long L) {
+    const double H = c->mla_heads, Dqk = lm_mla_qk_dim(c), Dv = c->v_head_dim, Dn = c->qk_nope_dim;
+    return 1.25 * 4.0 * ((double)L * H * (Dn + Dv) + (double)B * L * H * (Dqk + Dv)) + 2.0 * B * L * H * (Dqk + Dv);
+}
+
+// Prefill of B × L tokens: one forward when its activations fit, else chunks of Tc tokens
+// per sequence (the largest power of two that fits) through the cache — KDA layers carry
+// their state, MLA layers attend over the up-projected cache (prefill_over_cache). One timed
+// run after a warm-up run, or a single run when it would take minutes (L ≥ 1M).
+static void bench_prefill(lm_model *m, int B, int L, lm_rng *r, int allow_slow) {
     const lm_config *c = &m->cfg;
     double kda, mla;
     cache_bytes(c, B, L, &kda, &mla);
-    const double acts = (double)lm_model_acts_bytes(m, B, L, 0), need = acts + kda + mla + 6 * GB;   // + workspace
     const double fr = (double)free_bytes();
-    if (need > fr) {
-        printf("  prefill B=%-3d L=%-8d skipped: needs ~%.0f GB (activations %.0f GB as allocated by "
-               "lm_model_reserve for a forward; cache %.1f GB), %.0f GB free\n",
-               B, L, need / GB, acts / GB, (kda + mla) / GB, fr / GB);
+    int Tc = L;
+    double acts = (double)lm_model_acts_bytes(m, B, Tc, 0);
+    while (Tc > 256 && acts + kda + mla + (Tc < L ? prefix_bytes(c, B, L) : 0) + 6 * GB > fr) {
+        Tc /= 2;
+        acts = (double)lm_model_acts_bytes(m, B, Tc, 0);
+    }
+    const double need = acts + kda + mla + (Tc < L ? prefix_bytes(c, B, L) : 0) + 6 * GB;   // + workspace
+    int n_mla = 0;
+    for (int i = 0; i < c->n_layers; i++) n_mla += lm_layer_is_mla(c, i);
+    // causal attention over L positions: ~L²/2 · H · (Dqk + Dv) · 2 FLOP per MLA layer
+    const double attn_flop = (double)n_mla * B * L * (double)L * c->mla_heads * (lm_mla_qk_dim(c) + c->v_head_dim);
+    if (need > fr || (attn_flop > 2e16 && !allow_slow)) {
+        if (need > fr)
+            printf("  prefill B=%-3d L=%-8d skipped: needs ~%.0f GB (activations %.0f GB for chunks of %d; cache %.1f GB), "
+                   "%.0f GB free\n", B, L, need / GB, acts / GB, Tc, (kda + mla) / GB, fr / GB);
+        else
+            printf("  prefill B=%-3d L=%-8d skipped: %.1f PFLOP of attention (%d MLA layers; --all-prefill runs it)\n",
+                   B, L, attn_flop / 1e15, n_mla);
         return;
     }
     lm_cache *kc = lm_cache_create(c, OPS, B, L);
-    int *tok = lm_malloc((size_t)B * L * sizeof(int));
+    int *tok = lm_malloc((size_t)B * L * sizeof(int)), *ct = lm_malloc((size_t)B * Tc * sizeof(int));
     random_tokens(tok, B * L, c->vocab, r);
     lm_fwd_opts fo = {.training = 0, .capacity = -1, .cache = kc};
     double best = 1e30;
-    for (int rep = 0; rep < 2; rep++) {   // the first run allocates the activations and warms cuBLAS
+    const int reps = L >= 1048576 ? 1 : 2;   // the first of two allocates the activations, warms cuBLAS
+    for (int rep = 0; rep < reps; rep++) {
         lm_cache_reset(kc);
         sync_dev();
         double t0 = lm_time_sec();
-        lm_model_forward(m, tok, NULL, B, L, fo);
+        for (int p0 = 0; p0 < L; p0 += Tc) {
+            const int n = L - p0 < Tc ? L - p0 : Tc;
+            for (int b = 0; b < B; b++) memcpy(ct + (size_t)b * n, tok + (size_t)b * L + p0, (size_t)n * sizeof(int));
+            lm_model_forward(m, ct, NULL, B, n, fo);
+        }
         sync_dev();
         double dt = lm_time_sec() - t0;
-        if (rep > 0 && dt < best) best = dt;
+        if ((rep > 0 || reps == 1) && dt < best) best = dt;
     }
     const double used = (double)fr - (double)free_bytes();
+    char how[48] = "";
+    if (Tc < L) snprintf(how, sizeof how, ", %d chunks of %d", (L + Tc - 1) / Tc, Tc);
     printf("  prefill B=%-3d L=%-8d %10.1f ms  %10.0f tok/s   GPU memory used %.1f GB (activations %.1f GB, "
-           "cache %.2f GB)\n", B, L, best * 1e3, (double)B * L / best, used / GB, acts / GB, (kda + mla) / GB);
+           "cache %.2f GB%s)%s\n", B, L, best * 1e3, (double)B * L / best, used / GB, acts / GB, (kda + mla) / GB, how,
+           reps == 1 ? " [one run]" : "");
     fflush(stdout);
     lm_cache_free(kc);
     lm_model_reserve(m, 1, 1);   // give the activations back
     free(tok);
+    free(ct);
 }
 
 // Times the MLA decode op alone over one layer's cache c [B,L,R], kpe [B,L,De] whose
@@ -192,13 +228,14 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
 }
 
 int main(int argc, char **argv) {
-    int steps = 20, op_only = 0;
+    int steps = 20, op_only = 0, all_prefill = 0;
     long max_ctx = 1048576;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-ctx") == 0 && i + 1 < argc) max_ctx = atol(argv[++i]);
         else if (strcmp(argv[i], "--op-only") == 0) op_only = 1;
-        else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--op-only]\n"); return 2; }
+        else if (strcmp(argv[i], "--all-prefill") == 0) all_prefill = 1;
+        else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--op-only] [--all-prefill]\n"); return 2; }
     }
     LM_CHECK(steps >= 1 && steps <= 1000, "--steps must be in [1, 1000]");
     double dev_bytes = 0;
@@ -247,7 +284,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         const int pre[][2] = {{1, 4096}, {1, 16384}, {1, 32768}, {1, 65536}, {4, 4096}, {64, 4096}, {1, 1048576}};
         for (size_t k = 0; k < sizeof pre / sizeof *pre; k++)
-            if (pre[k][1] <= max_ctx) bench_prefill(m, pre[k][0], pre[k][1], &r);
+            if (pre[k][1] <= max_ctx) bench_prefill(m, pre[k][0], pre[k][1], &r, all_prefill);
         for (int li = 0; li < 3; li++)
             for (int bi = 0; bi < 2; bi++)
                 if (ctx[li] <= max_ctx) dec[v][li][bi] = bench_decode(m, bs[bi], ctx[li], steps, block, nblock, &r);

@@ -148,6 +148,11 @@ typedef struct lm_ops {
                      int B, int T, int H, int Dqk, int Dv, real scale);
     void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                      const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+    // the same forward for T queries that follow P earlier positions (chunked prefill over a
+    // cache; inference only): q, o [B,T,H,·]; k, v [B,P+T,H,·]; query t is position P + t and
+    // sees keys 0..P+t. P = 0 equals attn_fwd.
+    void (*attn_prefix_fwd)(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H,
+                            int Dqk, int Dv, real scale);
     // per-head maximum over all sequences of the causal logits scale·q_t·k_s (s ≤ t):
     //   out [H] in HOST memory (consumed by QK-Clip after the optimizer step); q, k as attn_fwd
     void (*attn_max_logit)(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);

@@ -171,6 +171,31 @@ static void test_attn_equal_keys(void **state) {
     free(q); free(k); free(v); free(kh); free(o); free(lse);
 }
 
+// the chunked-prefill form: T queries after P cached positions (k, v hold P + T per sequence)
+// equal the last T rows of full causal attention over P + T, bit for bit (the same key
+// blocks, the same operations per row); P not a multiple of the block, T spanning blocks
+static void test_attn_prefix(void **state) {
+    (void)state;
+    const int B = 2, P = 83, T = 70, H = 3, Dqk = 10, Dv = 6, L = P + T;
+    const real scale = (real)0.4;
+    lm_rng r; lm_rng_seed(&r, 9);
+    size_t nq = (size_t)B * L * H * Dqk, nv = (size_t)B * L * H * Dv;
+    real *q = tu_randn(nq, &r, 1.5), *k = tu_randn(nq, &r, 1.5), *v = tu_randn(nv, &r, 1);
+    real *o = tu_alloc(nv), *lse = tu_alloc((size_t)B * H * L);
+    ops->attn_fwd(o, lse, q, k, v, B, L, H, Dqk, Dv, scale);
+    real *qc = tu_alloc((size_t)B * T * H * Dqk), *oc = tu_alloc(nv);   // oc: also the P = 0 run over L
+    for (int b = 0; b < B; b++)
+        memcpy(qc + (size_t)b * T * H * Dqk, q + ((size_t)b * L + P) * H * Dqk, sizeof(real) * T * H * Dqk);
+    ops->attn_prefix_fwd(oc, qc, k, v, B, T, P, H, Dqk, Dv, scale);
+    double d = 0;
+    for (int b = 0; b < B; b++)
+        d = fmax(d, tu_max_abs_diff(oc + (size_t)b * T * H * Dv, o + ((size_t)b * L + P) * H * Dv, (size_t)T * H * Dv));
+    tu_check("attn prefix (P 83, T 70) == last T rows of attn over P + T (max abs)", d, 0);
+    ops->attn_prefix_fwd(oc, q, k, v, B, L, 0, H, Dqk, Dv, scale);   // P = 0: plain causal
+    tu_check("attn prefix with P = 0 == attn_fwd (max abs)", tu_max_abs_diff(oc, o, (size_t)B * L * H * Dv), 0);
+    free(q); free(k); free(v); free(o); free(lse); free(qc); free(oc);
+}
+
 // changing q, k, v after position t0 leaves o and lse at positions ≤ t0 bit-identical
 static void test_attn_causal(void **state) {
     (void)state;
@@ -451,6 +476,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attn_fwd_vs_reference), cmocka_unit_test(test_attn_equal_keys),
         cmocka_unit_test(test_attn_causal),           cmocka_unit_test(test_attn_large_scores),
+        cmocka_unit_test(test_attn_prefix),
         cmocka_unit_test(test_attn_grads),            cmocka_unit_test(test_attn_thread_determinism),
         cmocka_unit_test(test_mla_split),             cmocka_unit_test(test_head_matmul),
         cmocka_unit_test(test_mla_decode_absorbed),

@@ -38,6 +38,7 @@ const lm_ops lm_cpu_ops = {
     .mla_split_bwd = cpu_mla_split_bwd,
     .attn_fwd = cpu_attn_fwd,
     .attn_bwd = cpu_attn_bwd,
+    .attn_prefix_fwd = cpu_attn_prefix_fwd,
     .attn_max_logit = cpu_attn_max_logit,
     .head_matmul = cpu_head_matmul,
     .mla_decode = cpu_mla_decode,

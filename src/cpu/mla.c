@@ -73,17 +73,19 @@ static void scores_row(real *s, const real *qrow, const real *Kt, int nk, int nc
     for (int c = 0; c < nc; c++) s[c] *= scale;
 }
 
-// Forward, one task per (b, h, query block i): for each key block j ≤ i the scores of
-// the block update a running max m, sum l and unnormalised output acc per query row:
+// Forward, one task per (b, h, query block i): for each key block the block's queries see,
+// the scores update a running max m, sum l and unnormalised output acc per query row:
 //   m' = max(m, max_c s_c);  acc ← acc·e^{m−m'} + Σ_c e^{s_c−m'} v_c;  l ← l·e^{m−m'} + Σ_c e^{s_c−m'}
-// then o = acc / l and lse = m + log l. Every query row sees at least one key in every
-// block it visits (its own position in the diagonal block), so m is finite after the
-// first block and no −∞ − (−∞) arises.
-// o [B,T,H,Dv], lse [B,H,T], q, k [B,T,H,Dqk], v [B,T,H,Dv]
-void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
-                  int B, int T, int H, int Dqk, int Dv, real scale) {
+// then o = acc / l and lse = m + log l. Every row sees key 0 (block 0), so m is finite
+// after the first block and no −∞ − (−∞) arises; a row that sees no key of a later block
+// (possible only with a prefix) skips it.
+// With a prefix of P positions: q, o [B,T,H,·]; k, v [B,P+T,H,·]; query t is position P + t
+// and sees keys 0..P+t. P = 0 is plain causal attention (the same operations in the same
+// order as without the prefix logic).
+static void attn_fwd_prefix(real *o, real *lse, const real *q, const real *k, const real *v,
+                            int B, int T, int P, int H, int Dqk, int Dv, real scale) {
     if (B == 0 || T == 0 || H == 0) return;
-    const int BS = ATTN_BLOCK, nb = lm_cdiv(T, BS);
+    const int BS = ATTN_BLOCK, nb = lm_cdiv(T, BS), Tk = P + T;
     const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
     const long ntask = (long)B * H * nb;
     #pragma omp parallel
@@ -97,16 +99,17 @@ void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *
         for (long task = 0; task < ntask; task++) {
             int i = (int)(task % nb), h = (int)(task / nb % H), b = (int)(task / nb / H);
             const real *qh = q + (size_t)b * T * ldq + (size_t)h * Dqk;
-            const real *kh = k + (size_t)b * T * ldq + (size_t)h * Dqk;
-            const real *vh = v + (size_t)b * T * ldv + (size_t)h * Dv;
-            int t0 = i * BS, nq = lm_min(BS, T - t0);
+            const real *kh = k + (size_t)b * Tk * ldq + (size_t)h * Dqk;
+            const real *vh = v + (size_t)b * Tk * ldv + (size_t)h * Dv;
+            int t0 = i * BS, nq = lm_min(BS, T - t0), last = P + t0 + nq - 1;   // the block's last key
             for (int r = 0; r < nq; r++) m[r] = -INFINITY, l[r] = 0;
             memset(acc, 0, (size_t)nq * Dv * sizeof(real));
-            for (int j = 0; j <= i; j++) {
-                int s0 = j * BS, nk = lm_min(BS, T - s0);
+            for (int s0 = 0; s0 <= last; s0 += BS) {
+                int nk = lm_min(BS, Tk - s0);
                 pack_transposed(Kt, kh, ldq, s0, nk, Dqk);
                 for (int r = 0; r < nq; r++) {
-                    int nc = j == i ? r + 1 : nk;   // causal: keys s ≤ t only
+                    int nc = lm_min(nk, P + t0 + r - s0 + 1);   // causal: keys s ≤ P + t only
+                    if (nc <= 0) continue;
                     scores_row(s, qh + (size_t)(t0 + r) * ldq, Kt, nk, nc, Dqk, scale);
                     real mx = s[0];
                     for (int c = 1; c < nc; c++) mx = s[c] > mx ? s[c] : mx;
@@ -132,11 +135,23 @@ void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *
                 real inv = 1 / l[r];
                 real *orow = o + ((size_t)b * T + t0 + r) * ldv + (size_t)h * Dv;
                 for (int d = 0; d < Dv; d++) orow[d] = acc[(size_t)r * Dv + d] * inv;
-                lse[((size_t)b * H + h) * T + t0 + r] = m[r] + log(l[r]);
+                if (lse) lse[((size_t)b * H + h) * T + t0 + r] = m[r] + log(l[r]);
             }
         }
         free(Kt); free(acc); free(m); free(l); free(s);
     }
+}
+
+// o [B,T,H,Dv], lse [B,H,T], q, k [B,T,H,Dqk], v [B,T,H,Dv]
+void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
+                  int B, int T, int H, int Dqk, int Dv, real scale) {
+    attn_fwd_prefix(o, lse, q, k, v, B, T, 0, H, Dqk, Dv, scale);
+}
+
+// q, o [B,T,H,·]; k, v [B,P+T,H,·]: the T queries follow P earlier positions (inference)
+void cpu_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H,
+                         int Dqk, int Dv, real scale) {
+    attn_fwd_prefix(o, NULL, q, k, v, B, T, P, H, Dqk, Dv, scale);
 }
 
 // Backward, one task per (b, h), flash-attention-2 order: outer loop over key blocks j

@@ -127,26 +127,29 @@ __device__ __forceinline__ void fa_load(fa_bf16 *dst, const fa_bf16 *src, size_t
 }
 
 // ---- forward ----
-// o [B,T,H,DV], lse [B,H,T] (natural log, scaled scores); q, k [B,T,H,DQK], v [B,T,H,DV] (bf16
-// copies). grid (⌈T/64⌉, H, B); the heaviest query tiles (most keys) are launched first.
+// o [B,T,H,DV], lse [B,H,T] (natural log, scaled scores; may be NULL); q [B,T,H,DQK]; k
+// [B,P+T,H,DQK], v [B,P+T,H,DV] (bf16 copies): query t is position P + t and sees keys
+// 0..P+t (P = 0: plain causal). grid (⌈T/64⌉, H, B); the heaviest query tiles (most keys)
+// are launched first.
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
-    fa_fwd_k(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int T, int H, float scale,
-             float scale_log2) {
+    fa_fwd_k(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int T, int P, int H,
+             float scale, float scale_log2) {
     constexpr int LQ = DQK + 8, LV = DV + 8, NTV = DV / 8, NT = 32 * FA_WF;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     fa_bf16 *Qs = (fa_bf16 *)fa_smem, *Ks0 = Qs + FA_BMF * LQ, *Vs0 = Ks0 + 2 * FA_BN * LQ;   // K, V: 2 stages
     const int nqb = (T + FA_BMF - 1) / FA_BMF, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int q0 = qb * FA_BMF;
     const size_t ldq = (size_t)H * DQK, ldv = (size_t)H * DV;
-    const fa_bf16 *qh = q + (size_t)b * T * ldq + (size_t)h * DQK, *kh = k + (size_t)b * T * ldq + (size_t)h * DQK;
-    const fa_bf16 *vh = v + (size_t)b * T * ldv + (size_t)h * DV;
+    const int Tk = P + T;   // keys per sequence
+    const fa_bf16 *qh = q + (size_t)b * T * ldq + (size_t)h * DQK, *kh = k + (size_t)b * Tk * ldq + (size_t)h * DQK;
+    const fa_bf16 *vh = v + (size_t)b * Tk * ldv + (size_t)h * DV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int r0 = q0 + 16 * warp;   // the warp's first query row; this thread holds rows r0+g, r0+g+8
-    const int nkb = min((q0 + FA_BMF - 1) / FA_BN + 1, (T + FA_BN - 1) / FA_BN);
+    const int nkb = min((P + q0 + FA_BMF - 1) / FA_BN + 1, (Tk + FA_BN - 1) / FA_BN);
     fa_load<DQK, FA_BMF, NT>(Qs, qh, ldq, q0, T - q0);
-    fa_load<DQK, FA_BN, NT>(Ks0, kh, ldq, 0, T);
-    fa_load<DV, FA_BN, NT>(Vs0, vh, ldv, 0, T);
+    fa_load<DQK, FA_BN, NT>(Ks0, kh, ldq, 0, Tk);
+    fa_load<DV, FA_BN, NT>(Vs0, vh, ldv, 0, Tk);
     fa_cp_commit();
 
     float acc[NTV][4];
@@ -157,8 +160,8 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
     for (int kb = 0; kb < nkb; kb++) {
         const int k0 = kb * FA_BN, st = kb & 1;
         if (kb + 1 < nkb) {   // the next tile streams in while this one is multiplied
-            fa_load<DQK, FA_BN, NT>(Ks0 + (st ^ 1) * FA_BN * LQ, kh, ldq, k0 + FA_BN, T - k0 - FA_BN);
-            fa_load<DV, FA_BN, NT>(Vs0 + (st ^ 1) * FA_BN * LV, vh, ldv, k0 + FA_BN, T - k0 - FA_BN);
+            fa_load<DQK, FA_BN, NT>(Ks0 + (st ^ 1) * FA_BN * LQ, kh, ldq, k0 + FA_BN, Tk - k0 - FA_BN);
+            fa_load<DV, FA_BN, NT>(Vs0 + (st ^ 1) * FA_BN * LV, vh, ldv, k0 + FA_BN, Tk - k0 - FA_BN);
         }
         fa_cp_commit();
         fa_cp_wait<1>();   // everything but the group just committed: this tile (and Q) landed
@@ -168,13 +171,13 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
 #pragma unroll
         for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
         fa_warp_mma<DQK / 16, 8, false>(s, Qs + 16 * warp * LQ, LQ, Ks, LQ, lane);
-        if (k0 + FA_BN - 1 > r0 || k0 + FA_BN > T) {   // the diagonal or the sequence end crosses the tile
+        if (k0 + FA_BN - 1 > P + r0 || k0 + FA_BN > Tk) {   // the diagonal or the sequence end crosses the tile
 #pragma unroll
             for (int n = 0; n < 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int key = k0 + 8 * n + 2 * t4 + (e & 1), row = r0 + g + 8 * (e >> 1);
-                    if (key > row || key >= T) s[n][e] = -INFINITY;
+                    if (key > P + row || key >= Tk) s[n][e] = -INFINITY;
                 }
         }
         // online softmax; key 0 is in tile 0 for every row, so m is finite from the first tile on
@@ -228,7 +231,7 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
 #pragma unroll
         for (int n = 0; n < NTV; n++)
             *reinterpret_cast<float2 *>(orow + 8 * n + 2 * t4) = make_float2(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
-        if (t4 == 0) lse[((size_t)b * H + h) * T + row] = m[i] * scale + logf(li);
+        if (lse && t4 == 0) lse[((size_t)b * H + h) * T + row] = m[i] * scale + logf(li);
     }
 }
 
@@ -426,8 +429,8 @@ template <int DQK, int DV> static size_t fa_bwd_smem(void) {
 }
 
 template <int DQK, int DV>
-static void fa_fwd(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int B, int T, int H,
-                   float scale) {
+static void fa_fwd(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, const fa_bf16 *v, int B, int T, int P,
+                   int H, float scale) {
     static int ready;   // the > 48 KiB dynamic shared memory opt-in, once per instantiation
     const size_t smem = fa_fwd_smem<DQK, DV>();
     if (!ready) {
@@ -435,7 +438,8 @@ static void fa_fwd(float *o, float *lse, const fa_bf16 *q, const fa_bf16 *k, con
         ready = 1;
     }
     dim3 grid((T + FA_BMF - 1) / FA_BMF, H, B);
-    fa_fwd_k<DQK, DV><<<grid, 32 * FA_WF, smem, lm_cuda_stream()>>>(o, lse, q, k, v, T, H, scale, scale * FA_LOG2E);
+    fa_fwd_k<DQK, DV><<<grid, 32 * FA_WF, smem, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H, scale,
+                                                                     scale * FA_LOG2E);
     cudaLaunchCheck();
 }
 
@@ -474,18 +478,20 @@ static int fa_supported(int Dqk, int Dv) {
 }
 
 // Every fp32 pointer must be 16-byte aligned (float4 conversion loads, float2 read-modify-writes).
-int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H,
+// P: positions before the T queries (k, v hold P + T per sequence; 0 = plain causal)
+int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int P, int H,
                         int Dqk, int Dv, real scale) {
     if (!fa_supported(Dqk, Dv) || !fa_aligned(o) || !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v)) return 0;
-    const size_t nq = (size_t)B * T * H * Dqk, nv = (size_t)B * T * H * Dv;
-    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bv = lm_align256(nv * sizeof(fa_bf16));
-    char *ws = (char *)lm_cuda_scratch(2 * bq + bv);
-    fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + bq), *vb = (fa_bf16 *)(ws + 2 * bq);
+    const size_t nq = (size_t)B * T * H * Dqk, nk = (size_t)B * (P + T) * H * Dqk, nv = (size_t)B * (P + T) * H * Dv;
+    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bk = lm_align256(nk * sizeof(fa_bf16));
+    const size_t bv = lm_align256(nv * sizeof(fa_bf16));
+    char *ws = (char *)lm_cuda_scratch(bq + bk + bv);
+    fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + bq), *vb = (fa_bf16 *)(ws + bq + bk);
     lm_cuda_to_bf16(qb, q, nq);
-    lm_cuda_to_bf16(kb, k, nq);
+    lm_cuda_to_bf16(kb, k, nk);
     lm_cuda_to_bf16(vb, v, nv);
 #define FA_CASE(a, c) \
-    if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, H, scale);
+    if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, P, H, scale);
     FA_DIMS(FA_CASE)
 #undef FA_CASE
     return 1;

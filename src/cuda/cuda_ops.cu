@@ -266,6 +266,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .mla_split_bwd = cuda_mla_split_bwd,
     .attn_fwd = cuda_attn_fwd,
     .attn_bwd = cuda_attn_bwd,
+    .attn_prefix_fwd = cuda_attn_prefix_fwd,
     .attn_max_logit = cuda_attn_max_logit,
     .head_matmul = cuda_head_matmul,
     .mla_decode = cuda_mla_decode,

@@ -82,34 +82,36 @@ __device__ __forceinline__ float dot_sh(const float *a_sh, const float *b, int D
     return s;
 }
 
-// o [B,T,H,Dv], lse [B,H,T]; q, k [B,T,H,Dqk]; v [B,T,H,Dv]
+// o [B,T,H,Dv], lse [B,H,T] (may be NULL); q [B,T,H,Dqk]; k [B,P+T,H,Dqk], v [B,P+T,H,Dv]:
+// query t is position P + t and sees keys 0..P+t (P = 0: plain causal)
 __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_fwd_k(float *o, float *lse, const float *q,
                                                                      const float *k, const float *v, int B, int T,
-                                                                     int H, int Dqk, int Dv, float scale) {
+                                                                     int P, int H, int Dqk, int Dv, float scale) {
     __shared__ float qs[ATT_WARPS][ATT_MAXD];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const long gw = (long)blockIdx.x * ATT_WARPS + wi;
     if (gw >= (long)B * H * T) return;
     const int t = (int)(gw % T), h = (int)(gw / T % H), b = (int)(gw / T / H);
     const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
+    const int Tk = P + T, last = P + t;   // keys per sequence; this query's last key
     const float *qh = q + (size_t)b * T * ldq + (size_t)h * Dqk;
-    const float *kh = k + (size_t)b * T * ldq + (size_t)h * Dqk;
-    const float *vh = v + (size_t)b * T * ldv + (size_t)h * Dv;
+    const float *kh = k + (size_t)b * Tk * ldq + (size_t)h * Dqk;
+    const float *vh = v + (size_t)b * Tk * ldv + (size_t)h * Dv;
     for (int d = lane; d < Dqk; d += 32) qs[wi][d] = qh[(size_t)t * ldq + d];
     __syncwarp();
     float acc[ATT_ND];
 #pragma unroll
     for (int i = 0; i < ATT_ND; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int s0 = 0; s0 <= t; s0 += 32) {
+    for (int s0 = 0; s0 <= last; s0 += 32) {
         const int s = s0 + lane;
-        float sc = s <= t ? scale * dot_sh(qs[wi], kh + (size_t)s * ldq, Dqk) : -INFINITY;
-        float mn = fmaxf(m, warp_max(sc));   // finite: lane 0's key s0 ≤ t is always valid
+        float sc = s <= last ? scale * dot_sh(qs[wi], kh + (size_t)s * ldq, Dqk) : -INFINITY;
+        float mn = fmaxf(m, warp_max(sc));   // finite: lane 0's key s0 ≤ last is always valid
         float alpha = expf(m - mn);
         float p = expf(sc - mn);
         l = l * alpha + warp_sum(p);
         m = mn;
-        const int nk = min(32, t - s0 + 1);
+        const int nk = min(32, last - s0 + 1);
 #pragma unroll
         for (int i = 0; i < ATT_ND; i++) acc[i] *= alpha;
         for (int j = 0; j < nk; j++) {
@@ -129,22 +131,31 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_fwd_k(float *o, fl
         int d = lane + 32 * i;
         if (d < Dv) orow[d] = acc[i] * inv;
     }
-    if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
+    if (lse && lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
 }
 
 static void attn_check_dims(int Dqk, int Dv) {
     LM_CHECK(Dqk <= ATT_MAXD && Dv <= ATT_MAXD, "cuda attn: head dims %d/%d exceed %d", Dqk, Dv, ATT_MAXD);
 }
 
-void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
-                   int B, int T, int H, int Dqk, int Dv, real scale) {
+// the flash kernel where it applies (head dims, alignment), else one warp per query row
+static void attn_fwd_any(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int P, int H,
+                         int Dqk, int Dv, real scale) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (cuda_attn_flash_fwd(o, lse, q, k, v, B, T, H, Dqk, Dv, scale)) return;
+    if (cuda_attn_flash_fwd(o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale)) return;
     attn_check_dims(Dqk, Dv);
     long rows = (long)B * H * T;
     attn_fwd_k<<<(unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS), 32 * ATT_WARPS, 0, lm_cuda_stream()>>>(
-        o, lse, q, k, v, B, T, H, Dqk, Dv, scale);
+        o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale);
     cudaLaunchCheck();
+}
+void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v,
+                   int B, int T, int H, int Dqk, int Dv, real scale) {
+    attn_fwd_any(o, lse, q, k, v, B, T, 0, H, Dqk, Dv, scale);
+}
+void cuda_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk,
+                          int Dv, real scale) {
+    attn_fwd_any(o, NULL, q, k, v, B, T, P, H, Dqk, Dv, scale);
 }
 
 // D [B,H,T] = do_t · o_t per head

@@ -36,9 +36,19 @@ void lm_cache_reset(lm_cache *k) {
 
 void lm_cache_free(lm_cache *k) {
     if (!k) return;
+    if (k->scratch) k->ops->free(k->scratch);
     k->ops->free(k->mem);
     lm_layout_free(&k->layout);
     free(k);
 }
 
 size_t lm_cache_bytes(const lm_cache *k) { return k->layout.numel * sizeof(real); }
+
+real *lm_cache_scratch(lm_cache *k, size_t bytes) {
+    if (bytes > k->scratch_bytes) {
+        if (k->scratch) k->ops->free(k->scratch);
+        k->scratch_bytes = bytes + bytes / 4;   // room for the next chunks' longer prefix
+        k->scratch = k->ops->alloc(k->scratch_bytes);
+    }
+    return k->scratch;
+}

@@ -21,11 +21,17 @@ typedef struct lm_cache {
     lm_layout layout;
     real *mem;
     const lm_ops *ops;
+    // chunked prefill: per-head keys and values of the whole cache for one MLA layer at a
+    // time (grown on demand, lm_cache_scratch)
+    real *scratch;
+    size_t scratch_bytes;
 } lm_cache;
 
 lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_len);
 void lm_cache_reset(lm_cache *k);          // empties every sequence
 void lm_cache_free(lm_cache *k);
 size_t lm_cache_bytes(const lm_cache *k);
+// backend memory of at least `bytes`, owned by the cache (contents not kept when it grows)
+real *lm_cache_scratch(lm_cache *k, size_t bytes);
 
 #endif

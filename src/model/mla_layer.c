@@ -60,6 +60,28 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
     o->head_matmul(a->o, a->o_lat, p->kv_b + (size_t)Dn * R, N, Hm, R, Dv, stride, 0);
 }
 
+// Chunked prefill (T > 1 tokens after len cached ones): per-head keys and values of all
+// len + T cached tokens (up-projected from the latent cache, one sequence at a time, into
+// the cache's scratch), then causal attention of the chunk's queries over them. One
+// up-projection of the cache per chunk instead of a decode step per token.
+static void prefill_over_cache(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a) {
+    const lm_ops *o = s->ops;
+    const lm_config *c = s->c;
+    lm_cache *kc = s->cache;
+    const int B = s->B, T = s->T, P = kc->len, L = P + T, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
+    const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
+    const size_t nkv = (size_t)L * Hm * (Dn + Dv), nk = (size_t)B * L * Hm * Dqk, nv = (size_t)B * L * Hm * Dv;
+    const size_t a16 = 16;   // reals: keeps every part 64-byte aligned
+    const size_t pkv = (nkv + a16 - 1) / a16 * a16, pk = (nk + a16 - 1) / a16 * a16;
+    real *kv = lm_cache_scratch(kc, (pkv + pk + nv) * sizeof(real)), *k = kv + pkv, *v = k + pk;
+    for (int b = 0; b < B; b++) {
+        o->matmul_fwd(kv, kc->mla_c[s->layer] + (size_t)b * kc->max_len * R, p->kv_b, NULL, L, R, Hm * (Dn + Dv));
+        o->mla_split_fwd(k + (size_t)b * L * Hm * Dqk, v + (size_t)b * L * Hm * Dv, kv,
+                         De > 0 ? kc->mla_kpe[s->layer] + (size_t)b * kc->max_len * De : NULL, L, Hm, Dn, De, Dv);
+    }
+    o->attn_prefix_fwd(a->o, a->q, k, v, B, T, P, Hm, Dqk, Dv, mla_scale(c));
+}
+
 void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
@@ -78,8 +100,10 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     if (De > 0) o->matmul_fwd(a->kpe, a->xn, p->kpe_proj, NULL, N, d, De);
     lm_cache *kc = s->cache;
     if (kc) cache_append(s, a);
-    if (kc && kc->len > 0) {
+    if (kc && kc->len > 0 && s->T == 1) {
         decode_absorbed(s, p, a);
+    } else if (kc && kc->len > 0) {
+        prefill_over_cache(s, p, a);
     } else {
         o->matmul_fwd(a->kv, a->c, p->kv_b, NULL, N, R, Hm * (Dn + Dv));
         o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);

@@ -377,6 +377,21 @@ static void t_attn(int B, int T, int H, int Dqk, int Dv, double tol_fwd, double 
     DFREE(gq, gk, gv, gdo, go, glse, gdq, gdk, gdv); HFREE(q, k, v, d_o, dq, dk, dv, o, lse);
 }
 
+// chunked-prefill attention: T queries after P positions, GPU vs CPU (same tolerances)
+static void t_attn_prefix(int B, int T, int P, int H, int Dqk, int Dv, double tol) {
+    char op[40];
+    snprintf(op, sizeof op, "attn_prefix B%d T%d P%d %d/%d", B, T, P, Dqk, Dv);
+    const real scale = 1 / sqrtf((float)Dqk);
+    size_t nq = (size_t)B * T * H * Dqk, nk = (size_t)B * (P + T) * H * Dqk, nv = (size_t)B * (P + T) * H * Dv;
+    size_t no = (size_t)B * T * H * Dv;
+    float *q = hrandn(nq, 1.5), *k = hrandn(nk, 1.5), *v = hrandn(nv, 1), *o = lm_malloc(no * sizeof(float));
+    float *gq = dfl(q, nq), *gk = dfl(k, nk), *gv = dfl(v, nv), *go = dpoison(no);
+    CPU->attn_prefix_fwd(o, q, k, v, B, T, P, H, Dqk, Dv, scale);
+    GPU->attn_prefix_fwd(go, gq, gk, gv, B, T, P, H, Dqk, Dv, scale);
+    cmp(op, "fwd o", go, o, no, tol);
+    DFREE(gq, gk, gv, go); HFREE(q, k, v, o);
+}
+
 static void t_head_matmul(void) {
     // the two MLA decode products: W_kvb [H·(Dn+Dv), R]
     const int N = 11, H = 3, Dn = 9, Dv = 7, R = 20;
@@ -1186,6 +1201,9 @@ int main(int argc, char **argv) {
         t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn_prefix(2, 70, 83, 3, 192, 128, ATTN_BF16_FWD);   // flash kernel, P off the tiles
+        t_attn_prefix(1, 1, 300, 2, 192, 128, ATTN_BF16_FWD);   // one query after 300
+        t_attn_prefix(2, 50, 37, 3, 40, 24, TOL);               // fp32 fallback kernel
     }
     if (only_decode) {
         only_ops = only_model = 1;
@@ -1220,6 +1238,9 @@ int main(int argc, char **argv) {
         t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 129, 2, 128, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn_prefix(2, 70, 83, 3, 192, 128, ATTN_BF16_FWD);   // chunked prefill: P off the tiles
+        t_attn_prefix(1, 1, 300, 2, 192, 128, ATTN_BF16_FWD);   // one query after 300
+        t_attn_prefix(2, 50, 37, 3, 40, 24, TOL);               // fp32 fallback kernel
         t_attn(1, 200, 3, 192, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 64, 1, 64, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1000, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
