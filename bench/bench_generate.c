@@ -13,6 +13,8 @@
 // Usage: bench_generate [--steps N] [--max-ctx L] [--op-only] [--all-prefill]   (needs a CUDA GPU)
 //   --op-only: only the MLA decode op on synthetic one-layer caches (no model)
 //   --all-prefill: also the prefills with > 20 PFLOP of attention (all-MLA at 1M: minutes)
+//   --prefill-only, --min-ctx L, --variant hybrid|all-mla: a subset (prefills of ≥ L tokens,
+//     one model), e.g. the all-MLA 1M prefill alone
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
 #include "model/cache.h"
@@ -228,14 +230,22 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
 }
 
 int main(int argc, char **argv) {
-    int steps = 20, op_only = 0, all_prefill = 0;
-    long max_ctx = 1048576;
+    int steps = 20, op_only = 0, all_prefill = 0, prefill_only = 0, only_v = -1;
+    long max_ctx = 1048576, min_ctx = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--max-ctx") == 0 && i + 1 < argc) max_ctx = atol(argv[++i]);
         else if (strcmp(argv[i], "--op-only") == 0) op_only = 1;
         else if (strcmp(argv[i], "--all-prefill") == 0) all_prefill = 1;
-        else { fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--op-only] [--all-prefill]\n"); return 2; }
+        else if (strcmp(argv[i], "--prefill-only") == 0) prefill_only = 1;
+        else if (strcmp(argv[i], "--min-ctx") == 0 && i + 1 < argc) min_ctx = atol(argv[++i]);
+        else if (strcmp(argv[i], "--variant") == 0 && i + 1 < argc && !strcmp(argv[i + 1], "hybrid")) only_v = 0, i++;
+        else if (strcmp(argv[i], "--variant") == 0 && i + 1 < argc && !strcmp(argv[i + 1], "all-mla")) only_v = 1, i++;
+        else {
+            fprintf(stderr, "usage: bench_generate [--steps N] [--max-ctx L] [--min-ctx L] [--op-only] [--all-prefill] "
+                            "[--prefill-only] [--variant hybrid|all-mla]\n");
+            return 2;
+        }
     }
     LM_CHECK(steps >= 1 && steps <= 1000, "--steps must be in [1, 1000]");
     double dev_bytes = 0;
@@ -277,6 +287,7 @@ int main(int argc, char **argv) {
     decode_res dec[2][3][2];
     memset(dec, 0, sizeof dec);
     for (int v = 0; v < 2; v++) {
+        if (only_v >= 0 && v != only_v) continue;
         double t0 = lm_time_sec();
         lm_model *m = lm_model_create(&cfg[v], OPS, 1234);
         sync_dev();
@@ -284,11 +295,16 @@ int main(int argc, char **argv) {
         fflush(stdout);
         const int pre[][2] = {{1, 4096}, {1, 16384}, {1, 32768}, {1, 65536}, {4, 4096}, {64, 4096}, {1, 1048576}};
         for (size_t k = 0; k < sizeof pre / sizeof *pre; k++)
-            if (pre[k][1] <= max_ctx) bench_prefill(m, pre[k][0], pre[k][1], &r, all_prefill);
-        for (int li = 0; li < 3; li++)
+            if (pre[k][1] <= max_ctx && pre[k][1] >= min_ctx) bench_prefill(m, pre[k][0], pre[k][1], &r, all_prefill);
+        for (int li = 0; li < 3 && !prefill_only; li++)
             for (int bi = 0; bi < 2; bi++)
                 if (ctx[li] <= max_ctx) dec[v][li][bi] = bench_decode(m, bs[bi], ctx[li], steps, block, nblock, &r);
         lm_model_free(m);
+    }
+    if (prefill_only || only_v >= 0) {
+        OPS->free(block);
+        lm_cuda_backend_shutdown();
+        return 0;
     }
     printf("== decode summary (median ms per one-token step; tokens/s = B / step time)\n");
     printf("  %-8s %-4s | %10s %10s %8s | %10s %10s %8s | %s\n", "context", "B", "hybrid ms", "tok/s", "cache GB",
