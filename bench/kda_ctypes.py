@@ -18,7 +18,7 @@ class KdaParams(ctypes.Structure):
         ("d_o", _vp), ("dS_out", _vp),
         ("dq", _vp), ("dk", _vp), ("dv", _vp), ("df", _vp), ("dbeta", _vp),
         ("dA_log", _vp), ("ddt_bias", _vp), ("dS0", _vp),
-        ("ws", _vp), ("save", _i), ("saved", _i), ("scan_warps", _i), ("stream", _vp),
+        ("ws", _vp), ("save", _i), ("saved", _i), ("ws_fwd", _vp), ("scan_warps", _i), ("stream", _vp),
     ]
 
 

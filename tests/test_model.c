@@ -339,6 +339,13 @@ static void test_decode_equals_forward(void **state) {
     check_incremental("full, unbounded, chunked prefill 20+17+1+5+1", c, chunked, 5);
     int from_one[6] = {1, 1, 2, 3, 1, 30};
     check_incremental("block, from one token", small_hybrid("MKKM"), from_one, 6);
+    // chunks of ≥ 64 tokens after the first attend over the up-projected cache
+    // (attn_prefix_fwd); one without the extra key dims (De = 0)
+    int long_chunks[4] = {64, 64, 1, 2};
+    check_incremental("block, chunks 64+64+1+2 (prefix attention)", small_hybrid("KMKKM"), long_chunks, 4);
+    lm_config n = small_hybrid("MKM");
+    n.qk_extra_dim = 0;
+    check_incremental("block, De 0, chunks 64+64+1+2", n, long_chunks, 4);
 }
 
 // ---------------------------------------------------------------------------

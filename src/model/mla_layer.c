@@ -60,10 +60,13 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
     o->head_matmul(a->o, a->o_lat, p->kv_b + (size_t)Dn * R, N, Hm, R, Dv, stride, 0);
 }
 
-// Chunked prefill (T > 1 tokens after len cached ones): per-head keys and values of all
-// len + T cached tokens (up-projected from the latent cache, one sequence at a time, into
-// the cache's scratch), then causal attention of the chunk's queries over them. One
-// up-projection of the cache per chunk instead of a decode step per token.
+// Chunked prefill (T ≥ PREFIX_MIN_T tokens after len cached ones): per-head keys and values
+// of all len + T cached tokens (up-projected from the latent cache, one sequence at a time,
+// into the cache's scratch), then causal attention of the chunk's queries over them. One
+// up-projection of the cache per chunk instead of a decode step per token; the scratch
+// grows with the whole context (B·(len+T)·H·(Dn+Dv + Dqk+Dv) reals), so shorter chunks keep
+// the absorbed token-by-token path, whose memory follows the chunk.
+#define PREFIX_MIN_T 64
 static void prefill_over_cache(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
@@ -100,7 +103,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     if (De > 0) o->matmul_fwd(a->kpe, a->xn, p->kpe_proj, NULL, N, d, De);
     lm_cache *kc = s->cache;
     if (kc) cache_append(s, a);
-    if (kc && kc->len > 0 && s->T == 1) {
+    if (kc && kc->len > 0 && s->T < PREFIX_MIN_T) {
         decode_absorbed(s, p, a);
     } else if (kc && kc->len > 0) {
         prefill_over_cache(s, p, a);

@@ -1095,6 +1095,12 @@ static void t_model(void) {
     int chunks[4] = {7, 1, 12, 3};
     model_incremental("small hybrid, chunks 7+1+12+3", h, chunks, 4);
     model_incremental("small hybrid full res, prefill 5 + 8 decode", c, pd + 4, 9);
+    // chunks of ≥ 64 tokens after the first attend over the up-projected cache: head dims
+    // 64/64 take the flash kernel with a prefix
+    lm_config fl = small_hybrid("KMKKM");
+    fl.qk_nope_dim = 48; fl.qk_extra_dim = 16; fl.v_head_dim = 64;
+    int lc[4] = {64, 64, 1, 2};
+    model_incremental("small hybrid 64/64, chunks 64+64+1+2", fl, lc, 4);
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
     // (at these sizes every product has < 64 rows, which the bf16 mode runs on TF32 SGEMM:
     // this checks that path; the bf16 GEMMs themselves are in the training check above)

@@ -475,6 +475,14 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         m = fmax(m, max_abs(y1.data(), y2.data(), nv));
         g->to_host(z1.data(), a.ddt_bias, (size_t)H * K * 4); g->to_host(z2.data(), s.ddt_bias, (size_t)H * K * 4);
         m = fmax(m, max_abs(z1.data(), z2.data(), (size_t)H * K));
+        std::vector<float> w1(ns), w2(ns);
+        g->to_host(w1.data(), a.dS0, ns * 4); g->to_host(w2.data(), s.dS0, ns * 4);
+        m = fmax(m, max_abs(w1.data(), w2.data(), ns));
+        std::vector<float> u1(nb), u2(nb);
+        g->to_host(u1.data(), a.dbeta_logit, nb * 4); g->to_host(u2.data(), s.dbeta_logit, nb * 4);
+        m = fmax(m, max_abs(u1.data(), u2.data(), nb));
+        g->to_host(u1.data(), a.dA_log, H * 4); g->to_host(u2.data(), s.dA_log, H * 4);
+        m = fmax(m, max_abs(u1.data(), u2.data(), H));
         char w[200];
         snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: saved == recompute (%zu B)", B, T, H, K,
                  gate ? "unbounded" : "bounded", sb);
