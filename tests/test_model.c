@@ -341,9 +341,14 @@ static void test_decode_equals_forward(void **state) {
     check_incremental("block, from one token", small_hybrid("MKKM"), from_one, 6);
     // chunks of ≥ 64 tokens after the first attend over the up-projected cache
     // (attn_prefix_fwd); one without the extra key dims (De = 0)
+    // (init 0.15: at the default 0.3 these 131-token runs amplify f32 rounding chaotically — the
+    // f32 difference moved between 1.7e-5 and 1.7e-4 with OpenBLAS's kernel choice, f64 3e-14)
     int long_chunks[4] = {64, 64, 1, 2};
-    check_incremental("block, chunks 64+64+1+2 (prefix attention)", small_hybrid("KMKKM"), long_chunks, 4);
+    lm_config lc = small_hybrid("KMKKM");
+    lc.init_std = 0.15;
+    check_incremental("block, chunks 64+64+1+2 (prefix attention)", lc, long_chunks, 4);
     lm_config n = small_hybrid("MKM");
+    n.init_std = 0.15;
     n.qk_extra_dim = 0;
     check_incremental("block, De 0, chunks 64+64+1+2", n, long_chunks, 4);
 }
