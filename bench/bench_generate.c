@@ -69,12 +69,13 @@ static void bench_prefill(lm_model *m, int B, int L, lm_rng *r, int allow_slow) 
     cache_bytes(c, B, L, &kda, &mla);
     const double fr = (double)free_bytes();
     int Tc = L;
-    double acts = (double)lm_model_acts_bytes(m, B, Tc, 0);
-    while (Tc > 256 && acts + kda + mla + (Tc < L ? prefix_bytes(c, B, L) : 0) + 6 * GB > fr) {
-        Tc /= 2;
+    double acts, need;
+    for (;;) {   // the largest power-of-two chunk whose activations fit beside the cache
         acts = (double)lm_model_acts_bytes(m, B, Tc, 0);
+        need = acts + kda + mla + (Tc < L ? prefix_bytes(c, B, L) : 0) + 6 * GB;   // + workspace
+        if (need <= fr || Tc <= 256) break;
+        Tc /= 2;
     }
-    const double need = acts + kda + mla + (Tc < L ? prefix_bytes(c, B, L) : 0) + 6 * GB;   // + workspace
     int n_mla = 0;
     for (int i = 0; i < c->n_layers; i++) n_mla += lm_layer_is_mla(c, i);
     // causal attention over L positions: ~L²/2 · H · (Dqk + Dv) · 2 FLOP per MLA layer

@@ -462,27 +462,17 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         s.o = (float *)g->alloc(nv * 4);
         g->kda_fwd(&s);
         g->kda_bwd(&s);
-        std::vector<float> x1(nqk), x2(nqk), y1(nv), y2(nv), z1((size_t)H * K), z2((size_t)H * K);
-        double m = 0;
-        const float *pairs[][2] = {{a.dq, s.dq}, {a.dk, s.dk}, {a.df, s.df}};
-        for (auto &pr : pairs) {
-            g->to_host(x1.data(), pr[0], nqk * 4); g->to_host(x2.data(), pr[1], nqk * 4);
-            m = fmax(m, max_abs(x1.data(), x2.data(), nqk));
-        }
-        g->to_host(y1.data(), a.dv, nv * 4); g->to_host(y2.data(), s.dv, nv * 4);
-        m = fmax(m, max_abs(y1.data(), y2.data(), nv));
-        g->to_host(y1.data(), a.o, nv * 4); g->to_host(y2.data(), s.o, nv * 4);
-        m = fmax(m, max_abs(y1.data(), y2.data(), nv));
-        g->to_host(z1.data(), a.ddt_bias, (size_t)H * K * 4); g->to_host(z2.data(), s.ddt_bias, (size_t)H * K * 4);
-        m = fmax(m, max_abs(z1.data(), z2.data(), (size_t)H * K));
-        std::vector<float> w1(ns), w2(ns);
-        g->to_host(w1.data(), a.dS0, ns * 4); g->to_host(w2.data(), s.dS0, ns * 4);
-        m = fmax(m, max_abs(w1.data(), w2.data(), ns));
-        std::vector<float> u1(nb), u2(nb);
-        g->to_host(u1.data(), a.dbeta_logit, nb * 4); g->to_host(u2.data(), s.dbeta_logit, nb * 4);
-        m = fmax(m, max_abs(u1.data(), u2.data(), nb));
-        g->to_host(u1.data(), a.dA_log, H * 4); g->to_host(u2.data(), s.dA_log, H * 4);
-        m = fmax(m, max_abs(u1.data(), u2.data(), H));
+        // max |x − y| over n device floats
+        auto diff = [&](const float *x, const float *y, size_t n) {
+            std::vector<float> hx(n), hy(n);
+            g->to_host(hx.data(), x, n * 4);
+            g->to_host(hy.data(), y, n * 4);
+            return max_abs(hx.data(), hy.data(), n);
+        };
+        double m = fmax(fmax(diff(a.dq, s.dq, nqk), diff(a.dk, s.dk, nqk)), diff(a.df, s.df, nqk));
+        m = fmax(m, fmax(diff(a.dv, s.dv, nv), diff(a.o, s.o, nv)));
+        m = fmax(m, fmax(diff(a.ddt_bias, s.ddt_bias, (size_t)H * K), diff(a.dS0, s.dS0, ns)));
+        m = fmax(m, fmax(diff(a.dbeta_logit, s.dbeta_logit, nb), diff(a.dA_log, s.dA_log, H)));
         char w[200];
         snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: saved == recompute (%zu B)", B, T, H, K,
                  gate ? "unbounded" : "bounded", sb);
