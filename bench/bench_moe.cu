@@ -5,6 +5,7 @@
 // moe_combine; then the backward counterparts), all tensors fp32, GEMMs in the default
 // bf16 mode. Prints medians (CUDA events) of each piece, TFLOP/s of the expert GEMMs, the
 // whole layer, a dense cuBLAS bf16 GEMM of the same FLOPs, the old fp32 grouped kernel,
+// the bf16 weight copies (once per optimizer step), the mma.sync kernel on fp32 operands,
 // and the expert GEMMs under a skewed routing. --small: the `small` preset's MoE instead
 // (d 1024, expert FFN 256, 80 experts, top-4, 4096 tokens: ~205 rows per expert).
 //
@@ -17,6 +18,7 @@
 #include <vector>
 #include <cuda_bf16.h>
 #include "cuda/cuda_common.cuh"
+#include "cuda/moe_gemm.cuh"
 
 __device__ inline float hnorm(uint64_t i, uint32_t seed) {   // pseudo-normal: sum of 4 hashed uniforms
     float s = 0.f;
@@ -98,8 +100,10 @@ int main(int argc, char **argv) {
     const double gemm1 = 2.0 * NK * d * F;   // one expert GEMM (all rows)
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s\n",
-           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()));
+    printf("== MoE layer, %s: tokens %d, d %d, expert ffn %d, E %d, top-%d (%zu rows), fp32 tensors, GEMMs %s, "
+           "grouped kernel %s\n",
+           prop.name, N, d, F, E, k, NK, lm_cuda_gemm_name(lm_cuda_gemm_mode()),
+           lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()));
 
     // activations and parameters (std 0.02 weights, unit-variance input)
     float *x = frand((size_t)N * d, 1, 1.0f), *Wr = frand((size_t)E * d, 2, 0.02f), *bias = falloc(E);
@@ -126,9 +130,9 @@ int main(int argc, char **argv) {
     auto plan = [&] { cuda_moe_plan(counts, offsets, row_token, slot_row, idx, s, N, E, k, -1); };
     auto gather = [&] { cuda_moe_gather_fwd(xp, x, row_token, offsets, E, d); };
     auto gemm_fwd = [&] {
-        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F);
-        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d, (int)NK);
     };
     auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
     auto combine = [&] {
@@ -143,19 +147,19 @@ int main(int argc, char **argv) {
     };
     auto gemm_bwd = [&] {
         zero(deh, NK * F * 4);
-        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d);
+        cuda_grouped_matmul_bwd(deh, gw2, dyp, eh, w2, offsets, E, F, d, (int)NK);
         zero(dea, NK * F * 4); zero(deb, NK * F * 4);
         cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act);
         zero(dxp, NK * d * 4);
-        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F, (int)NK);
     };
     // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
     // (dinp, dW) of the three: both, or one of them (a NULL output is skipped)
     auto gemm_bwd_parts = [&](bool dinp, bool dw) {
-        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F);
+        cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d, (int)NK);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F, (int)NK);
     };
     auto gemm_bwd_only = [&] { gemm_bwd_parts(true, true); };
     auto gemm_bwd_dinp = [&] { gemm_bwd_parts(true, false); };
@@ -240,9 +244,42 @@ int main(int argc, char **argv) {
         cudaCheck(cudaFree(a));
         cudaCheck(cudaFree(b));
     }
+    {   // the bf16 weight copies the wgmma kernels read: made once per optimizer step (the
+        // timed loops above reuse them, as the micro-batches of one step do)
+        auto convert = [&] {
+            lm_cuda_weights_changed();
+            const size_t nw = (size_t)E * F * d;
+            lm_cuda_weight_bf16(w1, nw); lm_cuda_weight_bf16(w3, nw); lm_cuda_weight_bf16(w2, nw);
+        };
+        double t = time_ms(convert, WARM, REPS);
+        row("bf16 weight copies, once per optimizer step (x3)", t, 0);
+        result("weight_bf16_ms", t);
+    }
+    {   // the activations' bf16 rounding inside the wgmma path's calls: the forward rounds
+        // xp twice and eh once (part of the forward figure above)
+        __nv_bfloat16 *tmp;
+        cudaCheck(cudaMalloc(&tmp, NK * d * 2));
+        double t = time_ms([&] { lm_cuda_to_bf16(tmp, xp, NK * d); lm_cuda_to_bf16(tmp, xp, NK * d);
+                                 lm_cuda_to_bf16(tmp, eh, NK * F); }, WARM, REPS);
+        row("  activation rounding inside the forward calls", t, 0);
+        result("fwd_act_round_ms", t);
+        cudaCheck(cudaFree(tmp));
+    }
+    {   // every kernel, each part alone
+        const int keep = lm_cuda_moe_gemm();
+        for (int kern = 1; kern <= 4; kern++) {
+            lm_cuda_set_moe_gemm(kern);
+            double tf = time_ms(gemm_fwd, WARM, REPS), ti = time_ms(gemm_bwd_dinp, WARM, REPS);
+            double tw = time_ms(gemm_bwd_dw, WARM, REPS);
+            printf("  kernel %-8s fwd %7.1f  dinp %7.1f  dW %7.1f TFLOP/s (x3 each: %.3f / %.3f / %.3f ms)\n",
+                   lm_cuda_moe_gemm_name(kern), 3 * gemm1 / tf * 1e-9, 3 * gemm1 / ti * 1e-9, 3 * gemm1 / tw * 1e-9,
+                   tf, ti, tw);
+        }
+        lm_cuda_set_moe_gemm(keep);
+    }
     {   // the previous fp32 CUDA-core grouped kernel (LM_GEMM_FP32), one forward GEMM
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F); }, 1, 3);
+        double t = time_ms([&] { cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK); }, 1, 3);
         row("grouped_matmul_fwd w1, fp32 kernel (LM_GEMM_FP32)", t, gemm1);
         result("gemm_fwd_fp32_kernel_tflops", gemm1 / t * 1e-9);
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);

@@ -92,6 +92,9 @@ typedef struct lm_ops {
     void (*embed_bwd)(real *dtable, const int *tokens, const real *dout, int N, int C);
 
     // ---- linear: out[N,OC] = inp[N,C] · W[OC,C]ᵀ + bias[OC] (bias may be NULL) ----
+    // W (here and in grouped_matmul) is a parameter: a backend may keep a reduced-precision
+    // copy of it until a parameter-writing op runs (alloc, free, to_device, adamw, muon,
+    // scale; the CUDA backend does, see cuda_backend.h)
     void (*matmul_fwd)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
     void (*matmul_bwd)(real *dinp, real *dW, real *dbias, const real *dout, const real *inp,
                        const real *W, int N, int C, int OC);
@@ -204,10 +207,12 @@ typedef struct lm_ops {
     void (*moe_gather_fwd)(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
     void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
     // grouped GEMM: rows [offsets[e], offsets[e+1]) of inp [R,C] times W[e]ᵀ, W [E, OC, C] → out [R, OC].
-    // Offsets are read from backend memory (no host round trip).
-    void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+    // Offsets are read from backend memory (no host round trip). R: rows allocated (≥ offsets[E]),
+    // a host-side size hint (the CUDA backend picks its tile shape from R / E).
+    void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
+                               int R);
     void (*grouped_matmul_bwd)(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                               const int *offsets, int E, int C, int OC);
+                               const int *offsets, int E, int C, int OC, int R);
     // combine: y[i] += Σ_slot gate[i,slot] · yp[slot_row[i,slot]] (dropped slots add nothing)
     void (*moe_combine_fwd)(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
     void (*moe_combine_bwd)(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,

@@ -351,10 +351,10 @@ static void test_gather(void **state) {
 
 // ---------------------------------------------------------------------------
 // grouped matmul: loss = Σ out ⊙ P over the used rows
-typedef struct { int E, C, OC; const int *offsets; real *inp, *W, *out, *P; } gm_ctx;
+typedef struct { int E, C, OC, R; const int *offsets; real *inp, *W, *out, *P; } gm_ctx;
 static double gm_loss(void *q) {
     gm_ctx *c = q;
-    ops->grouped_matmul_fwd(c->out, c->inp, c->W, c->offsets, c->E, c->C, c->OC);
+    ops->grouped_matmul_fwd(c->out, c->inp, c->W, c->offsets, c->E, c->C, c->OC, c->R);
     return tu_dot(c->out, c->P, (size_t)c->offsets[c->E] * c->OC);
 }
 static void test_grouped_matmul(void **state) {
@@ -363,7 +363,7 @@ static void test_grouped_matmul(void **state) {
     // expert segments of 5, 0 (empty), 3, 7, 1 rows; 2 spare rows past offsets[E]
     const int E = 5, C = 9, OC = 6, R = 18;
     int offsets[6] = {0, 5, 5, 8, 15, 16};
-    gm_ctx c = {.E = E, .C = C, .OC = OC, .offsets = offsets};
+    gm_ctx c = {.E = E, .C = C, .OC = OC, .R = R, .offsets = offsets};
     c.inp = tu_randn((size_t)R * C, &r, 1); c.W = tu_randn((size_t)E * OC * C, &r, 0.5);
     c.out = tu_alloc((size_t)R * OC); c.P = tu_randn((size_t)R * OC, &r, 1);
     for (int i = 16 * OC; i < R * OC; i++) c.out[i] = 7;   // must stay untouched
@@ -381,14 +381,14 @@ static void test_grouped_matmul(void **state) {
     for (int i = 16 * OC; i < R * OC; i++) untouched += c.out[i] != 7;
     tu_check("grouped_matmul leaves rows past offsets[E] (mismatches)", untouched, 0);
     real *dinp = tu_alloc((size_t)R * C), *dW = tu_alloc((size_t)E * OC * C);
-    ops->grouped_matmul_bwd(dinp, dW, c.P, c.inp, c.W, offsets, E, C, OC);
+    ops->grouped_matmul_bwd(dinp, dW, c.P, c.inp, c.W, offsets, E, C, OC, R);
     tu_check("grouped_matmul d_inp", tu_gradcheck(c.inp, dinp, (size_t)16 * C, gm_loss, &c, TU_H, 300, &r),
              TOL(1e-8, 1e-2));
     tu_check("grouped_matmul d_W (incl. empty expert)",
              tu_gradcheck(c.W, dW, (size_t)E * OC * C, gm_loss, &c, TU_H, 300, &r), TOL(1e-8, 1e-2));
     // NULL gradients are allowed and the rest still accumulates
     real *dW2 = tu_copy(dW, (size_t)E * OC * C);
-    ops->grouped_matmul_bwd(NULL, dW2, c.P, c.inp, c.W, offsets, E, C, OC);
+    ops->grouped_matmul_bwd(NULL, dW2, c.P, c.inp, c.W, offsets, E, C, OC, R);
     for (int i = 0; i < E * OC * C; i++) dW[i] *= 2;
     tu_check("grouped_matmul bwd accumulates (dinp NULL)", tu_rel_rms(dW2, dW, (size_t)E * OC * C), TOL(1e-14, 1e-6));
     free(c.inp); free(c.W); free(c.out); free(c.P); free(dinp); free(dW); free(dW2);
@@ -526,10 +526,10 @@ static void ffn_forward(ffn_ctx *c) {
     ops->moe_route_fwd(c->idx, c->gate, c->s, c->alpha, c->z, c->bias, N, E, k, c->scale, 1);
     ops->moe_plan(c->counts, c->offsets, c->row_token, c->slot_row, c->idx, c->s, N, E, k, c->cap);
     ops->moe_gather_fwd(c->xp, c->x, c->row_token, c->offsets, E, C);
-    ops->grouped_matmul_fwd(c->g, c->xp, c->W1, c->offsets, E, C, F);
-    ops->grouped_matmul_fwd(c->u, c->xp, c->W3, c->offsets, E, C, F);
+    ops->grouped_matmul_fwd(c->g, c->xp, c->W1, c->offsets, E, C, F, N * k);
+    ops->grouped_matmul_fwd(c->u, c->xp, c->W3, c->offsets, E, C, F, N * k);
     ops->glu_fwd(c->h, c->g, c->u, (size_t)c->offsets[E] * F, c->act);
-    ops->grouped_matmul_fwd(c->yp, c->h, c->W2, c->offsets, E, F, C);
+    ops->grouped_matmul_fwd(c->yp, c->h, c->W2, c->offsets, E, F, C, N * k);
     memset(c->y, 0, (size_t)N * C * sizeof(real));
     ops->moe_combine_fwd(c->y, c->yp, c->gate, c->slot_row, N, k, C);
 }
@@ -620,10 +620,10 @@ static void test_moe_ffn(void **state) {
          *du = tu_alloc(NK * F), *dxp = tu_alloc(NK * C), *dx = tu_alloc((size_t)N * C), *dz = tu_alloc((size_t)N * E),
          *dW1 = tu_alloc((size_t)E * F * C), *dW3 = tu_alloc((size_t)E * F * C), *dW2 = tu_alloc((size_t)E * C * F);
     ops->moe_combine_bwd(dyp, dgate, c.P, c.yp, c.gate, c.slot_row, N, k, C);
-    ops->grouped_matmul_bwd(dh, dW2, dyp, c.h, c.W2, c.offsets, E, F, C);
+    ops->grouped_matmul_bwd(dh, dW2, dyp, c.h, c.W2, c.offsets, E, F, C, (int)NK);
     ops->glu_bwd(dg, du, dh, c.g, c.u, NK * F, c.act);
-    ops->grouped_matmul_bwd(dxp, dW1, dg, c.xp, c.W1, c.offsets, E, C, F);
-    ops->grouped_matmul_bwd(dxp, dW3, du, c.xp, c.W3, c.offsets, E, C, F);
+    ops->grouped_matmul_bwd(dxp, dW1, dg, c.xp, c.W1, c.offsets, E, C, F, (int)NK);
+    ops->grouped_matmul_bwd(dxp, dW3, du, c.xp, c.W3, c.offsets, E, C, F, (int)NK);
     ops->moe_gather_bwd(dx, dxp, c.row_token, c.offsets, E, C, (int)NK);
     ops->moe_route_bwd(dz, dgate, c.s, c.idx, N, E, k, c.scale, 1);
     tu_check("moe ffn chain d_x", tu_gradcheck(c.x, dx, (size_t)N * C, ffn_loss, &c, TU_H, 150, &r), TOL(1e-7, 2e-2));

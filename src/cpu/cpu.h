@@ -47,8 +47,8 @@ void cpu_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *id
 void cpu_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
 void cpu_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
 void cpu_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
-void cpu_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
-void cpu_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+void cpu_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
+void cpu_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
 void cpu_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cpu_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cpu_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);

@@ -111,7 +111,9 @@ void cpu_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const i
 // out [R, OC] = per expert segment [offsets[e], offsets[e+1]) of inp [R, C] · W[e]ᵀ,
 // W [E, OC, C]. One (multithreaded) BLAS call per non-empty expert, outside any
 // OpenMP region. Rows at or past offsets[E] are not touched.
-void cpu_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
+void cpu_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
+                            int R) {
+    LM_CHECK(offsets[E] <= R, "grouped_matmul: %d rows used, %d allocated", offsets[E], R);
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         cpu_matmul_fwd(out + (size_t)r0 * OC, inp + (size_t)r0 * C, W + (size_t)e * OC * C, NULL, n, C, OC);
@@ -120,7 +122,8 @@ void cpu_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int
 
 // dinp [R, C] += dout · W[e], dW [E, OC, C] += doutᵀ · inp, per expert segment
 void cpu_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                            const int *offsets, int E, int C, int OC) {
+                            const int *offsets, int E, int C, int OC, int R) {
+    LM_CHECK(offsets[E] <= R, "grouped_matmul: %d rows used, %d allocated", offsets[E], R);
     for (int e = 0; e < E; e++) {
         int r0 = offsets[e], n = offsets[e + 1] - offsets[e];
         cpu_matmul_bwd(dinp ? dinp + (size_t)r0 * C : NULL, dW ? dW + (size_t)e * OC * C : NULL, NULL,

@@ -26,8 +26,14 @@ extern "C" {
 #ifdef __CUDACC__
 cudaStream_t lm_cuda_stream(void);
 #endif
-// frees the backend's workspace and cuBLAS handle (optional, e.g. at exit)
+// frees the backend's workspace, cuBLAS handle and bf16 weight copies (optional, e.g. at exit)
 void lm_cuda_backend_shutdown(void);
+// The backend keeps bf16 copies of weights for its tensor-core GEMMs (weight_cache.cu) and
+// remakes them after this is called. The ops that write parameters (alloc, free,
+// to_device, adamw, muon, scale) call it; code that changes weights in device memory any
+// other way (a kernel of its own, ops->copy into a weight) must call it too.
+void lm_cuda_weights_changed(void);
+void lm_cuda_weight_cache_free(void);
 // host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
 // CUDA headers: wait for the device; free bytes on the device; the device's name and memory
 void lm_cuda_sync(void);
@@ -43,6 +49,13 @@ int lm_cuda_gemm_mode(void);
 void lm_cuda_set_gemm_mode(int mode);
 const char *lm_cuda_gemm_name(int mode);
 int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
+// Kernel of the bf16 grouped expert GEMM: 0 auto (= 3), 1 wgmma on bf16 operands, 128 × 256
+// tiles, 2 wgmma 128 × 128 tiles, 3 wgmma 128 × 128 tiles two CTAs per SM, 4 the mma.sync
+// kernel on fp32 operands. Read once from LM_MOE_GEMM (auto | wg256 | wg128 | wg128x2 | mma)
+// unless set here first.
+int lm_cuda_moe_gemm(void);
+void lm_cuda_set_moe_gemm(int mode);
+const char *lm_cuda_moe_gemm_name(int mode);
 
 void cuda_add(real *out, const real *a, const real *b, size_t n);
 void cuda_acc(real *acc, const real *x, size_t n);
@@ -83,8 +96,8 @@ void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *i
 void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
 void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
 void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
-void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC);
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);

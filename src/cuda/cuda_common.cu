@@ -88,6 +88,7 @@ const char *lm_cuda_device_name(double *total_bytes) {
 void lm_cuda_backend_shutdown(void) {
     if (g_cublas) { cublasDestroy(g_cublas); g_cublas = NULL; }
     if (g_scratch) { cudaFree(g_scratch); g_scratch = NULL; g_scratch_cap = 0; }
+    lm_cuda_weight_cache_free();
 }
 
 __global__ void colsum_final_k(float *sums, const float *part, int nch, int C) {

@@ -26,12 +26,17 @@ static void *cu_alloc(size_t bytes) {
     if (bytes == 0) bytes = 1;
     cudaCheck(cudaMalloc(&p, bytes));
     cudaCheck(cudaMemset(p, 0, bytes));
+    lm_cuda_weights_changed();   // a new weight may take a freed one's address
     return p;
 }
 static void cu_free(void *p) {
     if (p) cudaCheck(cudaFree(p));
+    lm_cuda_weights_changed();
 }
-static void cu_to_device(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice)); }
+static void cu_to_device(void *dst, const void *src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    lm_cuda_weights_changed();   // weights arrive this way (init, checkpoints)
+}
 static void cu_to_host(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
 static void cu_copy(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
 static void cu_zero(void *p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }

@@ -1,12 +1,14 @@
 // matmul.cu — the linear layer and the per-head products of MLA decode through cuBLAS.
-// The linear layer follows lm_cuda_gemm_mode(): bf16 (default) rounds both operands to bf16
-// copies in the workspace (lm_cuda_to_bf16; weights stay fp32 masters) and multiplies them on
+// The linear layer follows lm_cuda_gemm_mode(): bf16 (default) multiplies bf16 operands on
 // tensor cores with fp32 accumulation into the fp32 output (products of ≥ 64 rows; see
-// use_bf16); fp32 / tf32 run SGEMM.
+// use_bf16) — the activations rounded into the workspace per call, the weights from
+// weight_cache.cu's bf16 copies (fp32 masters stay; a copy is remade after the weights
+// change, i.e. once per optimizer step); fp32 / tf32 run SGEMM.
 //
 // Row-major X [m, n] is column-major Xᵀ with leading dimension n, so each row-major
 // product below is issued as the column-major product of the transposes.
 #include "cuda_common.cuh"
+#include "moe_gemm.cuh"
 #include <cuda_bf16.h>
 
 // Skinny products (decode: a few rows) stay on SGEMM (TF32 in the bf16 mode): they are
@@ -38,10 +40,9 @@ void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias
     } else {
         // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
         if (use_bf16(N)) {
-            size_t nw = (size_t)OC * C, nx = (size_t)N * C;
-            __nv_bfloat16 *wb = (__nv_bfloat16 *)lm_cuda_scratch(lm_align256(nw * 2) + nx * 2);
-            __nv_bfloat16 *xb = wb + lm_align256(nw * 2) / 2;
-            lm_cuda_to_bf16(wb, W, nw);
+            const size_t nx = (size_t)N * C;
+            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)OC * C);
+            __nv_bfloat16 *xb = (__nv_bfloat16 *)lm_cuda_scratch(nx * 2);
             lm_cuda_to_bf16(xb, inp, nx);
             gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
         } else {
@@ -66,13 +67,12 @@ void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const 
     if (N <= 0) return;
     const float one = 1.0f;
     if (OC > 0 && C > 0 && use_bf16(N)) {
-        size_t nw = (size_t)OC * C, nd = (size_t)N * OC, nx = (size_t)N * C;
-        size_t bw = lm_align256(nw * 2), bd = lm_align256(nd * 2);
-        char *ws = (char *)lm_cuda_scratch(bw + bd + nx * 2);
-        __nv_bfloat16 *wb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bw), *xb = (__nv_bfloat16 *)(ws + bw + bd);
+        const size_t nd = (size_t)N * OC, nx = (size_t)N * C, bd = lm_align256(nd * 2);
+        char *ws = (char *)lm_cuda_scratch(bd + nx * 2);
+        __nv_bfloat16 *db = (__nv_bfloat16 *)ws, *xb = (__nv_bfloat16 *)(ws + bd);
         lm_cuda_to_bf16(db, dout, nd);
         if (dinp) {
-            lm_cuda_to_bf16(wb, W, nw);
+            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)OC * C);
             gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wb, C, db, OC, 1.0f, dinp, C);
         }
         if (dW) {

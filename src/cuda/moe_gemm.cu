@@ -5,17 +5,19 @@
 //         dW[e] [OC,C] += doutᵀ · inp             (summed over the expert's rows)
 //   W [E,OC,C]; every tensor fp32 in device memory; offsets [E+1] read on the device only.
 //
-// Two kernels:
+// Three kernels:
+//   * the wgmma kernels of moe_gemm_wg.cu (LM_GEMM_BF16, the default, when C and OC are
+//     multiples of 8): bf16 operands — the activations rounded into the workspace per call
+//     (R, the rows allocated, sizes it), the weights from weight_cache.cu's bf16 copies
+//     (remade only after the weights change; the input gradient reads the same copy
+//     MN-major).
+//   * tc_k below (LM_MOE_GEMM=mma, and C or OC a multiple of 4 but not 8): bf16 tensor
+//     cores on fp32 operands. They stream into shared memory with cp.async (4-stage
+//     pipeline); each warp rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2)
+//     and multiplies with mma.sync m16n8k16, fp32 accumulation.
 //   * gmm_k: plain fp32 CUDA-core tiles (exact; LM_GEMM_FP32 / TF32 modes, and the fallback
-//     for shapes the tensor-core kernel does not take: C or OC not a multiple of 4, or
+//     for shapes the tensor-core kernels do not take: C or OC not a multiple of 4, or
 //     pointers not 16-byte aligned).
-//   * tc_k: bf16 tensor cores (LM_GEMM_BF16, the default). Operands stay fp32 in global
-//     memory and stream into shared memory with cp.async (4-stage pipeline); each warp
-//     rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2) and multiplies with
-//     mma.sync m16n8k16, fp32 accumulation. Converting on load needs no workspace: the
-//     number of rows R is only known on the device (offsets[E]), so a conversion pass of the
-//     activations could not be sized on the host without a synchronisation, and a pass over
-//     the weights alone would move 1.5× their fp32 size through DRAM every call.
 //
 // Fragment trick: the mma's k index may be permuted freely as long as A and B use the same
 // permutation. Logical k pairs (2t,2t+1) and (2t+8,2t+9) of thread t (lane%4) are taken
@@ -23,13 +25,11 @@
 // thread its fragment pair with one 16-byte shared load. Operands whose k is the slow
 // index (W in dinp; dout and inp in dW) are read with 4-byte loads.
 //
-// Ceiling (measured on an H200, bench_moe, session 5): with fp32 operands in global memory a
-// 128 × 256 tile moves 48 KB from L2 per 2.1 MFLOP of a 32-deep slice, and this kernel runs at
-// 200–215 TFLOP/s at Kimi shapes, i.e. ~5 TB/s of L2 → SM traffic. A wgmma kernel that
-// rounds each slice to bf16 once per CTA (commit b674bb6) landed on the same 203–216: the
-// operand bytes, not the multiply instructions, set the limit. Going faster needs bf16
-// operands in memory (the experts' weights once per step, the gathered rows and GLU output
-// written as bf16), which halves the bytes.
+// Why bf16 operands (measured on an H200, bench_moe, session 5): with fp32 operands in global
+// memory a 128 × 256 tile moves 48 KB from L2 per 2.1 MFLOP of a 32-deep slice, and tc_k runs
+// at 200–215 TFLOP/s at Kimi shapes, i.e. ~5 TB/s of L2 → SM traffic. A wgmma kernel that
+// rounded each fp32 slice to bf16 once per CTA (commit b674bb6) landed on the same 203–216:
+// the operand bytes, not the multiply instructions, set the limit.
 //
 // Work mapping (no host round trip, CUDA-graph friendly):
 //   fwd, dinp: a one-block kernel turns offsets into tile_start[e] (prefix sum of the
@@ -38,7 +38,10 @@
 //   dW: grid (OC tiles × C tiles, E); the expert's rows are the k loop, summed in order
 //     inside one CTA: deterministic, no atomics. Experts with no rows return at once.
 #include "cuda_common.cuh"
+#include "moe_gemm.cuh"
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 // ---------------------------------------------------------------------------
 // fp32 kernel (exact): 64×64 tiles, 16-deep k slices, 4×4 outputs per thread, k in order.
@@ -296,12 +299,12 @@ __device__ __forceinline__ void tc_tile(float *smem, float *Cout, long ldc, cons
         }
 }
 
-// tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / TC_M) · ntn (one block; E small)
-__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn) {
+// tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / tm) · ntn (one block; E small)
+__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn, int tm) {
     __shared__ int part[1024];
     const int tid = threadIdx.x, per = (E + blockDim.x - 1) / blockDim.x;
     int s = 0;
-    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
+    for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
     part[tid] = s;
     __syncthreads();
     if (tid == 0) {
@@ -313,7 +316,7 @@ __global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, in
     int run = part[tid];
     for (int e = tid * per; e < min(E, (tid + 1) * per); e++) {
         tile_start[e] = run;
-        run += (offsets[e + 1] - offsets[e] + TC_M - 1) / TC_M * ntn;
+        run += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
     }
 }
 
@@ -376,33 +379,87 @@ static void tc_setup(void) {
     cudaCheck(cudaFuncSetAttribute(tc_dw_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
     done = 1;
 }
-// the tensor-core kernel takes C, OC multiples of 4 (16-byte rows for cp.async) and
-// 16-byte aligned tensors; anything else runs the fp32 kernel
-static int tc_ok(int C, int OC, const void *p0, const void *p1, const void *p2, const void *p3) {
-    if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4) return 0;
+static int aligned16(const void *p0, const void *p1, const void *p2, const void *p3) {
     const void *ps[4] = {p0, p1, p2, p3};
     for (int i = 0; i < 4; i++)
         if (ps[i] && (uintptr_t)ps[i] % 16) return 0;
     return 1;
 }
-// tile_start of the rows-as-m kernels for N output columns, in the workspace
-static int *tc_schedule(const int *offsets, int E, int N) {
-    int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + TC_N - 1) / TC_N);
+// tile_start of the rows-as-m kernels (tiles of tm rows × tn columns) into ts [E+1]
+static void tc_schedule(int *ts, const int *offsets, int E, int N, int tm, int tn) {
+    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + tn - 1) / tn, tm);
     cudaLaunchCheck();
-    return ts;
+}
+
+// Kernel choice in the bf16 mode: LM_MOE_GEMM=auto|wg256|wg128|wg128x2|mma (benchmarks and
+// tests compare them). The wgmma kernels (moe_gemm_wg.cu) take bf16 operands: the
+// activations are rounded into the workspace per call, the weights come from
+// weight_cache.cu. mma: this file's kernel, fp32 operands rounded as they are read.
+// auto: see moe_kernel.
+enum { MOE_AUTO, MOE_WG256, MOE_WG128, MOE_WG128X2, MOE_MMA, MOE_NKERNELS };
+static int g_moe_gemm = -1;
+static const char *const MOE_GEMM_NAMES[] = {"auto", "wg256", "wg128", "wg128x2", "mma"};
+int lm_cuda_moe_gemm(void) {
+    if (g_moe_gemm < 0) {
+        const char *s = getenv("LM_MOE_GEMM");
+        g_moe_gemm = MOE_AUTO;
+        if (s && *s) {
+            g_moe_gemm = -1;
+            for (int m = 0; m < MOE_NKERNELS; m++)
+                if (strcmp(s, MOE_GEMM_NAMES[m]) == 0) g_moe_gemm = m;
+            if (g_moe_gemm < 0) lm_die("LM_MOE_GEMM='%s' is not one of auto, wg256, wg128, wg128x2, mma", s);
+        }
+    }
+    return g_moe_gemm;
+}
+void lm_cuda_set_moe_gemm(int mode) {
+    LM_CHECK(mode >= 0 && mode < MOE_NKERNELS, "bad MoE GEMM kernel %d", mode);
+    g_moe_gemm = mode;
+}
+const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKERNELS ? MOE_GEMM_NAMES[mode] : "?"; }
+// The kernel for these shapes: an LM_WG_* configuration, K_MMA, or K_FP32.
+// auto = two CTAs of 128 × 128 tiles per SM for every product (bench_moe, H200, TFLOP/s of
+// fwd / dinp / dW against 128 × 256 tiles, one CTA per SM: Kimi shapes, 512 rows per
+// expert, 317–326 / 207 / 171 vs 310–313 / 164 / 91; the small preset, 205 rows, 120 / 52 /
+// 65 vs 109 / 44 / 31): the second CTA hides each one's epilogue and pipeline refills.
+enum { K_FP32 = 0, K_MMA = 100 };
+static int moe_kernel(int C, int OC, int aligned) {
+    if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4 || !aligned) return K_FP32;
+    int m = lm_cuda_moe_gemm();
+    if (m != MOE_MMA && (C % 8 || OC % 8)) m = MOE_MMA;   // wgmma copies 8-element chunks
+    switch (m) {
+    case MOE_WG256: return LM_WG_BIG;
+    case MOE_WG128: return LM_WG_NARROW;
+    case MOE_WG128X2: return LM_WG_PAIR;
+    case MOE_MMA: return K_MMA;
+    default: return LM_WG_PAIR;
+    }
 }
 
 // ---------------------------------------------------------------------------
 // the ops
 
 // out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC) {
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
+                             int R) {
     if (E <= 0 || OC <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    if (C > 0 && tc_ok(C, OC, out, inp, W, NULL)) {
+    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned16(out, inp, W, NULL)) : K_FP32;
+    if (kern != K_FP32 && kern != K_MMA) {   // A = inp, B_e = W[e] (n = oc, k = c): both K-major
+        const size_t ab = lm_align256((size_t)R * C * 2);
+        char *ws = (char *)lm_cuda_scratch(ab + (size_t)(E + 1) * sizeof(int));
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)ws;
+        int *ts = (int *)(ws + ab);
+        const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
+        lm_cuda_to_bf16(xb, inp, (size_t)R * C);
+        tc_schedule(ts, offsets, E, OC, 128, lm_wg_tile_cols(kern));
+        lm_wg_grouped_rows(out, xb, wb, offsets, ts, E, OC, C, 0, kern);
+        return;
+    }
+    if (kern == K_MMA) {
         tc_setup();
-        int *ts = tc_schedule(offsets, E, OC);
+        int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+        tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
         tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(out, inp, W, offsets, ts, E,
                                                                                         OC, C, C, (long)OC * C);
         cudaLaunchCheck();
@@ -416,13 +473,33 @@ void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const in
 
 // dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
 void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                             const int *offsets, int E, int C, int OC) {
-    if (E <= 0 || OC <= 0 || C <= 0) return;
+                             const int *offsets, int E, int C, int OC, int R) {
+    if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !dW)) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    if (tc_ok(C, OC, dinp, dW, dout, inp) && (uintptr_t)W % 16 == 0) {
+    const int aligned = aligned16(dinp, dW, dout, inp) && aligned16(W, 0, 0, 0);
+    const int kern = R > 0 ? moe_kernel(C, OC, aligned) : K_FP32;
+    if (kern != K_FP32 && kern != K_MMA) {
+        const size_t db = lm_align256((size_t)R * OC * 2), xb = dW ? lm_align256((size_t)R * C * 2) : 0;
+        char *ws = (char *)lm_cuda_scratch(db + xb + (size_t)(E + 1) * sizeof(int));
+        __nv_bfloat16 *doutb = (__nv_bfloat16 *)ws, *inpb = (__nv_bfloat16 *)(ws + db);
+        int *ts = (int *)(ws + db + xb);
+        lm_cuda_to_bf16(doutb, dout, (size_t)R * OC);
+        if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
+            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
+            tc_schedule(ts, offsets, E, C, 128, lm_wg_tile_cols(kern));
+            lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
+        }
+        if (dW) {     // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
+            lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
+            lm_wg_grouped_dw(dW, doutb, inpb, offsets, E, OC, C, kern);
+        }
+        return;
+    }
+    if (kern == K_MMA) {
         tc_setup();
         if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
-            int *ts = tc_schedule(offsets, E, C);
+            int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+            tc_schedule(ts, offsets, E, C, TC_M, TC_N);
             tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
                 dinp, dout, W, offsets, ts, E, C, OC, C, (long)OC * C);
             cudaLaunchCheck();

@@ -35,6 +35,11 @@ static int harness_gemm_mode = LM_GEMM_BF16;
 #define lm_cuda_gemm_mode() (harness_gemm_mode)
 #define lm_cuda_set_gemm_mode(m) ((void)(harness_gemm_mode = (m)))
 #define lm_cuda_gemm_name(m) ((m) == LM_GEMM_FP32 ? "fp32" : (m) == LM_GEMM_TF32 ? "tf32" : "bf16")
+static int harness_moe_gemm;
+#define lm_cuda_moe_gemm() (harness_moe_gemm)
+#define lm_cuda_set_moe_gemm(m) ((void)(harness_moe_gemm = (m)))
+#define lm_cuda_moe_gemm_name(m) \
+    ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : "mma")
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -588,11 +593,11 @@ static void t_moe_experts(void) {
     float *dinp = hrandn(NK * C, 1), *dW = hrandn((size_t)E * F * C, 1);
     float *gW = dfl(W, (size_t)E * F * C), *gout = dfl(out, NK * F), *gdout = dfl(dout, NK * F);
     float *gdinp = dfl(dinp, NK * C), *gdW = dfl(dW, (size_t)E * F * C);
-    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, F);
-    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, F);
+    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, F, (int)NK);
+    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, F, (int)NK);
     cmp("grouped_matmul", "fwd out", gout, out, NK * F, TOL);
-    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, F);
-    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, F);
+    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, F, (int)NK);
+    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, F, (int)NK);
     cmp("grouped_matmul", "bwd dinp", gdinp, dinp, NK * C, TOL);
     cmp("grouped_matmul", "bwd dW", gdW, dW, (size_t)E * F * C, TOL);
     // combine (yp = the grouped output)
@@ -622,7 +627,8 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     const size_t NK = (size_t)N * k;
     plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);   // skewed: the high experts are empty
     char op[48];
-    snprintf(op, sizeof op, "grouped_mm %dx%d E%d %s", C, OC, E, lm_cuda_gemm_name(mode));
+    snprintf(op, sizeof op, "grouped_mm %dx%d E%d %s %s", C, OC, E, lm_cuda_gemm_name(mode),
+             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()));
     printf("    (%s: %d rows, experts:", op, p.offsets[E]);
     for (int e = 0; e < E; e++) printf(" %d", p.offsets[e + 1] - p.offsets[e]);
     printf(")\n");
@@ -630,15 +636,56 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     float *dout = hrandn(NK * OC, 1), *dinp = hrandn(NK * C, 1), *dW = hrandn((size_t)E * OC * C, 1);
     float *gxp = dfl(xp, NK * C), *gW = dfl(W, (size_t)E * OC * C), *gout = dfl(out, NK * OC);
     float *gdout = dfl(dout, NK * OC), *gdinp = dfl(dinp, NK * C), *gdW = dfl(dW, (size_t)E * OC * C);
-    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC);
-    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC);
+    CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC, (int)NK);
+    GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
     cmp(op, "fwd out (rows used)", gout, out, (size_t)p.offsets[E] * OC, tol);
-    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, OC);
-    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC);
+    CPU->grouped_matmul_bwd(dinp, dW, dout, xp, W, p.offsets, E, C, OC, (int)NK);
+    GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
     cmp(op, "bwd dinp (rows used)", gdinp, dinp, (size_t)p.offsets[E] * C, tol);
     cmp(op, "bwd dW", gdW, dW, (size_t)E * OC * C, tol);
     DFREE(gxp, gW, gout, gdout, gdinp, gdW);
     HFREE(xp, W, out, dout, dinp, dW);
+    free_plan(&p);
+}
+
+// The wgmma kernels read bf16 copies of the weights that the backend remakes only after an
+// op that writes parameters (weight_cache.cu). Each stage changes the weights in place —
+// new values uploaded into the same buffer, then an AdamW step — and the products must
+// follow (a stale copy would give the old weights' products: a relative error of ~1.4).
+static void t_grouped_weight_cache(void) {
+    const int N = 200, E = 4, k = 2, C = 64, OC = 72;
+    const size_t NK = (size_t)N * k, nw = (size_t)E * OC * C;
+    plan_t p = make_plan(NULL, N, E, k, -1, 0, 0);
+    float *xp = hrandn(NK * C, 1), *W = hrandn(nw, 0.2), *dout = hrandn(NK * OC, 1);
+    float *out = lm_malloc(NK * OC * sizeof(float)), *dinp = lm_malloc(NK * C * sizeof(float));
+    float *g = hrandn(nw, 1), *m = hrandn(nw, 0.1), *v = hunif(nw, 0.01, 1);
+    float *gxp = dfl(xp, NK * C), *gW = dfl(W, nw), *gdout = dfl(dout, NK * OC);
+    float *gout = GPU->alloc(NK * OC * sizeof(float)), *gdinp = GPU->alloc(NK * C * sizeof(float));
+    float *gg = dfl(g, nw), *gm = dfl(m, nw), *gv = dfl(v, nw);
+    const char *op = "grouped_mm weight copies";
+    for (int stage = 0; stage < 3; stage++) {
+        if (stage == 1) {   // new values into the same device buffer
+            HFREE(W);
+            W = hrandn(nw, 0.2);
+            GPU->to_device(gW, W, nw * sizeof(float));
+        } else if (stage == 2) {   // one AdamW step with a large rate
+            CPU->adamw(W, g, m, v, nw, 0.5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1.0f, 1.0f);
+            GPU->adamw(gW, gg, gm, gv, nw, 0.5f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f, 1.0f, 1.0f);
+        }
+        const char *what[3][2] = {{"fwd, first weights", "dinp, first weights"},
+                                  {"fwd after to_device", "dinp after to_device"},
+                                  {"fwd after adamw", "dinp after adamw"}};
+        CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC, (int)NK);
+        GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+        cmp(op, what[stage][0], gout, out, NK * OC, 1e-2);
+        memset(dinp, 0, NK * C * sizeof(float));
+        GPU->zero(gdinp, NK * C * sizeof(float));
+        CPU->grouped_matmul_bwd(dinp, NULL, dout, xp, W, p.offsets, E, C, OC, (int)NK);
+        GPU->grouped_matmul_bwd(gdinp, NULL, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+        cmp(op, what[stage][1], gdinp, dinp, NK * C, 1e-2);
+    }
+    DFREE(gxp, gW, gdout, gout, gdinp, gg, gm, gv);
+    HFREE(xp, W, dout, out, dinp, g, m, v);
     free_plan(&p);
 }
 
@@ -1159,8 +1206,8 @@ static void t_bench(void) {
     BENCH("moe_plan N=16384 k=4 E=80 (dropless)", 0, GPU->moe_plan(gc, go, grt, gsr, gidx, gs, N, E, k, -1), gs);
     float *xp = drand_big(NK * d, 1), *We = drand_big((size_t)E * F * d, 0.05), *h = drand_big(NK * F, 1);
     float *dWe = drand_big((size_t)E * F * d, 1);
-    BENCH("grouped_matmul_fwd R=65536 C=1024 OC=256", 2.0 * NK * d * F, GPU->grouped_matmul_fwd(h, xp, We, go, E, d, F), h);
-    BENCH("grouped_matmul_bwd dinp+dW", 4.0 * NK * d * F, GPU->grouped_matmul_bwd(xp, dWe, h, xp, We, go, E, d, F), h);
+    BENCH("grouped_matmul_fwd R=65536 C=1024 OC=256", 2.0 * NK * d * F, GPU->grouped_matmul_fwd(h, xp, We, go, E, d, F, (int)NK), h);
+    BENCH("grouped_matmul_bwd dinp+dW", 4.0 * NK * d * F, GPU->grouped_matmul_bwd(xp, dWe, h, xp, We, go, E, d, F, (int)NK), h);
     BENCH("moe_gather_fwd R=65536 C=1024", 0, GPU->moe_gather_fwd(xp, x, grt, go, E, d), xp);
     BENCH("moe_gather_bwd R=65536 C=1024", 0, GPU->moe_gather_bwd(x, xp, grt, go, E, d, (int)NK), x);
     DFREE(gidx, gc, go, grt, gsr, gs, xp, We, h, dWe);
@@ -1259,13 +1306,22 @@ int main(int argc, char **argv) {
         t_moe_route(50, 4, 4, 1);
         t_moe_plan();
         t_moe_experts();
-        // bf16 tensor-core grouped GEMMs: partial 128-row tiles, empty experts, C/OC not
-        // multiples of the 256-column tile or the 32-deep k slice; then sizes that fall back
+        // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
+        // 128 × 128 two-per-SM tiles on bf16 operands, mma.sync on fp32): partial row tiles, empty experts, C/OC not multiples
+        // of the column tile or the k slice, expert row counts not multiples of 4 or of the
+        // 64-deep slice (the dW k loop); then sizes that fall back: C, OC multiples of 4 but
+        // not 8 (wgmma → mma.sync), not of 4 (→ the fp32 kernel)
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-        t_grouped_matmul(300, 12, 3, 40, 76, 44);
+        for (int kernel = 1; kernel <= 4; kernel++) {
+            lm_cuda_set_moe_gemm(kernel);
+            t_grouped_matmul(300, 12, 3, 40, 72, 40);
+            t_grouped_matmul(700, 8, 2, -1, 296, 264);
+            t_grouped_matmul(2000, 6, 2, -1, 136, 520);
+        }
+        lm_cuda_set_moe_gemm(0);
+        t_grouped_weight_cache();
         t_grouped_matmul(700, 8, 2, -1, 300, 260);
-        t_grouped_matmul(2000, 6, 2, -1, 132, 516);
-        t_grouped_matmul(300, 12, 3, 40, 70, 45);   // fp32 fallback (C, OC not multiples of 4)
+        t_grouped_matmul(300, 12, 3, 40, 70, 45);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_balance();
         t_attnres(1, 64);

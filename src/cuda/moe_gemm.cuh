@@ -1,0 +1,27 @@
+// moe_gemm.cuh — the bf16-operand grouped GEMM kernels (moe_gemm_wg.cu) and the bf16 weight
+// copies they and the dense linear layer read (weight_cache.cu).
+#ifndef LM_MOE_GEMM_CUH
+#define LM_MOE_GEMM_CUH
+#include <cuda_bf16.h>
+
+// Tile configurations (moe_gemm_wg.cu): BIG 128 × 256 tiles, one CTA per SM; NARROW
+// 128 × 128, one CTA per SM, a deeper copy pipeline; PAIR 128 × 128, two CTAs per SM.
+enum { LM_WG_BIG = 1, LM_WG_NARROW = 2, LM_WG_PAIR = 3 };
+int lm_wg_tile_cols(int cfg);   // N columns per tile
+
+// dinp 0: Out [R,N] = per expert e: rows [offsets[e], offsets[e+1]) of A [R,K] times
+// B_e [N,K]ᵀ (B_e = B + e·N·K). dinp 1: Out [R,N] += A_rows · B_e with B_e [K,N]. tile_start [E+1]: the prefix sum of each
+// expert's ceil(rows/128) · ceil(N/lm_wg_tile_cols(cfg)) tiles (device memory). Needs K, N multiples of 8 and 16-byte aligned A, B, Out.
+void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                        const int *tile_start, int E, int N, int K, int dinp, int cfg);
+// dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N].
+// Needs M, N multiples of 8 and 16-byte aligned pointers.
+void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
+                      int N, int cfg);
+
+// bf16 copy of the fp32 weights W [E, rows, cols], made at the first use after the weights may have changed
+// and kept until then. "May have changed" = lm_cuda_weights_changed() was called since the
+// copy was made; the backend calls it from every op that writes parameters (alloc, free,
+// to_device, the optimizers, scale). Code that writes weights any other way calls it.
+const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n);
+#endif

@@ -1,0 +1,389 @@
+// moe_gemm_wg.cu — the grouped expert GEMMs on bf16 operands with Hopper's wgmma (sm_90a):
+// the fast path behind moe_gemm.cu's ops (which convert the operands and pick the kernel).
+//
+//   rows kernel, fwd: Out [R,N] = per expert e: rows [offsets[e], offsets[e+1]) of A [R,K]
+//       times B_e [N,K]ᵀ, B_e = B + e·N·K, both K-major (k contiguous);
+//     dinp: Out [R,N] += A_rows · B_e with B_e [K,N] (the same weights: N contiguous, read
+//       MN-major — no transposed copy)
+//   dW kernel: dW [E,M,N] += per expert Σ over its rows r of A[r,m]·B[r,n]; A [R,M], B [R,N]
+//       are MN-major for the multiply (k = the rows is their slow index)
+//   bf16 operands, fp32 accumulation, fp32 output.
+//
+// Design. A CTA computes 128 × WN tiles (WN 256, or 128 when experts are small) with two
+// warpgroups of 64 rows, each issuing wgmma.mma_async m64nWNk16 on operands in shared
+// memory. Operand tiles are 64-deep k slices in the 128-byte-swizzle layout wgmma reads
+// (16-byte chunk c of a 128-byte row ρ at chunk c ^ (ρ & 7), 8-row atoms of 1024 bytes),
+// copied straight from global memory with cp.async — no conversion or transpose pass in the
+// kernel: K-major tiles have one 128-byte row per m (or n) row; MN-major tiles have one per
+// k row and 64 m (or n) values, and the multiply reads them transposed (wgmma's tnsp bits).
+// STAGES slices live in a ring; the copies run LEAD = STAGES − 2 slices ahead of the
+// multiply, and one multiply stays in flight while the next slice is issued (so a slot is
+// refilled two slices after its multiply was issued). The CTA is persistent and its
+// pipeline runs across tile boundaries: the next tile's first slices are already in
+// flight while the finished tile's accumulators are written out.
+//
+// Work lists (no host round trip): the rows kernel walks tile_start (moe_gemm.cu's
+// device-built prefix sum of each expert's row tiles × column tiles; an expert's tiles run
+// m-fastest so that concurrent CTAs share its weight slab in L2); the dW kernel walks
+// (expert, m tile, n tile) in expert order, skipping experts without rows. dW sums an
+// expert's rows in order inside one CTA: deterministic, no atomics.
+#include "cuda_common.cuh"
+#include "moe_gemm.cuh"
+#include <stdint.h>
+#include <stdlib.h>
+
+#define WB_M 128
+#define WB_K 64   // bf16 per k slice: one 128-byte swizzle row
+#define WB_THREADS 256
+
+// Tile configurations. WN columns per tile; STAGES k slices in the ring; OVERLAP: one
+// multiply stays in flight while the next slice is issued (LEAD = STAGES − 2 slices of copies
+// ahead), else each slice's multiply is waited for (LEAD = STAGES − 1) and a second CTA on the
+// SM (CTAS = 2) fills the tensor cores meanwhile — and overlaps its multiply with this CTA's
+// epilogue, which matters when tiles are short (few rows per expert in dW, K = 1024 in dinp).
+template <int WN, int STAGES_, bool OVERLAP_, int CTAS_> struct WbCfg {
+    static constexpr int A_BYTES = WB_M * WB_K * 2, B_BYTES = WN * WB_K * 2, STAGE = A_BYTES + B_BYTES;
+    static constexpr int STAGES = STAGES_, CTAS = CTAS_;
+    static constexpr bool OVERLAP = OVERLAP_;
+    static constexpr int LEAD = OVERLAP ? STAGES - 2 : STAGES - 1;
+    static constexpr int SMEM = STAGES * STAGE + 1024;   // + slack to align the ring to 1024 B
+};
+typedef WbCfg<256, 4, true, 1> WbBig;     // 192 KB ring, one CTA per SM
+typedef WbCfg<128, 6, true, 1> WbNarrow;  // 192 KB ring, one CTA per SM
+typedef WbCfg<128, 3, false, 2> WbPair;   // 96 KB ring, two CTAs per SM
+
+// wgmma and its fences exist only in the arch-specific sm_90a target; nvcc 13 also runs a
+// generic compute_90 pass for -arch=sm_90a, where these compile to a trap (never run)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define WG_ASM(...) __trap()
+#endif
+__device__ __forceinline__ void wg_fence() { WG_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { WG_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    WG_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy
+__device__ __forceinline__ void wg_fence_proxy() { WG_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wb_cp16(uint32_t s, const void *g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void wb_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wb_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// shared-memory matrix descriptor, 128-byte swizzle: start, LBO, SBO (bytes)
+__device__ __forceinline__ uint64_t wb_desc(uint32_t saddr, int lbo, int sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+// d [128] (+)= A (64 × 16, descriptor da) · B (256 × 16, descriptor db)ᵀ, one warpgroup; acc 0: d =
+template <int TA, int TB>
+__device__ __forceinline__ void wg_mma_n256(float d[128], uint64_t da, uint64_t db, int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+           "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+           "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+           "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+           "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+           "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+           "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+           "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+           "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+             "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+             "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+             "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+             "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+             "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+             "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+             "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+             "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+             "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+             "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+             "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+             "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+             "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+             "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+             "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+           : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+// d [64] (+)= A (64 × 16, descriptor da) · B (128 × 16, descriptor db)ᵀ, one warpgroup; acc 0: d =
+template <int TA, int TB>
+__device__ __forceinline__ void wg_mma_n128(float d[64], uint64_t da, uint64_t db, int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+           "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+           "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+           "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+           "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+             "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+             "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+             "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+             "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+             "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+             "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+             "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+           : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+// K-major tile, ROWS rows × 64 k: element (r, k) at g[r·ld + k]; row r is swizzle row r
+// (atom r/8). Valid r < nr, k < nk (k in whole 8-element chunks); the rest reads as zero.
+template <int ROWS>
+__device__ __forceinline__ void wb_load_kmaj(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
+#pragma unroll
+    for (int it = 0; it < ROWS * 8 / WB_THREADS; it++) {
+        const int l = tid + it * WB_THREADS, r = l >> 3, c = l & 7;
+        const bool v = r < nr && 8 * c < nk;
+        wb_cp16(s + r * 128 + ((c ^ (r & 7)) << 4), v ? g + (long)r * ld + 8 * c : g, v);
+    }
+}
+// MN-major tile, ROWS (m or n) × 64 k: element (r, k) at g[k·ld + r]; k row κ, values
+// 64j..64j+63 form swizzle row κ & 7 of atom (κ/8)·(ROWS/64) + j
+template <int ROWS>
+__device__ __forceinline__ void wb_load_mn(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
+    constexpr int CPR = ROWS / 8;   // 16-byte chunks per k row
+#pragma unroll
+    for (int it = 0; it < ROWS * 8 / WB_THREADS; it++) {
+        const int l = tid + it * WB_THREADS, kr = l / CPR, c = l % CPR;
+        const bool v = kr < nk && 8 * c < nr;
+        const int off = ((kr >> 3) * (ROWS / 64) + (c >> 3)) * 1024 + (kr & 7) * 128 + (((c & 7) ^ (kr & 7)) << 4);
+        wb_cp16(s + off, v ? g + (long)kr * ld + 8 * c : g, v);
+    }
+}
+
+// One output tile: operands at its origin, valid extents M × N, depth K
+struct WbTile {
+    const __nv_bfloat16 *A, *B;
+    float *C;
+    long lda, ldb, ldc;
+    int M, N, K;
+};
+// fwd / dinp: the tile list of tile_start (tiles of WB_M rows × WN columns). B_e [N,K]
+// K-major (fwd: W[e] itself), or MN-major (dinp: W[e] [K,N] read transposed)
+template <int WN, bool B_KM> struct WbRowsSched {
+    static constexpr int EPI_BATCH = 1;
+    const __nv_bfloat16 *A, *B;
+    float *Out;
+    const int *offsets, *tile_start;
+    int E, N, K;
+    __device__ int total() const { return tile_start[E]; }
+    __device__ bool get(int tile, WbTile &t) const {
+        int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) >> 1;
+            if (tile_start[mid] <= tile) lo = mid; else hi = mid;
+        }
+        const int e = lo, local = tile - tile_start[e];
+        const int o0 = offsets[e], rows = offsets[e + 1] - o0, mtn = (rows + WB_M - 1) / WB_M;
+        const int m0 = (local % mtn) * WB_M, n0 = (local / mtn) * WN;
+        t.A = A + (long)(o0 + m0) * K;
+        t.B = B + (long)e * N * K + (B_KM ? (long)n0 * K : n0);
+        t.C = Out + (long)(o0 + m0) * N + n0;
+        t.lda = K;
+        t.ldb = B_KM ? K : N;
+        t.ldc = N;
+        t.M = rows - m0;
+        t.N = N - n0;
+        t.K = K;
+        return true;
+    }
+};
+// dW: (expert, m tile, n tile), m fastest; experts without rows have no tiles
+template <int WN> struct WbDwSched {
+    static constexpr int EPI_BATCH = 8;
+    const __nv_bfloat16 *A, *B;
+    float *dW;
+    const int *offsets;
+    int E, M, N, ntm, ntn;
+    __device__ int total() const { return E * ntm * ntn; }
+    __device__ bool get(int tile, WbTile &t) const {
+        const int e = tile / (ntm * ntn), local = tile % (ntm * ntn);
+        const int o0 = offsets[e], rows = offsets[e + 1] - o0;
+        if (rows <= 0) return false;
+        const int m0 = (local % ntm) * WB_M, n0 = (local / ntm) * WN;
+        t.A = A + (long)o0 * M + m0;
+        t.B = B + (long)o0 * N + n0;
+        t.C = dW + (long)e * M * N + (long)m0 * N + n0;
+        t.lda = M;
+        t.ldb = N;
+        t.ldc = N;
+        t.M = M - m0;
+        t.N = N - n0;
+        t.K = rows;
+        return true;
+    }
+};
+
+template <int WN, int TA, int TB>
+__device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
+    if constexpr (WN == 256) wg_mma_n256<TA, TB>(d, da, db, acc);
+    else wg_mma_n128<TA, TB>(d, da, db, acc);
+}
+
+// The persistent GEMM. A_KM / B_KM: operand K-major (else MN-major); ACC: C += (else C =).
+template <class Cfg, bool A_KM, bool B_KM, bool ACC, class Sched>
+__global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched sched) {
+    constexpr int WN = Cfg::B_BYTES / (WB_K * 2);
+    extern __shared__ uint8_t wb_raw[];
+    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wb_raw) + 1023u) & ~1023u;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int total = sched.total();
+    auto next_live = [&](int &t, WbTile &T) {
+        while (t < total && !sched.get(t, T)) t += gridDim.x;
+        return t < total;
+    };
+    // producer: the slice the copies are at (tile pt, slice pk, ring slot pslot)
+    int pt = blockIdx.x, pk = 0, pslot = 0;
+    WbTile P;
+    bool plive = next_live(pt, P);
+    auto produce = [&]() {
+        if (plive) {
+            const uint32_t s = ring + pslot * Cfg::STAGE;
+            const int k0 = pk * WB_K;
+            if constexpr (A_KM) wb_load_kmaj<WB_M>(s, P.A + k0, P.lda, P.M, P.K - k0, tid);
+            else wb_load_mn<WB_M>(s, P.A + (long)k0 * P.lda, P.lda, P.M, P.K - k0, tid);
+            if constexpr (B_KM) wb_load_kmaj<WN>(s + Cfg::A_BYTES, P.B + k0, P.ldb, P.N, P.K - k0, tid);
+            else wb_load_mn<WN>(s + Cfg::A_BYTES, P.B + (long)k0 * P.ldb, P.ldb, P.N, P.K - k0, tid);
+            if (++pk * WB_K >= P.K) {
+                pk = 0;
+                pt += gridDim.x;
+                plive = next_live(pt, P);
+            }
+        }
+        wb_commit();   // empty groups keep the wait count uniform
+        pslot = pslot + 1 == Cfg::STAGES ? 0 : pslot + 1;
+    };
+#pragma unroll
+    for (int i = 0; i < Cfg::LEAD; i++) produce();
+
+    // MN-major descriptors: LBO steps between 64-wide m (n) blocks, SBO between 8-row k groups
+    constexpr int a_lbo = 1024, a_sbo = 2048, b_lbo = 1024, b_sbo = WN / 64 * 1024;
+    int ct = blockIdx.x, ck = 0, cslot = 0;
+    WbTile T;
+    bool clive = next_live(ct, T);
+    float acc[WN / 2];
+    while (clive) {
+        wb_wait<Cfg::LEAD - 1>();   // this thread's copies of the slice have landed ...
+        wg_fence_proxy();
+        __syncthreads();            // ... everyone's; and the slot two slices back is free
+        produce();
+        const uint32_t s = ring + cslot * Cfg::STAGE, sb = s + Cfg::A_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < WB_K / 16; j++) {
+            const uint64_t da = A_KM ? wb_desc(s + wg * 64 * 128 + j * 32, 16, 1024)
+                                     : wb_desc(s + wg * 1024 + 2 * j * 2048, a_lbo, a_sbo);
+            const uint64_t db = B_KM ? wb_desc(sb + j * 32, 16, 1024)
+                                     : wb_desc(sb + 2 * j * (WN / 64) * 1024, b_lbo, b_sbo);
+            wg_mma<WN, A_KM ? 0 : 1, B_KM ? 0 : 1>(acc, da, db, ck > 0 || j > 0);
+        }
+        wg_commit();
+        if constexpr (Cfg::OVERLAP) wg_wait<1>();
+        else wg_wait<0>();
+        cslot = cslot + 1 == Cfg::STAGES ? 0 : cslot + 1;
+        if (++ck * WB_K < T.K) continue;
+        wg_wait<0>();
+        // accumulator layout (per warpgroup, m64 × nWN): register 4i+q of warp w, lane l is
+        // row 16w + l/4 + 8·(q/2), column 8i + 2·(l%4) + q%2. With ACC the old values are
+        // loaded BATCH at a time before their stores (the compiler cannot reorder a load
+        // past a store that might alias it). dW (short tiles: k = an expert's rows) wants
+        // 8: 109 → 171 TFLOP/s at Kimi shapes; dinp is faster with 1 (207 vs 146), its
+        // longer main loop hiding the other CTA's epilogue either way (bench_moe, H200).
+        constexpr int BATCH = ACC ? Sched::EPI_BATCH : 8;
+        const int w = (tid & 127) >> 5, l = tid & 31;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int m = wg * 64 + w * 16 + (l >> 2) + 8 * hf;
+            if (m >= T.M) continue;
+            float *crow = T.C + (long)m * T.ldc;
+#pragma unroll
+            for (int i0 = 0; i0 < WN / 8; i0 += BATCH) {
+                float2 old[BATCH];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int n = 8 * (i0 + u) + 2 * (l & 3);
+                    old[u] = ACC && n < T.N ? *reinterpret_cast<const float2 *>(crow + n) : make_float2(0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int n = 8 * (i0 + u) + 2 * (l & 3);
+                    if (n >= T.N) continue;
+                    const int r = 4 * (i0 + u) + 2 * hf;
+                    *reinterpret_cast<float2 *>(crow + n) = make_float2(acc[r] + old[u].x, acc[r + 1] + old[u].y);
+                }
+            }
+        }
+        ck = 0;
+        ct += gridDim.x;
+        clive = next_live(ct, T);
+    }
+    wb_wait<0>();
+}
+
+static int wb_num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+template <typename K> static void wb_prepare(K kernel, int smem) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+}
+
+// fwd: B K-major, Out =;  dinp: B MN-major, Out +=
+template <class Cfg, bool DINP>
+static void wb_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                    const int *tile_start, int E, int N, int K) {
+    constexpr int WN = Cfg::B_BYTES / (WB_K * 2);
+    typedef WbRowsSched<WN, !DINP> S;
+    static int ready = 0;
+    if (!ready) { wb_prepare(wb_gemm_k<Cfg, true, !DINP, DINP, S>, Cfg::SMEM); ready = 1; }
+    S s = {A, B, Out, offsets, tile_start, E, N, K};
+    wb_gemm_k<Cfg, true, !DINP, DINP, S><<<Cfg::CTAS * wb_num_sms(), WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
+    cudaLaunchCheck();
+}
+template <class Cfg>
+static void wb_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M, int N) {
+    constexpr int WN = Cfg::B_BYTES / (WB_K * 2);
+    typedef WbDwSched<WN> S;
+    static int ready = 0;
+    if (!ready) { wb_prepare(wb_gemm_k<Cfg, false, false, true, S>, Cfg::SMEM); ready = 1; }
+    const int ntm = (M + WB_M - 1) / WB_M, ntn = (N + WN - 1) / WN;
+    S s = {A, B, dW, offsets, E, M, N, ntm, ntn};
+    const long tiles = (long)E * ntm * ntn, slots = (long)Cfg::CTAS * wb_num_sms();
+    LM_CHECK(tiles < (1L << 31), "grouped dW: %ld tiles", tiles);
+    const int grid = (int)(tiles < slots ? tiles : slots);
+    wb_gemm_k<Cfg, false, false, true, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
+    cudaLaunchCheck();
+}
+
+int lm_wg_tile_cols(int cfg) { return cfg == LM_WG_BIG ? 256 : 128; }
+void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                        const int *tile_start, int E, int N, int K, int dinp, int cfg) {
+    switch (cfg) {
+    case LM_WG_BIG: dinp ? wb_rows<WbBig, true>(Out, A, B, offsets, tile_start, E, N, K)
+                         : wb_rows<WbBig, false>(Out, A, B, offsets, tile_start, E, N, K); break;
+    case LM_WG_NARROW: dinp ? wb_rows<WbNarrow, true>(Out, A, B, offsets, tile_start, E, N, K)
+                            : wb_rows<WbNarrow, false>(Out, A, B, offsets, tile_start, E, N, K); break;
+    default: dinp ? wb_rows<WbPair, true>(Out, A, B, offsets, tile_start, E, N, K)
+                  : wb_rows<WbPair, false>(Out, A, B, offsets, tile_start, E, N, K); break;
+    }
+}
+void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
+                      int N, int cfg) {
+    switch (cfg) {
+    case LM_WG_BIG: wb_dw<WbBig>(dW, A, B, offsets, E, M, N); break;
+    case LM_WG_NARROW: wb_dw<WbNarrow>(dW, A, B, offsets, E, M, N); break;
+    default: wb_dw<WbPair>(dW, A, B, offsets, E, M, N); break;
+    }
+}

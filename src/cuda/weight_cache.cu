@@ -1,0 +1,57 @@
+// weight_cache.cu — bf16 copies of fp32 weights for the bf16-operand GEMMs (moe_gemm.cuh).
+//
+// Training keeps fp32 master weights; the tensor-core GEMMs read bf16. Rounding the
+// weights inside every call moves 1.5× their fp32 bytes per call (read fp32, write bf16,
+// read bf16) — at Kimi-Linear's MoE shapes that is as long as the multiply itself — while
+// the weights only change at an optimizer step. So each weight gets one bf16 copy (the
+// forward reads it K-major, the input gradient MN-major), remade at the first use after the weights may
+// have changed: every op that writes parameters (alloc, free, to_device, adamw, muon,
+// scale) calls lm_cuda_weights_changed(), which bumps an epoch; a copy made in an older
+// epoch is stale. The copies live outside the workspace, one cudaMalloc each, freed by
+// lm_cuda_backend_shutdown.
+#include "cuda_common.cuh"
+#include "moe_gemm.cuh"
+
+typedef struct {
+    const float *w;
+    size_t n;
+    unsigned long epoch;
+    __nv_bfloat16 *buf;
+    size_t cap;
+} wc_entry;
+
+#define WC_MAX 1024
+static wc_entry g_wc[WC_MAX];
+static int g_wc_n, g_wc_next;
+static unsigned long g_epoch = 1;
+
+void lm_cuda_weights_changed(void) { g_epoch++; }
+
+const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
+    wc_entry *en = NULL;
+    for (int i = 0; i < g_wc_n && !en; i++)
+        if (g_wc[i].w == W) en = &g_wc[i];
+    if (!en) {   // a new slot; when the table is full, the oldest slot is reused
+        if (g_wc_n < WC_MAX) en = &g_wc[g_wc_n++];
+        else { en = &g_wc[g_wc_next]; g_wc_next = (g_wc_next + 1) % WC_MAX; }
+        en->w = W;
+        en->epoch = 0;
+    }
+    if (en->epoch == g_epoch && en->n == n) return en->buf;
+    if (n > en->cap) {
+        if (en->buf) cudaCheck(cudaFree(en->buf));
+        cudaCheck(cudaMalloc(&en->buf, n * sizeof(__nv_bfloat16)));
+        en->cap = n;
+    }
+    lm_cuda_to_bf16(en->buf, W, n);
+    en->n = n;
+    en->epoch = g_epoch;
+    return en->buf;
+}
+
+void lm_cuda_weight_cache_free(void) {
+    for (int i = 0; i < g_wc_n; i++)
+        if (g_wc[i].buf) cudaCheck(cudaFree(g_wc[i].buf));
+    memset(g_wc, 0, sizeof g_wc);
+    g_wc_n = g_wc_next = 0;
+}
