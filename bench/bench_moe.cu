@@ -267,7 +267,7 @@ int main(int argc, char **argv) {
     }
     {   // every kernel, each part alone
         const int keep = lm_cuda_moe_gemm();
-        for (int kern = 1; kern <= 4; kern++) {
+        for (int kern = 1; kern <= 5; kern++) {
             lm_cuda_set_moe_gemm(kern);
             double tf = time_ms(gemm_fwd, WARM, REPS), ti = time_ms(gemm_bwd_dinp, WARM, REPS);
             double tw = time_ms(gemm_bwd_dw, WARM, REPS);

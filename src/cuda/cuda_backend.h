@@ -49,10 +49,11 @@ int lm_cuda_gemm_mode(void);
 void lm_cuda_set_gemm_mode(int mode);
 const char *lm_cuda_gemm_name(int mode);
 int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
-// Kernel of the bf16 grouped expert GEMM: 0 auto (= 3), 1 wgmma on bf16 operands, 128 × 256
-// tiles, 2 wgmma 128 × 128 tiles, 3 wgmma 128 × 128 tiles two CTAs per SM, 4 the mma.sync
-// kernel on fp32 operands. Read once from LM_MOE_GEMM (auto | wg256 | wg128 | wg128x2 | mma)
-// unless set here first.
+// Kernel of the bf16 grouped expert GEMM: 0 auto (5 for the forward, 3 for the gradients),
+// 1 wgmma on bf16 operands, 128 × 256 tiles, 2 wgmma 128 × 128 tiles, 3 wgmma 128 × 128
+// tiles two CTAs per SM, 4 the mma.sync kernel on fp32 operands, 5 TMA + warp-specialized
+// wgmma, 128 × 256 tiles (forward and input gradient; its weight gradient runs 3). Read once
+// from LM_MOE_GEMM (auto | wg256 | wg128 | wg128x2 | mma | tma) unless set here first.
 int lm_cuda_moe_gemm(void);
 void lm_cuda_set_moe_gemm(int mode);
 const char *lm_cuda_moe_gemm_name(int mode);

@@ -6,8 +6,8 @@
 //   W [E,OC,C]; every tensor fp32 in device memory; offsets [E+1] read on the device only.
 //
 // Three kernels:
-//   * the wgmma kernels of moe_gemm_wg.cu (LM_GEMM_BF16, the default, when C and OC are
-//     multiples of 8): bf16 operands — the activations rounded into the workspace per call
+//   * the wgmma kernels of moe_gemm_tma.cu (forward) and moe_gemm_wg.cu (gradients)
+//     (LM_GEMM_BF16, the default, when C and OC are multiples of 8): bf16 operands — the activations rounded into the workspace per call
 //     (R, the rows allocated, sizes it), the weights from weight_cache.cu's bf16 copies
 //     (remade only after the weights change; the input gradient reads the same copy
 //     MN-major).
@@ -396,9 +396,9 @@ static void tc_schedule(int *ts, const int *offsets, int E, int N, int tm, int t
 // activations are rounded into the workspace per call, the weights come from
 // weight_cache.cu. mma: this file's kernel, fp32 operands rounded as they are read.
 // auto: see moe_kernel.
-enum { MOE_AUTO, MOE_WG256, MOE_WG128, MOE_WG128X2, MOE_MMA, MOE_NKERNELS };
+enum { MOE_AUTO, MOE_WG256, MOE_WG128, MOE_WG128X2, MOE_MMA, MOE_TMA, MOE_NKERNELS };
 static int g_moe_gemm = -1;
-static const char *const MOE_GEMM_NAMES[] = {"auto", "wg256", "wg128", "wg128x2", "mma"};
+static const char *const MOE_GEMM_NAMES[] = {"auto", "wg256", "wg128", "wg128x2", "mma", "tma"};
 int lm_cuda_moe_gemm(void) {
     if (g_moe_gemm < 0) {
         const char *s = getenv("LM_MOE_GEMM");
@@ -407,7 +407,7 @@ int lm_cuda_moe_gemm(void) {
             g_moe_gemm = -1;
             for (int m = 0; m < MOE_NKERNELS; m++)
                 if (strcmp(s, MOE_GEMM_NAMES[m]) == 0) g_moe_gemm = m;
-            if (g_moe_gemm < 0) lm_die("LM_MOE_GEMM='%s' is not one of auto, wg256, wg128, wg128x2, mma", s);
+            if (g_moe_gemm < 0) lm_die("LM_MOE_GEMM='%s' is not one of auto, wg256, wg128, wg128x2, mma, tma", s);
         }
     }
     return g_moe_gemm;
@@ -417,13 +417,17 @@ void lm_cuda_set_moe_gemm(int mode) {
     g_moe_gemm = mode;
 }
 const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKERNELS ? MOE_GEMM_NAMES[mode] : "?"; }
-// The kernel for these shapes: an LM_WG_* configuration, K_MMA, or K_FP32.
-// auto = two CTAs of 128 × 128 tiles per SM for every product (bench_moe, H200, TFLOP/s of
-// fwd / dinp / dW against 128 × 256 tiles, one CTA per SM: Kimi shapes, 512 rows per
-// expert, 317–326 / 207 / 171 vs 310–313 / 164 / 91; the small preset, 205 rows, 120 / 52 /
-// 65 vs 109 / 44 / 31): the second CTA hides each one's epilogue and pipeline refills.
-enum { K_FP32 = 0, K_MMA = 100 };
-static int moe_kernel(int C, int OC, int aligned) {
+// The kernel for these shapes: an LM_WG_* configuration, K_TMA, K_MMA, or K_FP32.
+// auto (bench_moe, H200; TFLOP/s of the three GEMMs at Kimi shapes, 512 rows per expert, and
+// at the small preset's, 205 rows):
+//   forward: TMA (moe_gemm_tma.cu) — Kimi 390–411 vs 310–327 for the best cp.async kernel
+//     (two CTAs of 128 × 128 per SM), small 121–123 vs 120;
+//   input and weight gradients: two CTAs of 128 × 128 per SM (`wg128x2`) — Kimi dinp 225–236
+//     vs 182–189 for TMA and 164–172 for 128 × 256 tiles, dW 169–171 vs 70–91; small 74 / 64
+//     vs 48 / 64: their tiles are short (k = 1024, or an expert's rows) and the second CTA
+//     hides each one's read-modify-write epilogue.
+enum { K_FP32 = 0, K_MMA = 100, K_TMA = 101 };
+static int moe_kernel(int C, int OC, int aligned, int fwd) {
     if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4 || !aligned) return K_FP32;
     int m = lm_cuda_moe_gemm();
     if (m != MOE_MMA && (C % 8 || OC % 8)) m = MOE_MMA;   // wgmma copies 8-element chunks
@@ -432,7 +436,8 @@ static int moe_kernel(int C, int OC, int aligned) {
     case MOE_WG128: return LM_WG_NARROW;
     case MOE_WG128X2: return LM_WG_PAIR;
     case MOE_MMA: return K_MMA;
-    default: return LM_WG_PAIR;
+    case MOE_TMA: return K_TMA;
+    default: return fwd ? (int)K_TMA : (int)LM_WG_PAIR;
     }
 }
 
@@ -444,7 +449,7 @@ void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const in
                              int R) {
     if (E <= 0 || OC <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned16(out, inp, W, NULL)) : K_FP32;
+    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned16(out, inp, W, NULL), 1) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {   // A = inp, B_e = W[e] (n = oc, k = c): both K-major
         const size_t ab = lm_align256((size_t)R * C * 2);
         char *ws = (char *)lm_cuda_scratch(ab + (size_t)(E + 1) * sizeof(int));
@@ -452,8 +457,13 @@ void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const in
         int *ts = (int *)(ws + ab);
         const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
         lm_cuda_to_bf16(xb, inp, (size_t)R * C);
-        tc_schedule(ts, offsets, E, OC, 128, lm_wg_tile_cols(kern));
-        lm_wg_grouped_rows(out, xb, wb, offsets, ts, E, OC, C, 0, kern);
+        if (kern == K_TMA) {
+            tc_schedule(ts, offsets, E, OC, 128, lm_wt_tile_cols());
+            lm_wt_grouped_rows(out, xb, wb, offsets, ts, E, R, OC, C, 0);
+        } else {
+            tc_schedule(ts, offsets, E, OC, 128, lm_wg_tile_cols(kern));
+            lm_wg_grouped_rows(out, xb, wb, offsets, ts, E, OC, C, 0, kern);
+        }
         return;
     }
     if (kern == K_MMA) {
@@ -477,7 +487,7 @@ void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real 
     if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !dW)) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
     const int aligned = aligned16(dinp, dW, dout, inp) && aligned16(W, 0, 0, 0);
-    const int kern = R > 0 ? moe_kernel(C, OC, aligned) : K_FP32;
+    const int kern = R > 0 ? moe_kernel(C, OC, aligned, 0) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {
         const size_t db = lm_align256((size_t)R * OC * 2), xb = dW ? lm_align256((size_t)R * C * 2) : 0;
         char *ws = (char *)lm_cuda_scratch(db + xb + (size_t)(E + 1) * sizeof(int));
@@ -486,12 +496,17 @@ void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real 
         lm_cuda_to_bf16(doutb, dout, (size_t)R * OC);
         if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
             const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
-            tc_schedule(ts, offsets, E, C, 128, lm_wg_tile_cols(kern));
-            lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
+            if (kern == K_TMA) {
+                tc_schedule(ts, offsets, E, C, 128, lm_wt_tile_cols());
+                lm_wt_grouped_rows(dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
+            } else {
+                tc_schedule(ts, offsets, E, C, 128, lm_wg_tile_cols(kern));
+                lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
+            }
         }
         if (dW) {     // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
             lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
-            lm_wg_grouped_dw(dW, doutb, inpb, offsets, E, OC, C, kern);
+            lm_wg_grouped_dw(dW, doutb, inpb, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);
         }
         return;
     }

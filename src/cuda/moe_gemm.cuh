@@ -14,6 +14,11 @@ int lm_wg_tile_cols(int cfg);   // N columns per tile
 // expert's ceil(rows/128) · ceil(N/lm_wg_tile_cols(cfg)) tiles (device memory). Needs K, N multiples of 8 and 16-byte aligned A, B, Out.
 void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
                         const int *tile_start, int E, int N, int K, int dinp, int cfg);
+// The same products with TMA copies and a warp-specialized pipeline (moe_gemm_tma.cu):
+// 128 × lm_wt_tile_cols() tiles; R = rows allocated in A (the copies' bounds).
+int lm_wt_tile_cols(void);
+void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                        const int *tile_start, int E, int R, int N, int K, int dinp);
 // dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N].
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,

@@ -39,7 +39,7 @@ static int harness_moe_gemm;
 #define lm_cuda_moe_gemm() (harness_moe_gemm)
 #define lm_cuda_set_moe_gemm(m) ((void)(harness_moe_gemm = (m)))
 #define lm_cuda_moe_gemm_name(m) \
-    ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : "mma")
+    ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -1312,7 +1312,7 @@ int main(int argc, char **argv) {
         // 64-deep slice (the dW k loop); then sizes that fall back: C, OC multiples of 4 but
         // not 8 (wgmma → mma.sync), not of 4 (→ the fp32 kernel)
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-        for (int kernel = 1; kernel <= 4; kernel++) {
+        for (int kernel = 1; kernel <= 5; kernel++) {
             lm_cuda_set_moe_gemm(kernel);
             t_grouped_matmul(300, 12, 3, 40, 72, 40);
             t_grouped_matmul(700, 8, 2, -1, 296, 264);
