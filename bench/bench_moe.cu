@@ -130,8 +130,7 @@ int main(int argc, char **argv) {
     auto plan = [&] { cuda_moe_plan(counts, offsets, row_token, slot_row, idx, s, N, E, k, -1); };
     auto gather = [&] { cuda_moe_gather_fwd(xp, x, row_token, offsets, E, d); };
     auto gemm_fwd = [&] {
-        cuda_grouped_matmul_fwd(ea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_fwd(eb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul2_fwd(ea, eb, xp, w1, w3, offsets, E, d, F, (int)NK);   // gate, up: xp rounded once
         cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d, (int)NK);
     };
     auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
@@ -151,15 +150,14 @@ int main(int argc, char **argv) {
         zero(dea, NK * F * 4); zero(deb, NK * F * 4);
         cuda_glu_bwd(dea, deb, deh, ea, eb, NK * F, act);
         zero(dxp, NK * d * 4);
-        cuda_grouped_matmul_bwd(dxp, gw1, dea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_bwd(dxp, gw3, deb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul2_bwd(dxp, gw1, gw3, dea, deb, xp, w1, w3, offsets, E, d, F, (int)NK);
     };
     // the three grouped backward GEMMs alone (dinp + dW), without the GLU and memsets
     // (dinp, dW) of the three: both, or one of them (a NULL output is skipped)
     auto gemm_bwd_parts = [&](bool dinp, bool dw) {
         cuda_grouped_matmul_bwd(dinp ? deh : NULL, dw ? gw2 : NULL, dyp, eh, w2, offsets, E, F, d, (int)NK);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dea, xp, w1, offsets, E, d, F, (int)NK);
-        cuda_grouped_matmul_bwd(dinp ? dxp : NULL, dw ? gw3 : NULL, deb, xp, w3, offsets, E, d, F, (int)NK);
+        cuda_grouped_matmul2_bwd(dinp ? dxp : NULL, dw ? gw1 : NULL, dw ? gw3 : NULL, dea, deb, xp, w1, w3, offsets, E,
+                                 d, F, (int)NK);
     };
     auto gemm_bwd_only = [&] { gemm_bwd_parts(true, true); };
     auto gemm_bwd_dinp = [&] { gemm_bwd_parts(true, false); };
@@ -259,8 +257,7 @@ int main(int argc, char **argv) {
         // xp twice and eh once (part of the forward figure above)
         __nv_bfloat16 *tmp;
         cudaCheck(cudaMalloc(&tmp, NK * d * 2));
-        double t = time_ms([&] { lm_cuda_to_bf16(tmp, xp, NK * d); lm_cuda_to_bf16(tmp, xp, NK * d);
-                                 lm_cuda_to_bf16(tmp, eh, NK * F); }, WARM, REPS);
+        double t = time_ms([&] { lm_cuda_to_bf16(tmp, xp, NK * d); lm_cuda_to_bf16(tmp, eh, NK * F); }, WARM, REPS);
         row("  activation rounding inside the forward calls", t, 0);
         result("fwd_act_round_ms", t);
         cudaCheck(cudaFree(tmp));

@@ -213,6 +213,15 @@ typedef struct lm_ops {
                                int R);
     void (*grouped_matmul_bwd)(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
                                const int *offsets, int E, int C, int OC, int R);
+    // two grouped GEMMs of one input (the experts' gate and up projections): out1 = inp·W1[e]ᵀ,
+    // out2 = inp·W2[e]ᵀ; bwd: dinp += dout1·W1[e] + dout2·W2[e], dW1 += dout1ᵀ·inp,
+    // dW2 += dout2ᵀ·inp. The same results as two single calls (a backend may share work:
+    // the CUDA one rounds inp to bf16 once)
+    void (*grouped_matmul2_fwd)(real *out1, real *out2, const real *inp, const real *W1, const real *W2,
+                                const int *offsets, int E, int C, int OC, int R);
+    void (*grouped_matmul2_bwd)(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2,
+                                const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C,
+                                int OC, int R);
     // combine: y[i] += Σ_slot gate[i,slot] · yp[slot_row[i,slot]] (dropped slots add nothing)
     void (*moe_combine_fwd)(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
     void (*moe_combine_bwd)(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,

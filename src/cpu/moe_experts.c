@@ -131,6 +131,20 @@ void cpu_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *
     }
 }
 
+// two products of one input: out1 = inp · W1[e]ᵀ, out2 = inp · W2[e]ᵀ (a backend may share
+// work between them; here they are simply the two single products)
+void cpu_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2,
+                             const int *offsets, int E, int C, int OC, int R) {
+    cpu_grouped_matmul_fwd(out1, inp, W1, offsets, E, C, OC, R);
+    cpu_grouped_matmul_fwd(out2, inp, W2, offsets, E, C, OC, R);
+}
+void cpu_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2,
+                             const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C,
+                             int OC, int R) {
+    cpu_grouped_matmul_bwd(dinp, dW1, dout1, inp, W1, offsets, E, C, OC, R);
+    cpu_grouped_matmul_bwd(dinp, dW2, dout2, inp, W2, offsets, E, C, OC, R);
+}
+
 // y [N, C] += Σ_slot gate[i, slot] · yp[slot_row[i, slot]]; gate, slot_row [N, k]
 void cpu_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C) {
     #pragma omp parallel for schedule(static)

@@ -444,98 +444,129 @@ static int moe_kernel(int C, int OC, int aligned, int fwd) {
 // ---------------------------------------------------------------------------
 // the ops
 
-// out [R, OC] = per expert segment of inp [R, C] · W[e]ᵀ, W [E, OC, C]
-void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
-                             int R) {
+// The ops take one weight (grouped_matmul) or two sharing the input (grouped_matmul2:
+// SwiGLU's gate and up projections), so that the bf16 path rounds the shared input once.
+// Below, n products: out[i] / dout[i], W[i], dW[i] for i < n.
+
+// out[i] [R, OC] = per expert segment of inp [R, C] · W[i][e]ᵀ, W[i] [E, OC, C]
+static void grouped_fwd(int n, real *const *out, const real *inp, const real *const *W, const int *offsets, int E,
+                        int C, int OC, int R) {
     if (E <= 0 || OC <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned16(out, inp, W, NULL), 1) : K_FP32;
+    int aligned = aligned16(inp, 0, 0, 0);
+    for (int i = 0; i < n; i++) aligned &= aligned16(out[i], W[i], 0, 0);
+    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned, 1) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {   // A = inp, B_e = W[e] (n = oc, k = c): both K-major
         const size_t ab = lm_align256((size_t)R * C * 2);
         char *ws = (char *)lm_cuda_scratch(ab + (size_t)(E + 1) * sizeof(int));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)ws;
         int *ts = (int *)(ws + ab);
-        const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
         lm_cuda_to_bf16(xb, inp, (size_t)R * C);
-        if (kern == K_TMA) {
-            tc_schedule(ts, offsets, E, OC, 128, lm_wt_tile_cols());
-            lm_wt_grouped_rows(out, xb, wb, offsets, ts, E, R, OC, C, 0);
-        } else {
-            tc_schedule(ts, offsets, E, OC, 128, lm_wg_tile_cols(kern));
-            lm_wg_grouped_rows(out, xb, wb, offsets, ts, E, OC, C, 0, kern);
+        tc_schedule(ts, offsets, E, OC, 128, kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern));
+        for (int i = 0; i < n; i++) {
+            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
+            if (kern == K_TMA) lm_wt_grouped_rows(out[i], xb, wb, offsets, ts, E, R, OC, C, 0);
+            else lm_wg_grouped_rows(out[i], xb, wb, offsets, ts, E, OC, C, 0, kern);
         }
         return;
     }
-    if (kern == K_MMA) {
-        tc_setup();
-        int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-        tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
-        tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(out, inp, W, offsets, ts, E,
-                                                                                        OC, C, C, (long)OC * C);
+    for (int i = 0; i < n; i++) {
+        if (kern == K_MMA) {
+            tc_setup();
+            int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+            tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
+            tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+                out[i], inp, W[i], offsets, ts, E, OC, C, C, (long)OC * C);
+        } else {
+            dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+            gmm_k<true, false><<<grid, 256, 0, lm_cuda_stream()>>>(out[i], inp, W[i], offsets, 0, OC, C, C, 1, 1, C,
+                                                                    OC, (long)OC * C);
+        }
         cudaLaunchCheck();
-        return;
     }
-    dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
-    gmm_k<true, false><<<grid, 256, 0, lm_cuda_stream()>>>(out, inp, W, offsets, 0, OC, C, C, 1, 1, C, OC,
-                                                            (long)OC * C);
-    cudaLaunchCheck();
 }
 
-// dinp [R, C] += dout · W[e];  dW [E, OC, C] += doutᵀ · inp per segment
-void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
-                             const int *offsets, int E, int C, int OC, int R) {
-    if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !dW)) return;
+// dinp [R, C] += Σ_i dout[i] · W[i][e];  dW[i] [E, OC, C] += dout[i]ᵀ · inp per segment
+static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *dout, const real *inp,
+                        const real *const *W, const int *offsets, int E, int C, int OC, int R) {
+    int any_dw = 0, aligned = aligned16(dinp, inp, 0, 0);
+    for (int i = 0; i < n; i++) {
+        any_dw |= dW[i] != NULL;
+        aligned &= aligned16(dW[i], dout[i], W[i], 0);
+    }
+    if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !any_dw)) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    const int aligned = aligned16(dinp, dW, dout, inp) && aligned16(W, 0, 0, 0);
     const int kern = R > 0 ? moe_kernel(C, OC, aligned, 0) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {
-        const size_t db = lm_align256((size_t)R * OC * 2), xb = dW ? lm_align256((size_t)R * C * 2) : 0;
-        char *ws = (char *)lm_cuda_scratch(db + xb + (size_t)(E + 1) * sizeof(int));
-        __nv_bfloat16 *doutb = (__nv_bfloat16 *)ws, *inpb = (__nv_bfloat16 *)(ws + db);
-        int *ts = (int *)(ws + db + xb);
-        lm_cuda_to_bf16(doutb, dout, (size_t)R * OC);
-        if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
-            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)E * OC * C);
-            if (kern == K_TMA) {
-                tc_schedule(ts, offsets, E, C, 128, lm_wt_tile_cols());
-                lm_wt_grouped_rows(dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
-            } else {
-                tc_schedule(ts, offsets, E, C, 128, lm_wg_tile_cols(kern));
-                lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
+        const size_t db = lm_align256((size_t)R * OC * 2), xb = any_dw ? lm_align256((size_t)R * C * 2) : 0;
+        char *ws = (char *)lm_cuda_scratch(n * db + xb + (size_t)(E + 1) * sizeof(int));
+        __nv_bfloat16 *inpb = (__nv_bfloat16 *)(ws + n * db);
+        int *ts = (int *)(ws + n * db + xb);
+        if (any_dw) lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
+        if (dinp) tc_schedule(ts, offsets, E, C, 128, kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern));
+        for (int i = 0; i < n; i++) {
+            __nv_bfloat16 *doutb = (__nv_bfloat16 *)(ws + i * db);
+            lm_cuda_to_bf16(doutb, dout[i], (size_t)R * OC);
+            if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
+                const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
+                if (kern == K_TMA) lm_wt_grouped_rows(dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
+                else lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
             }
-        }
-        if (dW) {     // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
-            lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
-            lm_wg_grouped_dw(dW, doutb, inpb, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);
+            // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
+            if (dW[i]) lm_wg_grouped_dw(dW[i], doutb, inpb, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);
         }
         return;
     }
-    if (kern == K_MMA) {
-        tc_setup();
-        if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
-            int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-            tc_schedule(ts, offsets, E, C, TC_M, TC_N);
-            tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
-                dinp, dout, W, offsets, ts, E, C, OC, C, (long)OC * C);
+    for (int i = 0; i < n; i++) {
+        if (kern == K_MMA) {
+            tc_setup();
+            if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
+                int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+                tc_schedule(ts, offsets, E, C, TC_M, TC_N);
+                tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+                    dinp, dout[i], W[i], offsets, ts, E, C, OC, C, (long)OC * C);
+                cudaLaunchCheck();
+            }
+            if (dW[i]) {  // OC × C, k = the expert's rows: A = dout (oc contiguous), B = inp (c contiguous)
+                dim3 grid(((OC + TC_M - 1) / TC_M) * ((C + TC_N - 1) / TC_N), E);
+                tc_dw_k<<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(dW[i], dout[i], inp, offsets, OC, C);
+                cudaLaunchCheck();
+            }
+            continue;
+        }
+        if (dinp) {
+            dim3 grid((C + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
+            gmm_k<true, true><<<grid, 256, 0, lm_cuda_stream()>>>(dinp, dout[i], W[i], offsets, 0, C, OC, OC, 1, C,
+                                                                   1, C, (long)OC * C);
             cudaLaunchCheck();
         }
-        if (dW) {     // OC × C, k = the expert's rows: A = dout (oc contiguous), B = inp (c contiguous)
-            dim3 grid(((OC + TC_M - 1) / TC_M) * ((C + TC_N - 1) / TC_N), E);
-            tc_dw_k<<<grid, TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C);
+        if (dW[i]) {
+            dim3 grid((C + GM_N - 1) / GM_N, (OC + GM_M - 1) / GM_M, E);
+            gmm_k<false, true><<<grid, 256, 0, lm_cuda_stream()>>>(dW[i], dout[i], inp, offsets, OC, C, 0, 1, OC, C,
+                                                                    1, C, (long)OC * C);
             cudaLaunchCheck();
         }
-        return;
     }
-    if (dinp) {
-        dim3 grid((C + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
-        gmm_k<true, true><<<grid, 256, 0, lm_cuda_stream()>>>(dinp, dout, W, offsets, 0, C, OC, OC, 1, C, 1, C,
-                                                               (long)OC * C);
-        cudaLaunchCheck();
-    }
-    if (dW) {
-        dim3 grid((C + GM_N - 1) / GM_N, (OC + GM_M - 1) / GM_M, E);
-        gmm_k<false, true><<<grid, 256, 0, lm_cuda_stream()>>>(dW, dout, inp, offsets, OC, C, 0, 1, OC, C, 1, C,
-                                                                (long)OC * C);
-        cudaLaunchCheck();
-    }
+}
+
+void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
+                             int R) {
+    grouped_fwd(1, &out, inp, &W, offsets, E, C, OC, R);
+}
+void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W,
+                             const int *offsets, int E, int C, int OC, int R) {
+    grouped_bwd(1, dinp, &dW, &dout, inp, &W, offsets, E, C, OC, R);
+}
+void cuda_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2,
+                              const int *offsets, int E, int C, int OC, int R) {
+    real *out[2] = {out1, out2};
+    const real *W[2] = {W1, W2};
+    grouped_fwd(2, out, inp, W, offsets, E, C, OC, R);
+}
+void cuda_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2,
+                              const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C,
+                              int OC, int R) {
+    real *dW[2] = {dW1, dW2};
+    const real *dout[2] = {dout1, dout2}, *W[2] = {W1, W2};
+    grouped_bwd(2, dinp, dW, dout, inp, W, offsets, E, C, OC, R);
 }

@@ -50,8 +50,7 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         xin = a->xl;
     }
     o->moe_gather_fwd(a->xp, xin, a->row_token, a->offsets, E, dl);
-    o->grouped_matmul_fwd(a->ea, a->xp, p->exp_w1, a->offsets, E, dl, F, (int)rows);
-    o->grouped_matmul_fwd(a->eb, a->xp, p->exp_w3, a->offsets, E, dl, F, (int)rows);
+    o->grouped_matmul2_fwd(a->ea, a->eb, a->xp, p->exp_w1, p->exp_w3, a->offsets, E, dl, F, (int)rows);
     o->glu_fwd(a->eh, a->ea, a->eb, rows * F, c->expert_act);
     o->grouped_matmul_fwd(a->yp, a->eh, p->exp_w2, a->offsets, E, F, dl, (int)rows);
     o->zero(a->y, (size_t)N * dl * sizeof(real));
@@ -99,8 +98,8 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     o->moe_combine_bwd(da->yp, da->gate, dy, a->yp, a->gate, a->slot_row, N, k, dl);
     o->grouped_matmul_bwd(da->eh, g->exp_w2, da->yp, a->eh, p->exp_w2, a->offsets, E, F, dl, (int)rows);
     o->glu_bwd(da->ea, da->eb, da->eh, a->ea, a->eb, rows * F, c->expert_act);
-    o->grouped_matmul_bwd(da->xp, g->exp_w1, da->ea, a->xp, p->exp_w1, a->offsets, E, dl, F, (int)rows);
-    o->grouped_matmul_bwd(da->xp, g->exp_w3, da->eb, a->xp, p->exp_w3, a->offsets, E, dl, F, (int)rows);
+    o->grouped_matmul2_bwd(da->xp, g->exp_w1, g->exp_w3, da->ea, da->eb, a->xp, p->exp_w1, p->exp_w3, a->offsets, E,
+                           dl, F, (int)rows);
     if (c->moe_latent_dim) {
         o->moe_gather_bwd(da->xl, da->xp, a->row_token, a->offsets, E, dl, (int)rows);
         o->matmul_bwd(da->xn, g->lat_down, NULL, da->xl, a->xn, p->lat_down, N, d, dl);

@@ -643,8 +643,23 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     GPU->grouped_matmul_bwd(gdinp, gdW, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
     cmp(op, "bwd dinp (rows used)", gdinp, dinp, (size_t)p.offsets[E] * C, tol);
     cmp(op, "bwd dW", gdW, dW, (size_t)E * OC * C, tol);
-    DFREE(gxp, gW, gout, gdout, gdinp, gdW);
-    HFREE(xp, W, out, dout, dinp, dW);
+    // the pair op (one input, two weights: the experts' gate and up projections), on top of
+    // the buffers above: out, dinp and dW again, plus a second weight, output and gradients
+    float *W2 = hrandn((size_t)E * OC * C, 0.2), *out2 = hrandn(NK * OC, 1), *dout2 = hrandn(NK * OC, 1);
+    float *dW2 = hrandn((size_t)E * OC * C, 1);
+    float *gW2 = dfl(W2, (size_t)E * OC * C), *gout2 = dfl(out2, NK * OC), *gdout2 = dfl(dout2, NK * OC);
+    float *gdW2 = dfl(dW2, (size_t)E * OC * C);
+    CPU->grouped_matmul2_fwd(out, out2, xp, W, W2, p.offsets, E, C, OC, (int)NK);
+    GPU->grouped_matmul2_fwd(gout, gout2, gxp, gW, gW2, p.goffsets, E, C, OC, (int)NK);
+    cmp(op, "pair fwd out1", gout, out, (size_t)p.offsets[E] * OC, tol);
+    cmp(op, "pair fwd out2", gout2, out2, (size_t)p.offsets[E] * OC, tol);
+    CPU->grouped_matmul2_bwd(dinp, dW, dW2, dout, dout2, xp, W, W2, p.offsets, E, C, OC, (int)NK);
+    GPU->grouped_matmul2_bwd(gdinp, gdW, gdW2, gdout, gdout2, gxp, gW, gW2, p.goffsets, E, C, OC, (int)NK);
+    cmp(op, "pair bwd dinp", gdinp, dinp, (size_t)p.offsets[E] * C, tol);
+    cmp(op, "pair bwd dW1", gdW, dW, (size_t)E * OC * C, tol);
+    cmp(op, "pair bwd dW2", gdW2, dW2, (size_t)E * OC * C, tol);
+    DFREE(gxp, gW, gout, gdout, gdinp, gdW, gW2, gout2, gdout2, gdW2);
+    HFREE(xp, W, out, dout, dinp, dW, W2, out2, dout2, dW2);
     free_plan(&p);
 }
 
