@@ -93,8 +93,8 @@ typedef struct lm_ops {
 
     // ---- linear: out[N,OC] = inp[N,C] · W[OC,C]ᵀ + bias[OC] (bias may be NULL) ----
     // W (here and in grouped_matmul) is a parameter: a backend may keep a reduced-precision
-    // copy of it until a parameter-writing op runs (alloc, free, to_device, adamw, muon,
-    // scale; the CUDA backend does, see cuda_backend.h)
+    // copy of it until a parameter-writing op writes it (to_device, adamw, muon, scale) or
+    // memory is allocated or freed (the CUDA backend does, see cuda_backend.h)
     void (*matmul_fwd)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
     void (*matmul_bwd)(real *dinp, real *dW, real *dbias, const real *dout, const real *inp,
                        const real *W, int N, int C, int OC);

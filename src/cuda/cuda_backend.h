@@ -29,10 +29,12 @@ cudaStream_t lm_cuda_stream(void);
 // frees the backend's workspace, cuBLAS handle and bf16 weight copies (optional, e.g. at exit)
 void lm_cuda_backend_shutdown(void);
 // The backend keeps bf16 copies of weights for its tensor-core GEMMs (weight_cache.cu) and
-// remakes them after this is called. The ops that write parameters (alloc, free,
-// to_device, adamw, muon, scale) call it; code that changes weights in device memory any
-// other way (a kernel of its own, ops->copy into a weight) must call it too.
+// remakes them after their fp32 masters are written. The ops that write parameters report it:
+// to_device, adamw, muon and scale the range they wrote (lm_cuda_weights_written), alloc and
+// free "anything" (lm_cuda_weights_changed). Code that changes weights in device memory any
+// other way (a kernel of its own, ops->copy into a weight) must call one of them too.
 void lm_cuda_weights_changed(void);
+void lm_cuda_weights_written(const void *p, size_t bytes);
 void lm_cuda_weight_cache_free(void);
 // host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
 // CUDA headers: wait for the device; free bytes on the device; the device's name and memory

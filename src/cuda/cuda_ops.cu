@@ -35,7 +35,7 @@ static void cu_free(void *p) {
 }
 static void cu_to_device(void *dst, const void *src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    lm_cuda_weights_changed();   // weights arrive this way (init, checkpoints)
+    lm_cuda_weights_written(dst, bytes);   // weights arrive this way (init, checkpoints)
 }
 static void cu_to_host(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
 static void cu_copy(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }

@@ -26,7 +26,7 @@ void cuda_acc(real *acc, const real *x, size_t n) {
 }
 void cuda_scale(real *x, real s, size_t n) {
     if (!n) return;
-    lm_cuda_weights_changed();   // scale writes weights (QK-clip)
+    lm_cuda_weights_written(x, n * sizeof(real));   // scale writes weights (QK-clip)
     scale_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(x, s, n);
     cudaLaunchCheck();
 }

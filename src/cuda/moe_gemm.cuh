@@ -24,9 +24,8 @@ void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
                       int N, int cfg);
 
-// bf16 copy of the fp32 weights W [E, rows, cols], made at the first use after the weights may have changed
-// and kept until then. "May have changed" = lm_cuda_weights_changed() was called since the
-// copy was made; the backend calls it from every op that writes parameters (alloc, free,
-// to_device, the optimizers, scale). Code that writes weights any other way calls it.
+// bf16 copy of the n fp32 weights at W, made at the first use after they may have changed
+// and kept until then. "May have changed" = lm_cuda_weights_written() covered them, or
+// lm_cuda_weights_changed() was called, since the copy was made (cuda_backend.h).
 const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n);
 #endif

@@ -40,7 +40,7 @@ __global__ static void adamw_k(float *p, const float *g, float *m, float *v, siz
 void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd,
                 real bc1, real bc2, real gscale) {
     if (!n) return;
-    lm_cuda_weights_changed();
+    lm_cuda_weights_written(p, n * sizeof(real));
     const int vec = ((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) % 16 == 0;
     unsigned blocks = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
     adamw_k<<<blocks, 256, 0, lm_cuda_stream()>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, vec);
@@ -87,7 +87,7 @@ __global__ static void muon_update_k(float *p, const float *X, int count, int ro
 // p, g, m [count, rows, cols]; update scaled by 0.2·sqrt(max(rows, cols)), decoupled decay
 void cuda_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
-    lm_cuda_weights_changed();
+    lm_cuda_weights_written(p, (size_t)count * rows * cols * sizeof(real));
     const int r = rows < cols ? rows : cols, c = rows < cols ? cols : rows;
     const size_t mn = (size_t)rows * cols, rr = (size_t)r * r;
     const size_t xb = lm_align256(mn * count * sizeof(float)), ab = lm_align256(rr * count * sizeof(float));

@@ -26,6 +26,13 @@ static int g_wc_n, g_wc_next;
 static unsigned long g_epoch = 1;
 
 void lm_cuda_weights_changed(void) { g_epoch++; }
+void lm_cuda_weights_written(const void *p, size_t bytes) {
+    const char *lo = (const char *)p, *hi = lo + bytes;
+    for (int i = 0; i < g_wc_n; i++) {
+        const char *wlo = (const char *)g_wc[i].w, *whi = wlo + g_wc[i].n * sizeof(float);
+        if (wlo < hi && lo < whi) g_wc[i].epoch = 0;
+    }
+}
 
 const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
     wc_entry *en = NULL;
