@@ -30,9 +30,10 @@ cudaStream_t lm_cuda_stream(void);
 void lm_cuda_backend_shutdown(void);
 // The backend keeps bf16 copies of weights for its tensor-core GEMMs (weight_cache.cu) and
 // remakes them after their fp32 masters are written. The ops that write parameters report it:
-// to_device, adamw, muon and scale the range they wrote (lm_cuda_weights_written), alloc and
-// free "anything" (lm_cuda_weights_changed). Code that changes weights in device memory any
-// other way (a kernel of its own, ops->copy into a weight) must call one of them too.
+// to_device, adamw, muon and scale the range they wrote (lm_cuda_weights_written), alloc
+// "anything" (lm_cuda_weights_changed); free drops every copy (lm_cuda_weight_cache_free).
+// Code that changes weights in device memory any other way (a kernel of its own, ops->copy
+// into a weight) must call one of them too.
 void lm_cuda_weights_changed(void);
 void lm_cuda_weights_written(const void *p, size_t bytes);
 void lm_cuda_weight_cache_free(void);

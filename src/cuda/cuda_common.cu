@@ -71,6 +71,15 @@ void lm_cuda_read(void *host, const void *dev, size_t bytes) {
 }
 
 void lm_cuda_sync(void) { cudaCheck(cudaDeviceSynchronize()); }
+int lm_cuda_num_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
 size_t lm_cuda_free_bytes(void) {
     size_t fr = 0, tot = 0;
     cudaCheck(cudaMemGetInfo(&fr, &tot));

@@ -34,6 +34,8 @@ cublasHandle_t lm_cublas(void);
 void *lm_cuda_scratch(size_t bytes);
 // reads a host copy of `bytes` from device memory on the op stream (waits)
 void lm_cuda_read(void *host, const void *dev, size_t bytes);
+// the current device's SM count (queried once)
+int lm_cuda_num_sms(void);
 
 static inline unsigned lm_cuda_blocks(size_t n, int threads) {
     size_t b = (n + threads - 1) / threads;

@@ -31,7 +31,9 @@ static void *cu_alloc(size_t bytes) {
 }
 static void cu_free(void *p) {
     if (p) cudaCheck(cudaFree(p));
-    lm_cuda_weights_changed();
+    // the freed memory may have held weights: drop every bf16 copy (not just mark them
+    // stale), so that a process that builds model after model does not keep their copies
+    lm_cuda_weight_cache_free();
 }
 static void cu_to_device(void *dst, const void *src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));

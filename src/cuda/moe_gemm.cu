@@ -1,4 +1,5 @@
-// moe_gemm.cu — the grouped expert GEMMs of the MoE layer (ops.h grouped_matmul_fwd/bwd).
+// moe_gemm.cu — the grouped expert GEMMs of the MoE layer (ops.h grouped_matmul_fwd/bwd and
+// grouped_matmul2_fwd/bwd, two weights on one input).
 //
 //   fwd:  out [R,OC]  = per expert e, rows offsets[e]..offsets[e+1] of inp [R,C] · W[e]ᵀ
 //   bwd:  dinp [R,C] += dout [R,OC] · W[e]        (same rows)
@@ -7,11 +8,11 @@
 //
 // Three kernels:
 //   * the wgmma kernels of moe_gemm_tma.cu (forward) and moe_gemm_wg.cu (gradients)
-//     (LM_GEMM_BF16, the default, when C and OC are multiples of 8): bf16 operands — the activations rounded into the workspace per call
-//     (R, the rows allocated, sizes it), the weights from weight_cache.cu's bf16 copies
-//     (remade only after the weights change; the input gradient reads the same copy
-//     MN-major).
-//   * tc_k below (LM_MOE_GEMM=mma, and C or OC a multiple of 4 but not 8): bf16 tensor
+//     (LM_GEMM_BF16, the default, when C and OC are multiples of 8): bf16 operands — the
+//     activations rounded into the workspace per call (R, the rows allocated, sizes it), the
+//     weights from weight_cache.cu's bf16 copies (remade only after the weights change; the
+//     input gradient reads the same copy MN-major).
+//   * tc_rows_k / tc_dw_k below (LM_MOE_GEMM=mma, and C or OC a multiple of 4 but not 8): bf16 tensor
 //     cores on fp32 operands. They stream into shared memory with cp.async (4-stage
 //     pipeline); each warp rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2)
 //     and multiplies with mma.sync m16n8k16, fp32 accumulation.
@@ -39,6 +40,7 @@
 //     inside one CTA: deterministic, no atomics. Experts with no rows return at once.
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
+#include <cub/block/block_scan.cuh>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,20 +302,17 @@ __device__ __forceinline__ void tc_tile(float *smem, float *Cout, long ldc, cons
 }
 
 // tile_start [E+1]: tile_start[e] = Σ_{e'<e} ceil(rows_e' / tm) · ntn (one block; E small)
-__global__ static void tc_sched_k(int *tile_start, const int *offsets, int E, int ntn, int tm) {
-    __shared__ int part[1024];
-    const int tid = threadIdx.x, per = (E + blockDim.x - 1) / blockDim.x;
+#define SCHED_THREADS 256
+__global__ static void __launch_bounds__(SCHED_THREADS) tc_sched_k(int *tile_start, const int *offsets, int E, int ntn,
+                                                                    int tm) {
+    typedef cub::BlockScan<int, SCHED_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    const int tid = threadIdx.x, per = (E + SCHED_THREADS - 1) / SCHED_THREADS;
     int s = 0;
     for (int e = tid * per; e < min(E, (tid + 1) * per); e++) s += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
-    part[tid] = s;
-    __syncthreads();
-    if (tid == 0) {
-        int run = 0;
-        for (int i = 0; i < (int)blockDim.x; i++) { int v = part[i]; part[i] = run; run += v; }
-        tile_start[E] = run;
-    }
-    __syncthreads();
-    int run = part[tid];
+    int run, total;
+    Scan(tmp).ExclusiveSum(s, run, total);   // block-wide scan (it was a serial loop over 1024 partials)
+    if (tid == 0) tile_start[E] = total;
     for (int e = tid * per; e < min(E, (tid + 1) * per); e++) {
         tile_start[e] = run;
         run += (offsets[e + 1] - offsets[e] + tm - 1) / tm * ntn;
@@ -362,15 +361,6 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
                                 B + (long)o0 * N + n0, N, M - m0, N - n0, rows);
 }
 
-static int tc_num_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n;
-}
 static void tc_setup(void) {
     static int done = 0;
     if (done) return;
@@ -387,7 +377,7 @@ static int aligned16(const void *p0, const void *p1, const void *p2, const void 
 }
 // tile_start of the rows-as-m kernels (tiles of tm rows × tn columns) into ts [E+1]
 static void tc_schedule(int *ts, const int *offsets, int E, int N, int tm, int tn) {
-    tc_sched_k<<<1, 1024, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + tn - 1) / tn, tm);
+    tc_sched_k<<<1, SCHED_THREADS, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + tn - 1) / tn, tm);
     cudaLaunchCheck();
 }
 
@@ -475,7 +465,7 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
             tc_setup();
             int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
             tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
-            tc_rows_k<true, false><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+            tc_rows_k<true, false><<<lm_cuda_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
                 out[i], inp, W[i], offsets, ts, E, OC, C, C, (long)OC * C);
         } else {
             dim3 grid((OC + GM_N - 1) / GM_N, GM_ROW_BLOCKS, E);
@@ -523,7 +513,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
             if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
                 int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
                 tc_schedule(ts, offsets, E, C, TC_M, TC_N);
-                tc_rows_k<false, true><<<tc_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
+                tc_rows_k<false, true><<<lm_cuda_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
                     dinp, dout[i], W[i], offsets, ts, E, C, OC, C, (long)OC * C);
                 cudaLaunchCheck();
             }

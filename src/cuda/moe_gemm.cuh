@@ -28,4 +28,7 @@ void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
 // and kept until then. "May have changed" = lm_cuda_weights_written() covered them, or
 // lm_cuda_weights_changed() was called, since the copy was made (cuda_backend.h).
 const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n);
+// The copy of exactly these n weights, if one exists, marked current: the caller is about
+// to write bf16(W) into it (an optimizer updating W in place). NULL when there is none.
+__nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n);
 #endif

@@ -187,7 +187,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 wt_encoder(void) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
     if (!fn) {
         cudaDriverEntryPointQueryResult q;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&fn, 12000, cudaEnableDefault, &q));
+        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&fn, 12000, cudaEnableDefault,
+                                                   &q));
         LM_CHECK(q == cudaDriverEntryPointSuccess && fn, "cuTensorMapEncodeTiled is not available from the driver");
     }
     return fn;
@@ -208,21 +209,17 @@ int lm_wt_tile_cols(void) { return WT_N; }
 
 void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
                         const int *tile_start, int E, int R, int N, int K, int dinp) {
-    static int sms = 0, ready[2] = {0, 0};
-    if (!sms) {
-        int dev;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
+    static int ready[2] = {0, 0};
+    const int sms = lm_cuda_num_sms();
     const CUtensorMap ma = wt_map(A, K, R, WT_K, WT_M);
-    if (dinp) {
-        const CUtensorMap mb = wt_map(B, N, (long)E * K, 64, WT_K);
-        if (!ready[1]) { cudaCheck(cudaFuncSetAttribute(wt_rows_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM)); ready[1] = 1; }
-        wt_rows_k<true><<<sms, WT_THREADS, WT_SMEM, lm_cuda_stream()>>>(ma, mb, Out, offsets, tile_start, E, N, K);
-    } else {
-        const CUtensorMap mb = wt_map(B, K, (long)E * N, WT_K, WT_N);
-        if (!ready[0]) { cudaCheck(cudaFuncSetAttribute(wt_rows_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM)); ready[0] = 1; }
-        wt_rows_k<false><<<sms, WT_THREADS, WT_SMEM, lm_cuda_stream()>>>(ma, mb, Out, offsets, tile_start, E, N, K);
+    // B: dinp, W as [E·K rows, N] in 64 × 64 boxes (n blocks); fwd, W as [E·N rows, K]
+    const CUtensorMap mb = dinp ? wt_map(B, N, (long)E * K, 64, WT_K) : wt_map(B, K, (long)E * N, WT_K, WT_N);
+    void (*kern)(const CUtensorMap, const CUtensorMap, float *, const int *, const int *, int, int, int) =
+        dinp ? wt_rows_k<true> : wt_rows_k<false>;
+    if (!ready[dinp != 0]) {
+        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM));
+        ready[dinp != 0] = 1;
     }
+    kern<<<sms, WT_THREADS, WT_SMEM, lm_cuda_stream()>>>(ma, mb, Out, offsets, tile_start, E, N, K);
     cudaLaunchCheck();
 }

@@ -57,7 +57,9 @@ __device__ __forceinline__ void wb_cp16(uint32_t s, const void *g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void wb_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wb_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void wb_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // K-major tile, ROWS rows × 64 k: element (r, k) at g[r·ld + k]; row r is swizzle row r
 // (atom r/8). Valid r < nr, k < nk (k in whole 8-element chunks); the rest reads as zero.
@@ -253,15 +255,6 @@ __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched 
     wb_wait<0>();
 }
 
-static int wb_num_sms(void) {
-    static int n = 0;
-    if (!n) {
-        int dev;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n;
-}
 template <typename K> static void wb_prepare(K kernel, int smem) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
@@ -275,7 +268,8 @@ static void wb_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, 
     static int ready = 0;
     if (!ready) { wb_prepare(wb_gemm_k<Cfg, true, !DINP, DINP, S>, Cfg::SMEM); ready = 1; }
     S s = {A, B, Out, offsets, tile_start, E, N, K};
-    wb_gemm_k<Cfg, true, !DINP, DINP, S><<<Cfg::CTAS * wb_num_sms(), WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
+    const int grid = Cfg::CTAS * lm_cuda_num_sms();
+    wb_gemm_k<Cfg, true, !DINP, DINP, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
     cudaLaunchCheck();
 }
 template <class Cfg>
@@ -286,7 +280,7 @@ static void wb_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, con
     if (!ready) { wb_prepare(wb_gemm_k<Cfg, false, false, true, S>, Cfg::SMEM); ready = 1; }
     const int ntm = (M + WB_M - 1) / WB_M, ntn = (N + WN - 1) / WN;
     S s = {A, B, dW, offsets, E, M, N, ntm, ntn};
-    const long tiles = (long)E * ntm * ntn, slots = (long)Cfg::CTAS * wb_num_sms();
+    const long tiles = (long)E * ntm * ntn, slots = (long)Cfg::CTAS * lm_cuda_num_sms();
     LM_CHECK(tiles < (1L << 31), "grouped dW: %ld tiles", tiles);
     const int grid = (int)(tiles < slots ? tiles : slots);
     wb_gemm_k<Cfg, false, false, true, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);

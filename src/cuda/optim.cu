@@ -1,6 +1,7 @@
 // optim.cu — AdamW and Muon. Muon runs the quintic Newton–Schulz iteration on all
 // `count` stacked matrices at once with strided-batched cuBLAS SGEMMs.
 #include "cuda_common.cuh"
+#include "moe_gemm.cuh"
 
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float lr, float b1, float b2,
                                           float eps, float wd, float bc1, float bc2, float gscale) {
@@ -14,9 +15,11 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
 }
 // VEC: the four arrays are 16-byte aligned and n4 = n/4 float4s are updated (the
 // optimizer is bandwidth-bound: 28 bytes per parameter; 16-byte accesses keep more
-// of them in flight); the tail (and unaligned tensors) element by element
-__global__ static void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                               float eps, float wd, float bc1, float bc2, float gscale, int vec) {
+// of them in flight); the tail (and unaligned tensors) element by element.
+// pb (may be NULL, 8-byte aligned): the weight's bf16 copy (weight_cache.cu), rewritten
+// here from the new values — 2 more bytes per parameter instead of a later pass of 6
+__global__ static void adamw_k(float *p, const float *g, float *m, float *v, __nv_bfloat16 *pb, size_t n, float lr,
+                               float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale, int vec) {
     const size_t stride = (size_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     size_t done = 0;
     if (vec) {
@@ -31,19 +34,27 @@ __global__ static void adamw_k(float *p, const float *g, float *m, float *v, siz
             reinterpret_cast<float4 *>(p)[i] = pp;
             reinterpret_cast<float4 *>(m)[i] = mm;
             reinterpret_cast<float4 *>(v)[i] = vv;
+            if (pb) {
+                reinterpret_cast<__nv_bfloat162 *>(pb)[2 * i] = __floats2bfloat162_rn(pp.x, pp.y);
+                reinterpret_cast<__nv_bfloat162 *>(pb)[2 * i + 1] = __floats2bfloat162_rn(pp.z, pp.w);
+            }
         }
         done = 4 * n4;
     }
-    for (size_t i = done + i0; i < n; i += stride) adamw_one(p[i], g[i], m[i], v[i], lr, b1, b2, eps, wd, bc1, bc2, gscale);
+    for (size_t i = done + i0; i < n; i += stride) {
+        adamw_one(p[i], g[i], m[i], v[i], lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        if (pb) pb[i] = __float2bfloat16(p[i]);
+    }
 }
 
 void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd,
                 real bc1, real bc2, real gscale) {
     if (!n) return;
     lm_cuda_weights_written(p, n * sizeof(real));
-    const int vec = ((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) % 16 == 0;
+    __nv_bfloat16 *pb = lm_cuda_weight_bf16_claim(p, n);   // NULL unless p is a weight with a copy
+    const int vec = ((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) % 16 == 0 && (uintptr_t)pb % 8 == 0;
     unsigned blocks = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
-    adamw_k<<<blocks, 256, 0, lm_cuda_stream()>>>(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, vec);
+    adamw_k<<<blocks, 256, 0, lm_cuda_stream()>>>(p, g, m, v, pb, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, vec);
     cudaLaunchCheck();
 }
 

@@ -56,6 +56,15 @@ const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
     return en->buf;
 }
 
+__nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n) {
+    for (int i = 0; i < g_wc_n; i++)
+        if (g_wc[i].w == W && g_wc[i].n == n && g_wc[i].buf) {
+            g_wc[i].epoch = g_epoch;
+            return g_wc[i].buf;
+        }
+    return NULL;
+}
+
 void lm_cuda_weight_cache_free(void) {
     for (int i = 0; i < g_wc_n; i++)
         if (g_wc[i].buf) cudaCheck(cudaFree(g_wc[i].buf));
