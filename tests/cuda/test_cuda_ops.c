@@ -1340,6 +1340,7 @@ int main(int argc, char **argv) {
             t_grouped_matmul(300, 12, 3, 40, 72, 40);
             t_grouped_matmul(700, 8, 2, -1, 296, 264);
             t_grouped_matmul(2000, 6, 2, -1, 136, 520);
+            t_grouped_matmul(90, 3, 2, -1, 40, 24);   // every dimension under one 64-wide slice or block
         }
         lm_cuda_set_moe_gemm(0);
         t_grouped_weight_cache();
