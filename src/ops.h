@@ -94,7 +94,8 @@ typedef struct lm_ops {
     // ---- linear: out[N,OC] = inp[N,C] · W[OC,C]ᵀ + bias[OC] (bias may be NULL) ----
     // W (here and in grouped_matmul) is a parameter: a backend may keep a reduced-precision
     // copy of it until a parameter-writing op writes it (to_device, adamw, muon, scale) or
-    // memory is allocated or freed (the CUDA backend does, see cuda_backend.h)
+    // memory is allocated or freed (the CUDA backend does, see cuda_backend.h); copy, copy2d
+    // and zero into a weight do not count
     void (*matmul_fwd)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
     void (*matmul_bwd)(real *dinp, real *dW, real *dbias, const real *dout, const real *inp,
                        const real *W, int N, int C, int OC);
@@ -207,8 +208,9 @@ typedef struct lm_ops {
     void (*moe_gather_fwd)(real *xp, const real *x, const int *row_token, const int *offsets, int E, int C);
     void (*moe_gather_bwd)(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
     // grouped GEMM: rows [offsets[e], offsets[e+1]) of inp [R,C] times W[e]ᵀ, W [E, OC, C] → out [R, OC].
-    // Offsets are read from backend memory (no host round trip). R: rows allocated (≥ offsets[E]),
-    // a host-side size hint (the CUDA backend picks its tile shape from R / E).
+    // Offsets are read from backend memory (no host round trip). R: rows allocated in inp/out
+    // (≥ offsets[E]; the CPU checks it, the CUDA backend cannot without reading offsets back:
+    // it rounds and copies rows < R only).
     void (*grouped_matmul_fwd)(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC,
                                int R);
     void (*grouped_matmul_bwd)(real *dinp, real *dW, const real *dout, const real *inp, const real *W,

@@ -32,7 +32,9 @@
 // rounded each fp32 slice to bf16 once per CTA (commit b674bb6) landed on the same 203–216:
 // the operand bytes, not the multiply instructions, set the limit.
 //
-// Work mapping (no host round trip, CUDA-graph friendly):
+// Work mapping (no host round trip; the tile lists are graph-friendly, but weight_cache.cu
+// decides on the host whether a weight's bf16 copy must be remade, so a captured step would
+// replay that decision):
 //   fwd, dinp: a one-block kernel turns offsets into tile_start[e] (prefix sum of the
 //     expert's 128-row tiles × column tiles) in the workspace; a persistent grid of one
 //     CTA per SM walks the global tile list, finding each tile's expert by binary search.
@@ -495,6 +497,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
         if (any_dw) lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
         if (dinp) tc_schedule(ts, offsets, E, C, 128, kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern));
         for (int i = 0; i < n; i++) {
+            if (!dinp && !dW[i]) continue;   // nothing reads this product's gradient
             __nv_bfloat16 *doutb = (__nv_bfloat16 *)(ws + i * db);
             lm_cuda_to_bf16(doutb, dout[i], (size_t)R * OC);
             if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major

@@ -18,7 +18,9 @@
 //
 // Rows past an expert's end and columns past N are read from the neighbouring expert (or
 // zero-filled past the tensor's end) and never stored; k past K is zero-filled in A, so the
-// neighbouring data it meets in B adds nothing.
+// neighbouring data it meets in B adds nothing — unless that data is Inf or NaN (0 · Inf is
+// NaN): a non-finite weight of expert e+1 can then reach expert e's input gradient (only
+// when K is not a multiple of 64; the cp.async kernels zero-fill both operands).
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
 #include "wgmma.cuh"
@@ -209,6 +211,7 @@ int lm_wt_tile_cols(void) { return WT_N; }
 
 void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
                         const int *tile_start, int E, int R, int N, int K, int dinp) {
+    LM_CHECK(K > 0 && N > 0 && R > 0, "grouped GEMM (TMA): empty operand (R %d, N %d, K %d)", R, N, K);
     static int ready[2] = {0, 0};
     const int sms = lm_cuda_num_sms();
     const CUtensorMap ma = wt_map(A, K, R, WT_K, WT_M);
