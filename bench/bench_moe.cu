@@ -18,7 +18,6 @@
 #include <vector>
 #include <cuda_bf16.h>
 #include "cuda/cuda_common.cuh"
-#include "cuda/moe_gemm.cuh"
 
 __device__ inline float hnorm(uint64_t i, uint32_t seed) {   // pseudo-normal: sum of 4 hashed uniforms
     float s = 0.f;

@@ -141,6 +141,14 @@ void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int
 // y [n] = x [n] rounded to bf16 (y: n bf16 of device memory, 8-byte aligned); on the op stream
 struct __nv_bfloat16;
 void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n);
+// bf16 copy of the n fp32 weights at W (weight_cache.cu), made at the first use after they
+// may have changed and kept until then. "May have changed" = lm_cuda_weights_written()
+// covered them, or lm_cuda_weights_changed() was called, since the copy was made
+// (cuda_backend.h).
+const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n);
+// The copy of exactly these n weights, if one exists, marked current: the caller is about
+// to write bf16(W) into it (an optimizer updating W in place). NULL when there is none.
+__nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n);
 
 // dst[i] += src[i] (NULL dst: nothing), and dst[i] += src[i] * mul[i]
 void lm_cuda_acc_vec(float *dst, const float *src, const float *mul, int n);

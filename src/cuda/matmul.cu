@@ -8,7 +8,6 @@
 // Row-major X [m, n] is column-major Xᵀ with leading dimension n, so each row-major
 // product below is issued as the column-major product of the transposes.
 #include "cuda_common.cuh"
-#include "moe_gemm.cuh"
 #include <cuda_bf16.h>
 
 // Skinny products (decode: a few rows) stay on SGEMM (TF32 in the bf16 mode): they are

@@ -12,8 +12,8 @@
 //     activations rounded into the workspace per call (R, the rows allocated, sizes it), the
 //     weights from weight_cache.cu's bf16 copies (remade only after the weights change; the
 //     input gradient reads the same copy MN-major).
-//   * tc_rows_k / tc_dw_k below (LM_MOE_GEMM=mma, and C or OC a multiple of 4 but not 8): bf16 tensor
-//     cores on fp32 operands. They stream into shared memory with cp.async (4-stage
+//   * tc_rows_k / tc_dw_k below (LM_MOE_GEMM=mma, and C or OC a multiple of 4 but not 8):
+//     bf16 tensor cores on fp32 operands. They stream into shared memory with cp.async (4-stage
 //     pipeline); each warp rounds its fragments to bf16 as it reads them (cvt.rn.bf16x2)
 //     and multiplies with mma.sync m16n8k16, fp32 accumulation.
 //   * gmm_k: plain fp32 CUDA-core tiles (exact; LM_GEMM_FP32 / TF32 modes, and the fallback
@@ -383,9 +383,9 @@ static void tc_schedule(int *ts, const int *offsets, int E, int N, int tm, int t
     cudaLaunchCheck();
 }
 
-// Kernel choice in the bf16 mode: LM_MOE_GEMM=auto|wg256|wg128|wg128x2|mma (benchmarks and
-// tests compare them). The wgmma kernels (moe_gemm_wg.cu) take bf16 operands: the
-// activations are rounded into the workspace per call, the weights come from
+// Kernel choice in the bf16 mode: LM_MOE_GEMM=auto|wg256|wg128|wg128x2|mma|tma (benchmarks
+// and tests compare them). The wgmma kernels (moe_gemm_wg.cu, moe_gemm_tma.cu) take bf16
+// operands: the activations are rounded into the workspace per call, the weights come from
 // weight_cache.cu. mma: this file's kernel, fp32 operands rounded as they are read.
 // auto: see moe_kernel.
 enum { MOE_AUTO, MOE_WG256, MOE_WG128, MOE_WG128X2, MOE_MMA, MOE_TMA, MOE_NKERNELS };
@@ -433,6 +433,15 @@ static int moe_kernel(int C, int OC, int aligned, int fwd) {
     }
 }
 
+// columns per tile of the rows-as-m kernel `kern` (a wgmma configuration or K_TMA)
+static int rows_tile_cols(int kern) { return kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern); }
+// the rows-as-m product on bf16 operands with kernel `kern`: fwd (dinp 0) or dinp (1)
+static void rows_product(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                         const int *ts, int E, int R, int N, int K, int dinp) {
+    if (kern == K_TMA) lm_wt_grouped_rows(Out, A, B, offsets, ts, E, R, N, K, dinp);
+    else lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);
+}
+
 // ---------------------------------------------------------------------------
 // the ops
 
@@ -454,12 +463,9 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
         __nv_bfloat16 *xb = (__nv_bfloat16 *)ws;
         int *ts = (int *)(ws + ab);
         lm_cuda_to_bf16(xb, inp, (size_t)R * C);
-        tc_schedule(ts, offsets, E, OC, 128, kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern));
-        for (int i = 0; i < n; i++) {
-            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
-            if (kern == K_TMA) lm_wt_grouped_rows(out[i], xb, wb, offsets, ts, E, R, OC, C, 0);
-            else lm_wg_grouped_rows(out[i], xb, wb, offsets, ts, E, OC, C, 0, kern);
-        }
+        tc_schedule(ts, offsets, E, OC, 128, rows_tile_cols(kern));
+        for (int i = 0; i < n; i++)
+            rows_product(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -495,15 +501,15 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
         __nv_bfloat16 *inpb = (__nv_bfloat16 *)(ws + n * db);
         int *ts = (int *)(ws + n * db + xb);
         if (any_dw) lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
-        if (dinp) tc_schedule(ts, offsets, E, C, 128, kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern));
+        if (dinp) tc_schedule(ts, offsets, E, C, 128, rows_tile_cols(kern));
         for (int i = 0; i < n; i++) {
             if (!dinp && !dW[i]) continue;   // nothing reads this product's gradient
             __nv_bfloat16 *doutb = (__nv_bfloat16 *)(ws + i * db);
             lm_cuda_to_bf16(doutb, dout[i], (size_t)R * OC);
-            if (dinp) {   // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
+            // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
+            if (dinp) {
                 const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
-                if (kern == K_TMA) lm_wt_grouped_rows(dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
-                else lm_wg_grouped_rows(dinp, doutb, wb, offsets, ts, E, C, OC, 1, kern);
+                rows_product(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
             if (dW[i]) lm_wg_grouped_dw(dW[i], doutb, inpb, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);

@@ -1,5 +1,5 @@
-// moe_gemm.cuh — the bf16-operand grouped GEMM kernels (moe_gemm_wg.cu) and the bf16 weight
-// copies they and the dense linear layer read (weight_cache.cu).
+// moe_gemm.cuh — the bf16-operand grouped GEMM kernels (moe_gemm_wg.cu, moe_gemm_tma.cu) that
+// moe_gemm.cu's ops dispatch to.
 #ifndef LM_MOE_GEMM_CUH
 #define LM_MOE_GEMM_CUH
 #include <cuda_bf16.h>
@@ -10,8 +10,9 @@ enum { LM_WG_BIG = 1, LM_WG_NARROW = 2, LM_WG_PAIR = 3 };
 int lm_wg_tile_cols(int cfg);   // N columns per tile
 
 // dinp 0: Out [R,N] = per expert e: rows [offsets[e], offsets[e+1]) of A [R,K] times
-// B_e [N,K]ᵀ (B_e = B + e·N·K). dinp 1: Out [R,N] += A_rows · B_e with B_e [K,N]. tile_start [E+1]: the prefix sum of each
-// expert's ceil(rows/128) · ceil(N/lm_wg_tile_cols(cfg)) tiles (device memory). Needs K, N multiples of 8 and 16-byte aligned A, B, Out.
+// B_e [N,K]ᵀ (B_e = B + e·N·K). dinp 1: Out [R,N] += A_rows · B_e with B_e [K,N].
+// tile_start [E+1]: the prefix sum of each expert's ceil(rows/128) · ceil(N/lm_wg_tile_cols(cfg))
+// tiles (device memory). Needs K, N multiples of 8 and 16-byte aligned A, B, Out.
 void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
                         const int *tile_start, int E, int N, int K, int dinp, int cfg);
 // The same products with TMA copies and a warp-specialized pipeline (moe_gemm_tma.cu):
@@ -23,12 +24,4 @@ void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
                       int N, int cfg);
-
-// bf16 copy of the n fp32 weights at W, made at the first use after they may have changed
-// and kept until then. "May have changed" = lm_cuda_weights_written() covered them, or
-// lm_cuda_weights_changed() was called, since the copy was made (cuda_backend.h).
-const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n);
-// The copy of exactly these n weights, if one exists, marked current: the caller is about
-// to write bf16(W) into it (an optimizer updating W in place). NULL when there is none.
-__nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n);
 #endif

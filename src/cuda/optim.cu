@@ -1,7 +1,6 @@
 // optim.cu — AdamW and Muon. Muon runs the quintic Newton–Schulz iteration on all
 // `count` stacked matrices at once with strided-batched cuBLAS SGEMMs.
 #include "cuda_common.cuh"
-#include "moe_gemm.cuh"
 
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float lr, float b1, float b2,
                                           float eps, float wd, float bc1, float bc2, float gscale) {

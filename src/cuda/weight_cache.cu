@@ -1,16 +1,26 @@
-// weight_cache.cu — bf16 copies of fp32 weights for the bf16-operand GEMMs (moe_gemm.cuh).
+// weight_cache.cu — bf16 copies of fp32 weights for the tensor-core GEMMs (the grouped
+// expert GEMMs and the dense linear layer; declared in cuda_common.cuh).
 //
 // Training keeps fp32 master weights; the tensor-core GEMMs read bf16. Rounding the
 // weights inside every call moves 1.5× their fp32 bytes per call (read fp32, write bf16,
 // read bf16) — at Kimi-Linear's MoE shapes that is as long as the multiply itself — while
 // the weights only change at an optimizer step. So each weight gets one bf16 copy (the
-// forward reads it K-major, the input gradient MN-major), remade at the first use after the weights may
-// have changed: every op that writes parameters (alloc, free, to_device, adamw, muon,
-// scale) calls lm_cuda_weights_changed(), which bumps an epoch; a copy made in an older
-// epoch is stale. The copies live outside the workspace, one cudaMalloc each, freed by
-// lm_cuda_backend_shutdown.
+// forward reads it K-major, the input gradient MN-major), remade at the first use after its
+// fp32 master may have changed. The ops that can write parameters say what they wrote:
+// to_device, muon and scale call lm_cuda_weights_written(range), which marks the copies of
+// weights overlapping that range stale (the batch's tokens and targets, uploaded between the
+// forward and the backward, leave them alone); AdamW rewrites the copy of the weight it
+// updates in the same pass (lm_cuda_weight_bf16_claim); alloc calls
+// lm_cuda_weights_changed(), which bumps an epoch and so marks every copy stale; free drops
+// every copy (lm_cuda_weight_cache_free: memory, not just validity, since the weights they
+// shadow may be gone). The copies live outside the workspace, one cudaMalloc each.
+//
+// Known cost: any alloc or free stales or drops every copy, including those of weights that
+// did not move. Training reallocates its activations when the batch shape changes (a last
+// micro-batch smaller than the others, an evaluation at another shape) and then remakes every
+// copy — and, after a free, cudaMallocs them again. Tracking each allocation's size so that a
+// free drops only the copies inside it would remove that.
 #include "cuda_common.cuh"
-#include "moe_gemm.cuh"
 
 typedef struct {
     const float *w;
