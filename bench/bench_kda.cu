@@ -30,6 +30,15 @@ __global__ void fill_bf16(bf16 *x, size_t n, uint32_t seed, float sd, float mean
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = __float2bfloat16(mean + sd * hnorm(i, seed));
 }
+// the floor for decode: the same bytes read and written in place, nothing else (16-byte
+// accesses, one per thread)
+__global__ void scale_in_place(float4 *x, size_t n4, float a) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 v = x[i];
+        x[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
+    }
+}
 __global__ void fill_f32(float *x, size_t n, uint32_t seed, float sd, float mean) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = mean + sd * hnorm(i, seed);
@@ -188,25 +197,26 @@ int main(int argc, char **argv) {
                 p.saved = 0;
                 p.save = 0;
             }
-            if (variants && gate == 0) {   // scan width and the hi/lo state split
-                const char *ws_[] = {"1", "2", "4", "8"};
-                for (int sp = 0; sp < 2; sp++)
+            if (variants && gate == 0) {   // scan width (value slices per block × warps per slice)
+                const char *ws_[] = {"1", "2", "4", "8"}, *ks_[] = {"1", "2", "4"};
+                for (int ki = 0; ki < 3; ki++)
                     for (int wi = 0; wi < 4; wi++) {
+                        if (atoi(ws_[wi]) * atoi(ks_[ki]) > 8) continue;
                         setenv("KDA_SCAN_WARPS", ws_[wi], 1);
-                        setenv("KDA_SPLIT", sp ? "1" : "0", 1);
+                        setenv("KDA_SCAN_KS", ks_[ki], 1);
                         double sc = time_ms([&] { CU(kda_fwd_scan(&p)); }, warm, reps);
                         double bw = 0;
-                        if (s.bwd) {
+                        if (s.bwd && ki == 0) {
                             setenv("KDA_BWD_STAGES", "2", 1);
                             p.saved = 1;
                             bw = time_ms([&] { CU(kda_bwd(&p)); }, warm, reps);
                             p.saved = 0;
                             unsetenv("KDA_BWD_STAGES");
                         }
-                        printf("  variant scan_warps=%s split=%d: scan %.3f ms, rscan %.3f ms\n", ws_[wi], sp, sc, bw);
+                        printf("  variant scan_ks=%s scan_warps=%s: scan %.3f ms, rscan %.3f ms\n", ks_[ki], ws_[wi], sc, bw);
                     }
                 unsetenv("KDA_SCAN_WARPS");
-                unsetenv("KDA_SPLIT");
+                unsetenv("KDA_SCAN_KS");
             }
             CU(cudaDeviceSynchronize());
             const char *gn = gate ? "unbounded" : "bounded";
@@ -242,15 +252,29 @@ int main(int argc, char **argv) {
         fill_bf16<<<8, 256>>>(bl, (size_t)B * H, 25, 1, 0);
         fill_f32<<<1, 256>>>(A, H, 26, 0.29f, 0);
         fill_f32<<<8, 256>>>(db, (size_t)H * K, 27, 1, 0);
-        for (int gate = 0; gate < 2; gate++) {
-            double ms = time_ms([&] {
-                CU(kda_decode(B, H, K, V, gate, -5.f, 1.f / sqrtf((float)K), q, k, v, f, bl, A, db, st, slots, o, 0));
-            }, 10, 200);
-            double gbs = 2.0 * nst * sizeof(float) / (ms * 1e6);
-            printf("decode 64x32 K=V=128 %-9s %8.1f us  (%.0f GB/s state traffic)\n", gate ? "unbounded" : "bounded",
-                   ms * 1e3, gbs);
-            printf("RESULT decode.%s.us %.2f\n", gate ? "unbounded" : "bounded", ms * 1e3);
+        // KDA_BENCH_REPS: fewer timed steps (a profiler run)
+        int dreps = getenv("KDA_BENCH_REPS") ? atoi(getenv("KDA_BENCH_REPS")) : 200, dwarm = dreps < 10 ? 1 : 10;
+        {
+            size_t n4 = nst / 4;
+            double ms = time_ms([&] { scale_in_place<<<(unsigned)((n4 + 255) / 256), 256>>>((float4 *)st, n4, 1.0f); },
+                                10, 200);
+            printf("decode floor: the pool read and written in place %8.1f us  (%.0f GB/s)\n", ms * 1e3,
+                   2.0 * nst * sizeof(float) / (ms * 1e6));
+            printf("RESULT decode.floor.us %.2f\n", ms * 1e3);
         }
+        const char *kern[] = {"1", "2", "4"};   // KDA_DECODE_SPLIT: blocks per item
+        for (int ki = 0; ki < 3; ki++)
+            for (int gate = 0; gate < 2; gate++) {
+                setenv("KDA_DECODE_SPLIT", kern[ki], 1);
+                double ms = time_ms([&] {
+                    CU(kda_decode(B, H, K, V, gate, -5.f, 1.f / sqrtf((float)K), q, k, v, f, bl, A, db, st, slots, o, 0));
+                }, dwarm, dreps);
+                double gbs = 2.0 * nst * sizeof(float) / (ms * 1e6);
+                printf("decode 64x32 K=V=128 split %s %-9s %8.1f us  (%.0f GB/s state traffic)\n", kern[ki],
+                       gate ? "unbounded" : "bounded", ms * 1e3, gbs);
+                printf("RESULT decode.split%s.%s.us %.2f\n", kern[ki], gate ? "unbounded" : "bounded", ms * 1e3);
+            }
+        unsetenv("KDA_DECODE_SPLIT");
         {   // short-conv decode of q, k, v (C = 3·32·128) for the same 64 sequences
             int C = 3 * H * K, W = 4;
             bf16 *x = dalloc<bf16>((size_t)B * C), *y = dalloc<bf16>((size_t)B * C), *cache = dalloc<bf16>((size_t)B * (W - 1) * C);

@@ -89,7 +89,11 @@ def bench_all(ours_file=None, use_ctypes=False, shapes="all"):
             if line.startswith("RESULT "):
                 _, key, val = line.split()
                 ours[key] = float(val)
-    shapes = SHAPES if shapes == "all" else SHAPES[:1] if shapes == "quick" else SHAPES[:int(shapes)]
+    if shapes not in ("all", "quick") and not shapes.isdigit():   # names, in the order given
+        by_name = {f"B{B}.T{T}.H{H}": (B, T, H, bwd) for (B, T, H, bwd) in SHAPES}
+        shapes = [by_name[n] for n in shapes.split(",")]
+    else:
+        shapes = SHAPES if shapes == "all" else SHAPES[:1] if shapes == "quick" else SHAPES[:int(shapes)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     rows = []
     for (B, T, H, bwd) in shapes:
@@ -118,7 +122,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", help="output of build/cuda/bench_kda")
     ap.add_argument("--ctypes", action="store_true")
-    ap.add_argument("--shapes", default="all", help="'all', 'quick' or a count of shapes from the top")
+    ap.add_argument("--shapes", default="all",
+                    help="'all', 'quick', a count of shapes from the top, or names in order (B2.T16384.H16,...)")
     a = ap.parse_args()
     bench_all(a.ours, a.ctypes, a.shapes)
 

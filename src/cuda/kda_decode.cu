@@ -1,13 +1,21 @@
 // kda_decode.cu — one recurrent KDA step per sequence on a pool of fp32 states (decode),
 // and the short-convolution decode step that produces its q, k, v.
 //
-// Decode is memory-bound: every (sequence, head) reads and writes its K×V fp32 state once
-// (64 KiB each way at K = V = 128). One block per (sequence, head); each thread holds a
-// KR × 4 tile of the state in registers (16-byte loads, all issued before the gate math),
-// so the state makes exactly one round trip:
+// Decode is memory-bound: every (sequence, head) — an "item" — reads and writes its K×V fp32
+// state once (64 KiB each way at K = V = 128). The value columns of the step are independent
+// but for the norms of q and k, so one block takes VT of the item's V columns (the state rows'
+// VT-wide pieces; VT = V/2 by default, below); each of its 256 threads holds a KR × 4 tile in registers (16-byte loads,
+// all issued before the gate math), so the state makes exactly one round trip:
 //   S ← Diag(e^g) S;  p = Sᵀk̂;  r = β(v − p);  S ← S + k̂ rᵀ;  o = Sᵀ(scale·q̂)
 // (the two reductions over K go through shared memory).
+// Measured on the H200 at 64 sequences × 32 heads, K = V = 128 (bench/RESULTS.md, session 7),
+// kernel time by ncu: VT = 128 71.9 µs (110 registers, 2 blocks per SM), VT = 64 71.4 µs
+// (79 registers, 3 per SM; also steadier by CUDA events: 75.6–75.9 µs against 75.6–82.2),
+// VT = 32 79.2 µs; ~71% of DRAM peak. A persistent kernel with the states streamed through
+// a shared-memory ring by the bulk-copy engine (one block per SM, with plain or bulk
+// stores) was slower: 77.7 / 73.8 µs — its eight warps per SM waited at barriers.
 #include "kda_common.cuh"
+#include <stdlib.h>
 
 #define DEC_THREADS 256
 
@@ -22,27 +30,36 @@ struct DecArgs {
     bf16 *o;
 };
 
-template <int K, int V>
+template <int K, int VT> struct DecShared {
+    static constexpr int VG = VT / 4, RG = DEC_THREADS / VG, KR = K / RG;
+    float sq[K], sk[K], sal[K], sr[VT], red[RG][VT + 4], wsum[2][DEC_THREADS / 32];
+};
+
+// grid (B·H·V/VT): block → item (sequence b, head h) and its columns c0 .. c0 + VT − 1
+template <int K, int V, int VT>
 __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
-    constexpr int VG = V / 4, RG = DEC_THREADS / VG, KR = K / RG;
-    __shared__ float sq[K], sk[K], sal[K], sr[V], red[RG][V + 4], wsum[2][DEC_THREADS / 32];
-    int b = blockIdx.x / a.H, h = blockIdx.x % a.H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int cg = tid % VG, rg = tid / VG;
-    int slot = a.slots ? a.slots[b] : b;
-    float *S = a.state + ((size_t)slot * a.H + h) * K * V;
-    size_t bh = (size_t)b * a.H + h;
+    typedef DecShared<K, VT> Sh;
+    constexpr int VG = Sh::VG, RG = Sh::RG, KR = Sh::KR;
+    __shared__ Sh sm;
+    const int item = blockIdx.x / (V / VT), c0 = (blockIdx.x % (V / VT)) * VT;
+    const int b = item / a.H, h = item % a.H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int cg = tid % VG, rg = tid / VG;
+    const int slot = a.slots ? a.slots[b] : b;
+    float *S = a.state + ((size_t)slot * a.H + h) * K * V + c0;   // row stride V
+    const size_t bh = (size_t)item;
 
     float4 x[KR];
 #pragma unroll
     for (int i = 0; i < KR; i++) x[i] = *reinterpret_cast<const float4 *>(S + (size_t)(rg * KR + i) * V + 4 * cg);
+    const float vt = tid < VT ? bf(a.v[bh * V + c0 + tid]) : 0.f;
 
     float q2 = 0.f, k2 = 0.f;
     if (tid < K) {
         float qv = bf(a.q[bh * K + tid]), kv = bf(a.k[bh * K + tid]);
         float g = kda_gate(a.gate_mode, a.lb, expf(a.A_log[h]), bf(a.f[bh * K + tid]) + a.dt_bias[(size_t)h * K + tid]);
-        sq[tid] = qv;
-        sk[tid] = kv;
-        sal[tid] = expf(g);
+        sm.sq[tid] = qv;
+        sm.sk[tid] = kv;
+        sm.sal[tid] = expf(g);
         q2 = qv * qv;
         k2 = kv * kv;
     }
@@ -52,58 +69,77 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
         k2 += __shfl_xor_sync(0xffffffffu, k2, o);
     }
     if (lane == 0) {
-        wsum[0][warp] = q2;
-        wsum[1][warp] = k2;
+        sm.wsum[0][warp] = q2;
+        sm.wsum[1][warp] = k2;
     }
     __syncthreads();
     float tq = 0.f, tk = 0.f;
 #pragma unroll
     for (int w = 0; w < DEC_THREADS / 32; w++) {
-        tq += wsum[0][w];
-        tk += wsum[1][w];
+        tq += sm.wsum[0][w];
+        tk += sm.wsum[1][w];
     }
-    float rq = rsqrtf(tq + 1e-6f) * a.scale, rk = rsqrtf(tk + 1e-6f);
-    float beta = sigmoidf_(bf(a.beta[bh]));
+    const float rq = rsqrtf(tq + 1e-6f) * a.scale, rk = rsqrtf(tk + 1e-6f);
+    const float beta = sigmoidf_(bf(a.beta[bh]));
 
     // decay and prediction p = Sᵀ k̂
     float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < KR; i++) {
         int kk = rg * KR + i;
-        float al = sal[kk], kn = sk[kk] * rk;
+        float al = sm.sal[kk], kn = sm.sk[kk] * rk;
         x[i].x *= al; x[i].y *= al; x[i].z *= al; x[i].w *= al;
         p.x = fmaf(kn, x[i].x, p.x); p.y = fmaf(kn, x[i].y, p.y);
         p.z = fmaf(kn, x[i].z, p.z); p.w = fmaf(kn, x[i].w, p.w);
     }
-    *reinterpret_cast<float4 *>(&red[rg][4 * cg]) = p;
+    *reinterpret_cast<float4 *>(&sm.red[rg][4 * cg]) = p;
     __syncthreads();
-    if (tid < V) {
+    if (tid < VT) {
         float s = 0.f;
 #pragma unroll
-        for (int r = 0; r < RG; r++) s += red[r][tid];
-        sr[tid] = beta * (bf(a.v[bh * V + tid]) - s);
+        for (int r = 0; r < RG; r++) s += sm.red[r][tid];
+        sm.sr[tid] = beta * (vt - s);
     }
     __syncthreads();
     // rank-1 write and read-out o = Sᵀ q̂
-    float4 rr = *reinterpret_cast<const float4 *>(&sr[4 * cg]), oo = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 rr = *reinterpret_cast<const float4 *>(&sm.sr[4 * cg]), oo = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < KR; i++) {
         int kk = rg * KR + i;
-        float kn = sk[kk] * rk, qn = sq[kk] * rq;
+        float kn = sm.sk[kk] * rk, qn = sm.sq[kk] * rq;
         x[i].x = fmaf(kn, rr.x, x[i].x); x[i].y = fmaf(kn, rr.y, x[i].y);
         x[i].z = fmaf(kn, rr.z, x[i].z); x[i].w = fmaf(kn, rr.w, x[i].w);
         oo.x = fmaf(qn, x[i].x, oo.x); oo.y = fmaf(qn, x[i].y, oo.y);
         oo.z = fmaf(qn, x[i].z, oo.z); oo.w = fmaf(qn, x[i].w, oo.w);
-        *reinterpret_cast<float4 *>(S + (size_t)kk * V + 4 * cg) = x[i];
+        // one 16-byte store: written as a plain float4 assignment it became four (and 1.6× slower)
+        __stwb(reinterpret_cast<float4 *>(S + (size_t)kk * V + 4 * cg), x[i]);
     }
-    *reinterpret_cast<float4 *>(&red[rg][4 * cg]) = oo;   // every read of red above precedes the last barrier
+    *reinterpret_cast<float4 *>(&sm.red[rg][4 * cg]) = oo;   // every read of red above precedes the last barrier
     __syncthreads();
-    if (tid < V) {
+    if (tid < VT) {
         float s = 0.f;
 #pragma unroll
-        for (int r = 0; r < RG; r++) s += red[r][tid];
-        a.o[bh * V + tid] = __float2bfloat16(s);
+        for (int r = 0; r < RG; r++) s += sm.red[r][tid];
+        a.o[bh * V + c0 + tid] = __float2bfloat16(s);
     }
+}
+
+// the column pieces per item: KDA_DECODE_SPLIT = 1, 2 or 4, else DEC_SPLIT_DEFAULT
+#define DEC_SPLIT_DEFAULT 2
+static int decode_split(void) {
+    const char *e = getenv("KDA_DECODE_SPLIT");
+    int s = e ? atoi(e) : 0;
+    return s == 1 || s == 2 || s == 4 ? s : DEC_SPLIT_DEFAULT;
+}
+
+template <int K, int V>
+static cudaError_t launch_decode(const DecArgs &a, int B, cudaStream_t stream) {
+    const int split = decode_split();
+    const unsigned grid = (unsigned)(B * a.H * split);
+    if (split == 4) kda_decode_kernel<K, V, V / 4><<<grid, DEC_THREADS, 0, stream>>>(a);
+    else if (split == 2) kda_decode_kernel<K, V, V / 2><<<grid, DEC_THREADS, 0, stream>>>(a);
+    else kda_decode_kernel<K, V, V><<<grid, DEC_THREADS, 0, stream>>>(a);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
@@ -115,13 +151,11 @@ extern "C" cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, flo
     a.H = H; a.gate_mode = gate_mode; a.lb = lb; a.scale = scale;
     a.q = q; a.k = k; a.v = v; a.f = f; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias;
     a.state = state; a.slots = slots; a.o = o;
-    unsigned grid = (unsigned)(B * H);
-    if (K == 128 && V == 128) kda_decode_kernel<128, 128><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else if (K == 64 && V == 64) kda_decode_kernel<64, 64><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else if (K == 128 && V == 64) kda_decode_kernel<128, 64><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else if (K == 64 && V == 128) kda_decode_kernel<64, 128><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else return cudaErrorInvalidValue;
-    return cudaGetLastError();
+    if (K == 128 && V == 128) return launch_decode<128, 128>(a, B, stream);
+    if (K == 64 && V == 64) return launch_decode<64, 64>(a, B, stream);
+    if (K == 128 && V == 64) return launch_decode<128, 64>(a, B, stream);
+    if (K == 64 && V == 128) return launch_decode<64, 128>(a, B, stream);
+    return cudaErrorInvalidValue;
 }
 
 // one thread per (sequence, channel): reads its W-1 cached inputs, writes the rolled cache

@@ -436,22 +436,42 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
     }
 }
 
-// grid (N·H, V/VB), block VB/16 warps; OUT: write o and S_out; CKPT: state checkpoints
-template <int K, bool SPLIT, bool OUT, bool CKPT>
+// bytes after the pipeline stages: the block's output tile (bf16 [16][VB+8] when KS = 1;
+// KS fp32 partials [16][VB+4] otherwise) and the V' partials exchanged between the KS warps
+// of a value slice (NWV·KS·32 lanes × 8 fp32)
+__host__ __device__ inline int scan_fixed_bytes(int VB, int KS) {
+    return KS == 1 ? 16 * (VB + 8) * 2 : KS * 16 * (VB + 4) * 4 + (VB / 16) * KS * 32 * 8 * 4;
+}
+
+__device__ __forceinline__ void named_barrier(int id, int nthreads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+// grid (N·H, V/VB), block (VB/16)·KS warps; OUT: write o and S_out; CKPT: state checkpoints.
+// Warp w owns value rows v0 .. v0+15 (v0 = vb0 + 16·(w / KS)) and, when KS > 1, only the
+// state columns kp0 .. kp0 + K/KS − 1 (kp0 = (w % KS)·K/KS): the KS warps of a value slice
+// add their partial Sᵀ Wᵀ through shared memory (a named barrier per slice), each then has
+// V' and updates its own columns; the partial outputs are added when o is written. KS > 1
+// shortens each warp's serial chain per chunk, for shapes with few (sequence, head) pairs.
+template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
 __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
+    constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     int n = blockIdx.x / a.H, h = blockIdx.x % a.H;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
-    int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
+    int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
+    int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
     ScanStage L = scan_stage(K, VB);
     const int NSt = a.stages;
-    bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);
+    bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);                 // KS = 1
+    float *sOp = (float *)(smem_raw + NSt * L.bytes);              // KS > 1: [KS][16][VB+4]
+    float *sRed = sOp + KS * 16 * (VB + 4);                        // KS > 1: [NW][32][8]
     int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
 
-    float s[K / 8][4];
-    frag_load_kv<K>(s, a.S0 ? a.S0 + nh * K * a.V : NULL, a.V, v0, lane);
+    float s[KP / 8][4];
+    frag_load_kv<KP>(s, a.S0 ? a.S0 + nh * K * a.V + (size_t)kp0 * a.V : NULL, a.V, v0, lane);
 
     for (int st = 0; st < NSt - 1; st++) {
         if (st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + st, vb0, VB, OUT);
@@ -468,35 +488,97 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
         const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
         if (CKPT && (c % KDA_SEG) == 0)
-            frag_store_vk<K>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
+            frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
         float vp[2][4];
-        scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * warp, lane, vp);
-        uint32_t av[4];
-        tok_afrag(vp, av, 1.f);
-        if (OUT) {
-            float o[2][4];
-            scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
+        if (KS == 1) {
+            scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * vs, lane, vp);
+        } else {
+            float pp[2][4] = {};
+            state_times_tile<KP, SPLIT>(s, sW + kp0, lane, pp, KDA_LDK(K));
+            float4 *mine = reinterpret_cast<float4 *>(sRed + ((size_t)warp * 32 + lane) * 8);
+            mine[0] = make_float4(pp[0][0], pp[0][1], pp[0][2], pp[0][3]);
+            mine[1] = make_float4(pp[1][0], pp[1][1], pp[1][2], pp[1][3]);
+            named_barrier(1 + vs, 32 * KS);
+            float sum[8] = {};
+#pragma unroll
+            for (int j = 0; j < KS; j++) {   // fixed order: every warp of the slice gets the same V'
+                const float4 *x = reinterpret_cast<const float4 *>(sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
+                float4 x0 = x[0], x1 = x[1];
+                sum[0] += x0.x; sum[1] += x0.y; sum[2] += x0.z; sum[3] += x0.w;
+                sum[4] += x1.x; sum[5] += x1.y; sum[6] += x1.z; sum[7] += x1.w;
+            }
             int g = lane >> 2, t = lane & 3;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sO[(8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * warp + g + 8 * (e >> 1)] =
-                        __float2bfloat16(o[nt][e]);
+                for (int e = 0; e < 4; e++) {
+                    int tok = 8 * nt + 2 * t + (e & 1), vl = 16 * vs + g + 8 * (e >> 1);
+                    vp[nt][e] = bf(sU[tok * (VB + 8) + vl]) - sum[4 * nt + e];
+                }
         }
-        scan_update<K>(s, av, sK, sgl, lane);
+        uint32_t av[4];
+        tok_afrag(vp, av, 1.f);
+        if (OUT) {
+            float o[2][4];
+            int g = lane >> 2, t = lane & 3;
+            if (KS == 1) {
+                scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        sO[(8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * vs + g + 8 * (e >> 1)] = __float2bfloat16(o[nt][e]);
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
+                state_times_tile<KP, SPLIT>(s, sQ + kp0, lane, o, KDA_LDK(K));
+                if (ks == 0) {   // the intra-chunk term V'ᵀ Mᵀ, once per slice
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        uint32_t b[2];
+                        ldb_nk(b, sM, KDA_LD16, 8 * nt, 0, lane);
+                        mma16816(o[nt], av, b);
+                        ldb_nk(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
+                        mma16816(o[nt], av, b);
+                    }
+                }
+                float *op = sOp + (size_t)ks * 16 * (VB + 4);
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) op[(8 * nt + 2 * t + (e & 1)) * (VB + 4) + 16 * vs + g + 8 * (e >> 1)] = o[nt][e];
+            }
+        }
+        scan_update<KP>(s, av, sK + kp0 * KDA_LD16, sgl + kp0, lane);
         __syncthreads();
         if (OUT && a.o) {
             int len = min(16, len_n - 16 * c);
             for (int i = tid; i < len * VB / 8; i += blockDim.x) {
                 int r = i / (VB / 8), pc = i % (VB / 8);
-                *reinterpret_cast<uint4 *>(a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + vb0 + pc * 8) =
-                    *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + pc * 8);
+                bf16 *dst = a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + vb0 + pc * 8;
+                if (KS == 1) {
+                    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + pc * 8);
+                } else {
+                    float acc[8] = {};
+#pragma unroll
+                    for (int j = 0; j < KS; j++) {
+                        const float4 *x = reinterpret_cast<const float4 *>(sOp + ((size_t)j * 16 + r) * (VB + 4) + pc * 8);
+                        float4 x0 = x[0], x1 = x[1];
+                        acc[0] += x0.x; acc[1] += x0.y; acc[2] += x0.z; acc[3] += x0.w;
+                        acc[4] += x1.x; acc[5] += x1.y; acc[6] += x1.z; acc[7] += x1.w;
+                    }
+                    uint4 u;
+                    u.x = pack_bf16(acc[0], acc[1]); u.y = pack_bf16(acc[2], acc[3]);
+                    u.z = pack_bf16(acc[4], acc[5]); u.w = pack_bf16(acc[6], acc[7]);
+                    *reinterpret_cast<uint4 *>(dst) = u;
+                }
             }
         }
     }
     cp_async_wait<0>();
-    if (OUT && a.S_out) frag_store_kv<K>(s, a.S_out + nh * K * a.V, a.V, v0, lane);
+    if (OUT && a.S_out) frag_store_kv<KP>(s, a.S_out + nh * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -523,10 +605,20 @@ int kda_scan_warps(const kda_params *p) {
         while (maxw % nw) nw--;
         return nw;
     }
-    nw = maxw;
-    long long bh = (long long)p->N * p->H;
-    while (nw > 1 && bh * (maxw / nw) < kda_num_sms()) nw >>= 1;
-    return nw;
+    // four: the chunk loads are shared by a block's warps, and the cost of a step is mostly
+    // their issue — fewer warps per block (more blocks) lost at every benchmark shape, even
+    // when a block per SM was left idle (bench/RESULTS.md, session 7)
+    return maxw < 4 ? maxw : 4;
+}
+
+// warps sharing one 16-wide value slice of the forward scan (state columns split KS ways):
+// KDA_SCAN_KS = 1, 2 or 4, else 2 when there are under 512 slices (measured: 3–6% faster at
+// 256 slices, slower at 768 and above; 4 was slower everywhere)
+int kda_scan_ks(const kda_params *p) {
+    int ks = env_int("KDA_SCAN_KS", 0);
+    if (ks == 1 || ks == 2 || ks == 4) return ks;
+    long long slices = (long long)p->N * p->H * (p->V / 16);
+    return slices < 512 ? 2 : 1;
 }
 
 template <int K, int V, bool EXACT>
@@ -547,7 +639,8 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
-template <int K, bool SPLIT, bool OUT, bool CKPT>
+// nw: value-slice warps per block (each with KS − 1 partners)
+template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
 static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw) {
     ScanArgs a;
     a.sq = kda_seq(p, w);
@@ -556,22 +649,21 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw) {
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
     int VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * (p->V / VB);
-    int fixed = 16 * (VB + 8) * 2, sb = scan_stage(K, VB).bytes;
+    int fixed = scan_fixed_bytes(VB, KS), sb = scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, fixed);
     size_t smem = (size_t)a.stages * sb + fixed;
-    cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
     dim3 grid((unsigned)(p->N * p->H), p->V / VB);
-    kda_scan_kernel<K, SPLIT, OUT, CKPT><<<grid, 32 * nw, smem, p->stream>>>(a);
+    kda_scan_kernel<K, SPLIT, OUT, CKPT, KS><<<grid, 32 * nw * KS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
-template <int K>
-static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
-    int nw = kda_scan_warps(p);
+template <int K, int KS>
+static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, bool ckpt, int nw) {
     bool split = scan_split();
-#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C>(p, w, nw)
+#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS>(p, w, nw)
     SCAN_CASE(true, true, false);
     SCAN_CASE(true, true, true);
     SCAN_CASE(true, false, true);
@@ -580,6 +672,17 @@ static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bo
     SCAN_CASE(false, false, true);
 #undef SCAN_CASE
     return cudaErrorInvalidValue;
+}
+
+template <int K>
+static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+    int nw = kda_scan_warps(p), ks = kda_scan_ks(p);
+    // four warps a block unless told otherwise (KS 2: two value slices of two warps)
+    if (!p->scan_warps && !getenv("KDA_SCAN_WARPS")) nw = nw * ks > 4 ? 4 / ks : nw;
+    while (nw * ks > 8) nw >>= 1;
+    if (ks == 4) return launch_scan_ks<K, 4>(p, w, out, ckpt, nw);
+    if (ks == 2) return launch_scan_ks<K, 2>(p, w, out, ckpt, nw);
+    return launch_scan_ks<K, 1>(p, w, out, ckpt, nw);
 }
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {

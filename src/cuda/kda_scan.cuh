@@ -60,11 +60,13 @@ __device__ __forceinline__ void state_afrag(const float s0[4], const float s1[4]
     }
 }
 
-// acc[2] (16 rows × tokens 0–7, 8–15) += Sᵀ Xᵀ for a [16][K] bf16 tile X (W or Qg).
+// acc[2] (16 rows × tokens 0–7, 8–15) += Sᵀ Xᵀ for a [16][K] bf16 tile X (W or Qg), row
+// stride ld (a warp holding only K of the state's columns passes X at its first column).
 // k-steps go round-robin to 4 accumulator sets (short dependency chains: this product is
 // on the serial critical path of the scan), summed in a fixed order at the end.
 template <int K, bool SPLIT>
-__device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16 *X, int lane, float acc[2][4]) {
+__device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16 *X, int lane, float acc[2][4],
+                                                 int ld = KDA_LDK(K)) {
     float part[3][2][4] = {};
 #pragma unroll
     for (int j = 0; j < K / 16; j++) {
@@ -72,7 +74,7 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
         state_afrag<SPLIT>(s[2 * j], s[2 * j + 1], ah, al);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            ldb_nk(b, X, KDA_LDK(K), 8 * nt, 16 * j, lane);
+            ldb_nk(b, X, ld, 8 * nt, 16 * j, lane);
             float *c = (j & 3) ? part[(j & 3) - 1][nt] : acc[nt];
             mma16816(c, ah, b);
             if (SPLIT) mma16816(c, al, b);
@@ -198,7 +200,8 @@ __device__ __forceinline__ void rscan_update(float (*ds)[4], const float dvp[2][
     }
 }
 
-// state fragments ↔ memory. Transposed [V][K] fp32 (checkpoints): element (v, c) at X[v·K + c];
+// state fragments ↔ memory. Transposed [V][K] fp32 (checkpoints): element (v, c) at X[v·ld + c]
+// (ld = K unless the warp holds only K of the columns: then X points at its first one);
 // K-first [K][V] fp32 (the API's S0/S_out): at X[c·V + v]. v0 = the warp's first value row.
 template <int K>
 __device__ __forceinline__ void frag_load_vk(float (*s)[4], const float *X, int v0, int lane) {
@@ -211,12 +214,12 @@ __device__ __forceinline__ void frag_load_vk(float (*s)[4], const float *X, int 
     }
 }
 template <int K>
-__device__ __forceinline__ void frag_store_vk(const float (*s)[4], float *X, int v0, int lane) {
+__device__ __forceinline__ void frag_store_vk(const float (*s)[4], float *X, int v0, int lane, int ld = K) {
     int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < K / 8; nt++) {
-        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g) * K + 8 * nt + 2 * t) = make_float2(s[nt][0], s[nt][1]);
-        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g + 8) * K + 8 * nt + 2 * t) = make_float2(s[nt][2], s[nt][3]);
+        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g) * ld + 8 * nt + 2 * t) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2 *>(X + (size_t)(v0 + g + 8) * ld + 8 * nt + 2 * t) = make_float2(s[nt][2], s[nt][3]);
     }
 }
 template <int K>

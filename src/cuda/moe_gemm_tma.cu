@@ -24,6 +24,7 @@
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
 #include "wgmma.cuh"
+#include "mbarrier.cuh"
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -37,27 +38,7 @@
 #define WT_STAGE (WT_A_BYTES + WT_B_BYTES)
 #define WT_SMEM (WT_STAGES * WT_STAGE + 1024 + 2 * WT_STAGES * 8)
 
-// ---- mbarriers and TMA (PTX) ----
-__device__ __forceinline__ void mb_init(uint32_t bar, int count) {
-    WG_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mb_expect_tx(uint32_t bar, int bytes) {
-    WG_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(uint32_t bar) {
-    WG_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// waits until the phase of parity `parity` has completed (a fresh barrier counts its
-// phase before 0 — parity 1 — as completed)
-__device__ __forceinline__ void mb_wait(uint32_t bar, int parity) {
-    uint32_t done = 0;
-    while (!done) {
-        WG_ASM("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done)
-               : "r"(bar), "r"(parity)
-               : "memory");
-    }
-}
+// ---- TMA (PTX); the mbarriers are in mbarrier.cuh ----
 // 2-D tile copy global → shared: box at (c0 inner, c1 outer) of the tensor map, completion
 // counted in bytes on `bar`
 __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
@@ -98,7 +79,7 @@ __global__ static void __launch_bounds__(WT_THREADS, 1)
             mb_init(full0 + 8 * s, 1);    // the producer's expect_tx arrival (+ the bytes)
             mb_init(empty0 + 8 * s, 2);   // one arrival per consumer warpgroup
         }
-        WG_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mb_init_fence();
     }
     __syncthreads();
     const int total = tile_start[E], KT = (K + WT_K - 1) / WT_K;

@@ -226,7 +226,7 @@ static void test_fwd(const Prob &P, const char *tag = "") {
 }
 
 // backward vs CPU (loss = Σ o·dO + Σ S_out·dS_out)
-static void test_bwd(const Prob &P) {
+static void test_bwd(const Prob &P, const char *tag = "") {
     Dev D;
     dev_setup(D, P, 1);
     D.dq.poison(); D.dk.poison(); D.dv.poison(); D.df.poison(); D.dbeta.poison();
@@ -254,7 +254,7 @@ static void test_bwd(const Prob &P) {
         {"df", &df, &rf, 2e-2}, {"dbeta", &dbeta, &rbeta, 2e-2}, {"dA_log", &dA, &rA, 2e-2}, {"ddt_bias", &ddb, &rdb, 2e-2},
     };
     for (auto &x : L) {
-        snprintf(w, sizeof w, "%s: %s", s, x.nm);
+        snprintf(w, sizeof w, "%s%s: %s", s, tag, x.nm);
         check(w, rel_rms(x.g->data(), x.r->data(), x.g->size()), x.tol);
     }
 }
@@ -341,7 +341,8 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
     a.A_log = P.A.data(); a.dt_bias = P.db.data(); a.o = oref.data(); a.state = pref.data(); a.slots = slots.data();
     cpu_kda_decode(&a);
     char w[240];
-    snprintf(w, sizeof w, "decode B=%d slots=%d H=%d K=%d V=%d %s: o", B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    const char *kern = getenv("KDA_DECODE_SPLIT") ? getenv("KDA_DECODE_SPLIT") : "default";
+    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d H=%d K=%d V=%d %s: o", kern, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
     check(w, rel_rms(o.data(), oref.data(), o.size()), 5e-3);
     std::vector<float> used, usedr;
     double untouched = 0;
@@ -352,9 +353,9 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
         if (u) { used.insert(used.end(), x, x + H * KV); usedr.insert(usedr.end(), y, y + H * KV); }
         else untouched = fmax(untouched, max_abs(x, y, H * KV));
     }
-    snprintf(w, sizeof w, "decode B=%d slots=%d H=%d K=%d V=%d %s: states", B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d H=%d K=%d V=%d %s: states", kern, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
     check(w, rel_rms(used.data(), usedr.data(), used.size()), 5e-3);
-    snprintf(w, sizeof w, "decode B=%d slots=%d: untouched slots (max abs)", B, nslots);
+    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: untouched slots (max abs)", kern, B, nslots);
     check(w, untouched, 0);
 }
 
@@ -521,6 +522,13 @@ int main(int argc, char **argv) {
         make_prob(P, {37}, 2, 128, 128, 1, 0, 3); test_fwd(P); test_bwd(P);
         make_prob(P, {15, 1, 70}, 2, 64, 64, 0, 1, 4); test_fwd(P); test_bwd(P);
         test_decode(3, 5, 2, 128, 128, 0, 5);
+        test_decode(40, 48, 8, 128, 128, 1, 6);   // 320 items: each block of the pipe kernel reuses its ring
+        setenv("KDA_DECODE_SPLIT", "4", 1);
+        test_decode(40, 48, 8, 128, 128, 0, 6);
+        unsetenv("KDA_DECODE_SPLIT");
+        setenv("KDA_SCAN_KS", "2", 1);
+        make_prob(P, {37, 37}, 2, 128, 128, 0, 0, 7); test_fwd(P, " [scan KS=2]"); test_bwd(P, " [scan KS=2]");
+        unsetenv("KDA_SCAN_KS");
         test_conv_decode(3, 4, 96, 4);
     } else {
         // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
@@ -568,7 +576,32 @@ int main(int argc, char **argv) {
         make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
         make_prob(P, {15, 100, 700}, 4, 128, 128, 1, 1, 72); test_saved_and_determinism(P);
 
-        // decode
+        // the forward scan with the state's columns split over 1, 2 or 4 warps per value slice
+        // (automatic: 2 under 512 value slices — the few-head problems above — else 1)
+        const char *kss[] = {"1", "2", "4"};
+        for (const char *ks : kss) {
+            char tag[32];
+            snprintf(tag, sizeof tag, " [scan KS=%s]", ks);
+            setenv("KDA_SCAN_KS", ks, 1);
+            make_prob(P, {500, 500}, 3, 128, 128, 0, 0, 90); test_fwd(P, tag);
+            make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 91); test_fwd(P, tag);
+            make_prob(P, {1000}, 2, 64, 64, 0, 0, 92); test_fwd(P, tag);
+            make_prob(P, {63}, 96, 128, 128, 0, 0, 93); test_fwd(P, tag);
+            make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_bwd(P, tag);
+            make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 64, 128, 1, 1, 95); test_bwd(P, tag);
+        }
+        unsetenv("KDA_SCAN_KS");
+
+        // decode, with each item's columns in 1, 2 or 4 blocks (the default below)
+        const char *splits[] = {"1", "2", "4"};
+        for (const char *sp : splits) {
+            setenv("KDA_DECODE_SPLIT", sp, 1);
+            test_decode(8, 12, 4, 128, 128, 1, 88);
+            test_decode(64, 80, 16, 128, 128, 0, 89);
+            test_decode(64, 70, 24, 64, 64, 1, 87);
+            test_decode(6, 9, 3, 128, 64, 0, 86);
+        }
+        unsetenv("KDA_DECODE_SPLIT");
         test_decode(8, 12, 4, 128, 128, 0, 80);
         test_decode(8, 12, 4, 128, 128, 1, 81);
         test_decode(5, 7, 3, 64, 64, 0, 82);
