@@ -30,13 +30,18 @@ cudaStream_t lm_cuda_stream(void);
 void lm_cuda_backend_shutdown(void);
 // The backend keeps bf16 copies of weights for its tensor-core GEMMs (weight_cache.cu) and
 // remakes them after their fp32 masters are written. The ops that write parameters report it:
-// to_device, adamw, muon and scale the range they wrote (lm_cuda_weights_written), alloc
-// "anything" (lm_cuda_weights_changed); free drops every copy (lm_cuda_weight_cache_free).
-// Code that changes weights in device memory any other way (a kernel of its own, ops->copy
-// into a weight) must call one of them too.
+// to_device, adamw, muon and scale the range they wrote (lm_cuda_weights_written); free drops
+// the copies of the weights inside the block it frees (lm_cuda_weight_cache_drop), so that a
+// later allocation at the same address starts without any. Code that changes weights in
+// device memory any other way (a kernel of its own, ops->copy into a weight) must call
+// lm_cuda_weights_written or lm_cuda_weights_changed (every copy stale) too.
 void lm_cuda_weights_changed(void);
 void lm_cuda_weights_written(const void *p, size_t bytes);
+void lm_cuda_weight_cache_drop(const void *p, size_t bytes);
 void lm_cuda_weight_cache_free(void);
+// bf16 weight copies made (or remade) since the process started (tests: a copy that should
+// have been kept was not)
+unsigned long lm_cuda_weight_copies_made(void);
 // host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
 // CUDA headers: wait for the device; free bytes on the device; the device's name and memory
 void lm_cuda_sync(void);

@@ -21,19 +21,41 @@ extern "C" {
 #include <cuda_bf16.h>
 
 // ---- memory ----
+// The blocks alloc made, with their sizes: free drops the bf16 weight copies of what lived
+// in the block it frees, and only those (a new weight may later take that address).
+typedef struct {
+    void *p;
+    size_t bytes;
+} cu_block;
+static cu_block *g_blocks;
+static int g_nblocks, g_capblocks;
+
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;
     cudaCheck(cudaMalloc(&p, bytes));
     cudaCheck(cudaMemset(p, 0, bytes));
-    lm_cuda_weights_changed();   // a new weight may take a freed one's address
+    if (g_nblocks == g_capblocks) {
+        g_capblocks = g_capblocks ? 2 * g_capblocks : 64;
+        g_blocks = (cu_block *)lm_realloc(g_blocks, (size_t)g_capblocks * sizeof(cu_block));
+    }
+    g_blocks[g_nblocks].p = p;
+    g_blocks[g_nblocks++].bytes = bytes;
     return p;
 }
 static void cu_free(void *p) {
-    if (p) cudaCheck(cudaFree(p));
-    // the freed memory may have held weights: drop every bf16 copy (not just mark them
-    // stale), so that a process that builds model after model does not keep their copies
-    lm_cuda_weight_cache_free();
+    if (!p) return;
+    size_t bytes = 0;
+    for (int i = 0; i < g_nblocks; i++)
+        if (g_blocks[i].p == p) {
+            bytes = g_blocks[i].bytes;
+            g_blocks[i] = g_blocks[--g_nblocks];
+            break;
+        }
+    cudaCheck(cudaFree(p));
+    // not a block of ours (nothing else should reach here): drop every copy to be safe
+    if (bytes) lm_cuda_weight_cache_drop(p, bytes);
+    else lm_cuda_weight_cache_free();
 }
 static void cu_to_device(void *dst, const void *src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));

@@ -331,18 +331,10 @@ __global__ static void __launch_bounds__(TC_THREADS, 1)
               int K, long ldb, long w_stride) {
     extern __shared__ float4 smem4[];
     float *smem = reinterpret_cast<float *>(smem4);
-    const int total = tile_start[E], ntn = (N + TC_N - 1) / TC_N;
+    const int total = tile_start[E];
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
-        while (hi - lo > 1) {
-            int mid = (lo + hi) >> 1;
-            if (tile_start[mid] <= tile) lo = mid; else hi = mid;
-        }
-        const int e = lo, local = tile - tile_start[e];
-        const int o0 = offsets[e], rows = offsets[e + 1] - o0;
-        const int mtn = (rows + TC_M - 1) / TC_M;
-        const int m0 = (local % mtn) * TC_M, n0 = (local / mtn) * TC_N;
-        (void)ntn;
+        const GroupedTile g = grouped_tile(tile, offsets, tile_start, E, TC_M, TC_N);
+        const int e = g.e, o0 = g.o0, rows = g.rows, m0 = g.m0, n0 = g.n0;
         const float *Be = B + (long)e * w_stride + (B_KMAJ ? (long)n0 * ldb : n0);
         tc_tile<true, B_KMAJ, ACC>(smem, Out + (long)(o0 + m0) * N + n0, N, A + (long)(o0 + m0) * K, K, Be, ldb,
                                    rows - m0, N - n0, K);

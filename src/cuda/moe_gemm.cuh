@@ -24,4 +24,32 @@ void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
                       int N, int cfg);
+
+// A row-product tile of the grouped kernels: expert e, its rows from offsets[e] + m0 (rows =
+// the expert's row count), columns from n0.
+struct GroupedTile {
+    int e, o0, rows, m0, n0;
+};
+// tile → its GroupedTile for TM × TN tiles. tile_start [E+1] is the prefix sum of each
+// expert's ceil(rows/TM) · ceil(N/TN) tiles; an expert's tiles run m-fastest, so concurrent
+// CTAs share its weight's column slab in L2.
+#ifdef __CUDACC__
+__device__ __forceinline__ GroupedTile grouped_tile(int tile, const int *offsets, const int *tile_start, int E, int TM,
+                                                    int TN) {
+    int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (tile_start[mid] <= tile) lo = mid; else hi = mid;
+    }
+    GroupedTile t;
+    t.e = lo;
+    const int local = tile - tile_start[lo];
+    t.o0 = offsets[lo];
+    t.rows = offsets[lo + 1] - t.o0;
+    const int mtn = (t.rows + TM - 1) / TM;
+    t.m0 = (local % mtn) * TM;
+    t.n0 = (local / mtn) * TN;
+    return t;
+}
+#endif
 #endif

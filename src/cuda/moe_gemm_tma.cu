@@ -47,23 +47,6 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int
            : "memory");
 }
 
-// tile → (expert, rows from o0 + m0, columns from n0), as WbRowsSched in moe_gemm_wg.cu
-__device__ __forceinline__ void wt_tile(int tile, const int *offsets, const int *tile_start, int E, int &e, int &o0,
-                                        int &rows, int &m0, int &n0) {
-    int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (tile_start[mid] <= tile) lo = mid; else hi = mid;
-    }
-    e = lo;
-    const int local = tile - tile_start[e];
-    o0 = offsets[e];
-    rows = offsets[e + 1] - o0;
-    const int mtn = (rows + WT_M - 1) / WT_M;
-    m0 = (local % mtn) * WT_M;
-    n0 = (local / mtn) * WT_N;
-}
-
 // DINP: B MN-major (map over W as [E·K rows, N]) and Out +=; else B K-major (map over W as
 // [E·N rows, K]) and Out =. mapA over A [R rows, K].
 template <bool DINP>
@@ -88,8 +71,8 @@ __global__ static void __launch_bounds__(WT_THREADS, 1)
         if ((tid & 31) != 0) return;
         int slot = 0, phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-            int e, o0, rows, m0, n0;
-            wt_tile(tile, offsets, tile_start, E, e, o0, rows, m0, n0);
+            const GroupedTile t = grouped_tile(tile, offsets, tile_start, E, WT_M, WT_N);
+            const int e = t.e, o0 = t.o0, m0 = t.m0, n0 = t.n0;
             for (int kt = 0; kt < KT; kt++) {
                 mb_wait(empty0 + 8 * slot, phase ^ 1);
                 const uint32_t sa = ring + slot * WT_STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
@@ -114,8 +97,8 @@ __global__ static void __launch_bounds__(WT_THREADS, 1)
     int slot = 0, phase = 0;
     float acc[WT_N / 2];
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        int e, o0, rows, m0, n0;
-        wt_tile(tile, offsets, tile_start, E, e, o0, rows, m0, n0);
+        const GroupedTile t = grouped_tile(tile, offsets, tile_start, E, WT_M, WT_N);
+        const int o0 = t.o0, rows = t.rows, m0 = t.m0, n0 = t.n0;
         int prev = -1;
         for (int kt = 0; kt < KT; kt++) {
             mb_wait(full0 + 8 * slot, phase);

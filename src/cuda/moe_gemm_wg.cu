@@ -103,14 +103,8 @@ template <int WN, bool B_KM> struct WbRowsSched {
     int E, N, K;
     __device__ int total() const { return tile_start[E]; }
     __device__ bool get(int tile, WbTile &t) const {
-        int lo = 0, hi = E;   // last e with tile_start[e] <= tile (empty experts share starts)
-        while (hi - lo > 1) {
-            const int mid = (lo + hi) >> 1;
-            if (tile_start[mid] <= tile) lo = mid; else hi = mid;
-        }
-        const int e = lo, local = tile - tile_start[e];
-        const int o0 = offsets[e], rows = offsets[e + 1] - o0, mtn = (rows + WB_M - 1) / WB_M;
-        const int m0 = (local % mtn) * WB_M, n0 = (local / mtn) * WN;
+        const GroupedTile g = grouped_tile(tile, offsets, tile_start, E, WB_M, WN);
+        const int e = g.e, o0 = g.o0, rows = g.rows, m0 = g.m0, n0 = g.n0;
         t.A = A + (long)(o0 + m0) * K;
         t.B = B + (long)e * N * K + (B_KM ? (long)n0 * K : n0);
         t.C = Out + (long)(o0 + m0) * N + n0;

@@ -10,16 +10,13 @@
 // to_device, muon and scale call lm_cuda_weights_written(range), which marks the copies of
 // weights overlapping that range stale (the batch's tokens and targets, uploaded between the
 // forward and the backward, leave them alone); AdamW rewrites the copy of the weight it
-// updates in the same pass (lm_cuda_weight_bf16_claim); alloc calls
-// lm_cuda_weights_changed(), which bumps an epoch and so marks every copy stale; free drops
-// every copy (lm_cuda_weight_cache_free: memory, not just validity, since the weights they
-// shadow may be gone). The copies live outside the workspace, one cudaMalloc each.
-//
-// Known cost: any alloc or free stales or drops every copy, including those of weights that
-// did not move. Training reallocates its activations when the batch shape changes (a last
-// micro-batch smaller than the others, an evaluation at another shape) and then remakes every
-// copy — and, after a free, cudaMallocs them again. Tracking each allocation's size so that a
-// free drops only the copies inside it would remove that.
+// updates in the same pass (lm_cuda_weight_bf16_claim); the backend's free drops the copies
+// of the weights inside the block it frees (lm_cuda_weight_cache_drop: memory, not just
+// validity, since those weights are gone and a new one may take the address), so allocating
+// and freeing activations — a ragged last micro-batch, an evaluation at another shape —
+// leaves the other copies alone. lm_cuda_weights_changed() (bump an epoch: every copy stale)
+// remains for code that writes weights by other means. The copies live outside the
+// workspace, one cudaMalloc each.
 #include "cuda_common.cuh"
 
 typedef struct {
@@ -33,7 +30,9 @@ typedef struct {
 #define WC_MAX 1024
 static wc_entry g_wc[WC_MAX];
 static int g_wc_n, g_wc_next;
-static unsigned long g_epoch = 1;
+static unsigned long g_epoch = 1, g_made;
+
+unsigned long lm_cuda_weight_copies_made(void) { return g_made; }
 
 void lm_cuda_weights_changed(void) { g_epoch++; }
 void lm_cuda_weights_written(const void *p, size_t bytes) {
@@ -61,6 +60,7 @@ const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
         en->cap = n;
     }
     lm_cuda_to_bf16(en->buf, W, n);
+    g_made++;
     en->n = n;
     en->epoch = g_epoch;
     return en->buf;
@@ -73,6 +73,21 @@ __nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n) {
             return g_wc[i].buf;
         }
     return NULL;
+}
+
+void lm_cuda_weight_cache_drop(const void *p, size_t bytes) {
+    const char *lo = (const char *)p, *hi = lo + bytes;
+    for (int i = 0; i < g_wc_n;) {
+        const char *w = (const char *)g_wc[i].w;
+        if (w >= lo && w < hi) {   // the last entry takes its place
+            if (g_wc[i].buf) cudaCheck(cudaFree(g_wc[i].buf));
+            g_wc[i] = g_wc[--g_wc_n];
+            memset(&g_wc[g_wc_n], 0, sizeof g_wc[0]);
+        } else {
+            i++;
+        }
+    }
+    if (g_wc_next >= g_wc_n) g_wc_next = 0;
 }
 
 void lm_cuda_weight_cache_free(void) {

@@ -40,6 +40,7 @@ static int harness_moe_gemm;
 #define lm_cuda_set_moe_gemm(m) ((void)(harness_moe_gemm = (m)))
 #define lm_cuda_moe_gemm_name(m) \
     ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
+#define lm_cuda_weight_copies_made() 0UL   // the CPU table keeps no copies
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -679,7 +680,9 @@ static void t_grouped_weight_cache(void) {
     float *gout = GPU->alloc(NK * OC * sizeof(float)), *gdinp = GPU->alloc(NK * C * sizeof(float));
     float *gg = dfl(g, nw), *gm = dfl(m, nw), *gv = dfl(v, nw);
     const char *op = "grouped_mm weight copies";
-    for (int stage = 0; stage < 4; stage++) {
+    unsigned long made = 0;
+    int reused = 0;
+    for (int stage = 0; stage < 6; stage++) {
         if (stage == 1) {   // new values into the same device buffer
             HFREE(W);
             W = hrandn(nw, 0.2);
@@ -693,11 +696,26 @@ static void t_grouped_weight_cache(void) {
             memcpy(W + 2 * per, part, per * sizeof(float));
             GPU->to_device(gW + 2 * per, part, per * sizeof(float));
             HFREE(part);
+        } else if (stage == 4) {   // an unrelated block allocated and freed: the copy stays
+            made = lm_cuda_weight_copies_made();
+            GPU->free(GPU->alloc(1 << 20));
+        } else if (stage == 5) {   // the weight's block freed, a new one (usually at the same
+                                   // address) filled by a device copy, which reports no write
+            HFREE(W);
+            W = hrandn(nw, 0.2);
+            float *src = dfl(W, nw), *old = gW;
+            GPU->free(gW);
+            gW = GPU->alloc(nw * sizeof(float));
+            reused = gW == old;
+            GPU->copy(gW, src, nw * sizeof(float));
+            GPU->free(src);
         }
-        const char *what[4][2] = {{"fwd, first weights", "dinp, first weights"},
+        const char *what[6][2] = {{"fwd, first weights", "dinp, first weights"},
                                   {"fwd after to_device", "dinp after to_device"},
                                   {"fwd after adamw", "dinp after adamw"},
-                                  {"fwd after a partial to_device", "dinp after a partial to_device"}};
+                                  {"fwd after a partial to_device", "dinp after a partial to_device"},
+                                  {"fwd after an unrelated alloc + free", "dinp after an unrelated alloc + free"},
+                                  {"fwd after free + alloc + copy", "dinp after free + alloc + copy"}};
         CPU->grouped_matmul_fwd(out, xp, W, p.offsets, E, C, OC, (int)NK);
         GPU->grouped_matmul_fwd(gout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
         cmp(op, what[stage][0], gout, out, NK * OC, 1e-2);
@@ -706,6 +724,10 @@ static void t_grouped_weight_cache(void) {
         CPU->grouped_matmul_bwd(dinp, NULL, dout, xp, W, p.offsets, E, C, OC, (int)NK);
         GPU->grouped_matmul_bwd(gdinp, NULL, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
         cmp(op, what[stage][1], gdinp, dinp, NK * C, 1e-2);
+        if (stage == 4)   // exact: no copy was remade for the unrelated block
+            cmp_scalar(op, "copies remade after an unrelated alloc + free", (double)(lm_cuda_weight_copies_made() - made),
+                       0.0, 0.0);
+        if (stage == 5) printf("  (the new weight block %s the freed one's address)\n", reused ? "took" : "did not take");
     }
     DFREE(gxp, gW, gdout, gout, gdinp, gg, gm, gv);
     HFREE(xp, W, dout, out, dinp, g, m, v);
