@@ -100,6 +100,10 @@ int main(int argc, char **argv) {
                                  {4, 4096, 64, true},  {8, 2048, 32, true},  {1, 65536, 32, true},
                                  {1, 1048576, 32, false}};
     if (quick || profile) shapes = {{1, 8192, 96, true}};
+    if ((quick || profile) && getenv("KDA_BENCH_SHAPE")) {   // "B,T,H" instead
+        Shape sh = {1, 8192, 96, true};
+        if (sscanf(getenv("KDA_BENCH_SHAPE"), "%d,%d,%d", &sh.B, &sh.T, &sh.H) == 3) shapes = {sh};
+    }
     if (decode_only) shapes.clear();
     bool variants = (quick && !getenv("KDA_BENCH_NOVAR")) || getenv("KDA_BENCH_VARIANTS");
     printf("\n%-18s %-9s %9s %9s %9s %11s %9s\n", "shape", "gate", "fwd ms", "prep ms", "scan ms", "fwd+bwd ms", "bwd ms");
