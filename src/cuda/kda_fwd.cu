@@ -529,21 +529,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
                     for (int e = 0; e < 4; e++)
                         sO[(8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * vs + g + 8 * (e >> 1)] = __float2bfloat16(o[nt][e]);
             } else {
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-                state_times_tile<KP, SPLIT>(s, sQ + kp0, lane, o, KDA_LDK(K));
-                if (ks == 0) {   // the intra-chunk term V'ᵀ Mᵀ, once per slice
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b[2];
-                        ldb_nk(b, sM, KDA_LD16, 8 * nt, 0, lane);
-                        mma16816(o[nt], av, b);
-                        ldb_nk(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
-                        mma16816(o[nt], av, b);
-                    }
-                }
+                scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, ks == 0, KDA_LDK(K));   // M's term once per slice
                 float *op = sOp + (size_t)ks * 16 * (VB + 4);
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)

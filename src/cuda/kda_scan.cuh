@@ -110,15 +110,17 @@ __device__ __forceinline__ void tok_afrag(const float x[2][4], uint32_t a[4], fl
     a[3] = pack_bf16(sign * x[1][2], sign * x[1][3]);
 }
 
-// o (Oᵀ tile, fp32) = Sᵀ Qgᵀ + V'ᵀ Mᵀ
+// o (Oᵀ tile, fp32) = Sᵀ Qgᵀ (+ V'ᵀ Mᵀ when with_m: a warp holding K of the state's columns
+// passes sQg at its first one, its tile's row stride ld, and adds M's term once per slice)
 template <int K, bool SPLIT>
 __device__ __forceinline__ void scan_out(const float (*s)[4], const bf16 *sQg, const bf16 *sM, const uint32_t av[4],
-                                         int lane, float o[2][4]) {
+                                         int lane, float o[2][4], bool with_m = true, int ld = KDA_LDK(K)) {
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
-    state_times_tile<K, SPLIT>(s, sQg, lane, o);
+    state_times_tile<K, SPLIT>(s, sQg, lane, o, ld);
+    if (!with_m) return;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
         uint32_t b[2];
