@@ -52,6 +52,11 @@ static void cu_free(void *p) {
             g_blocks[i] = g_blocks[--g_nblocks];
             break;
         }
+    if (g_nblocks == 0) {   // every block freed: so is the table (no host memory left behind)
+        free(g_blocks);
+        g_blocks = NULL;
+        g_capblocks = 0;
+    }
     cudaCheck(cudaFree(p));
     // not a block of ours (nothing else should reach here): drop every copy to be safe
     if (bytes) lm_cuda_weight_cache_drop(p, bytes);

@@ -40,7 +40,7 @@ template <int K, int V, int VT>
 __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
     typedef DecShared<K, VT> Sh;
     constexpr int VG = Sh::VG, RG = Sh::RG, KR = Sh::KR;
-    __shared__ Sh sm;
+    __shared__ __align__(16) Sh sm;   // red and sr are read as float4
     const int item = blockIdx.x / (V / VT), c0 = (blockIdx.x % (V / VT)) * VT;
     const int b = item / a.H, h = item % a.H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int cg = tid % VG, rg = tid / VG;

@@ -664,7 +664,7 @@ template <int K>
 static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
     int nw = kda_scan_warps(p), ks = kda_scan_ks(p);
     // four warps a block unless told otherwise (KS 2: two value slices of two warps)
-    if (!p->scan_warps && !getenv("KDA_SCAN_WARPS")) nw = nw * ks > 4 ? 4 / ks : nw;
+    if (!p->scan_warps && env_int("KDA_SCAN_WARPS", 0) <= 0) nw = nw * ks > 4 ? 4 / ks : nw;
     while (nw * ks > 8) nw >>= 1;
     if (ks == 4) return launch_scan_ks<K, 4>(p, w, out, ckpt, nw);
     if (ks == 2) return launch_scan_ks<K, 2>(p, w, out, ckpt, nw);

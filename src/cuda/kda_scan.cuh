@@ -1,6 +1,10 @@
 // kda_scan.cuh — the per-warp steps of the serial chunk recurrences, shared by the forward
 // scan (kda_fwd.cu), the backward state-gradient scan and the backward segment kernel
-// (kda_bwd.cu), so that recomputed intermediates equal the forward's bit for bit.
+// (kda_bwd.cu), so that the backward's recomputed intermediates follow the forward's
+// arithmetic — bit for bit when the forward scan runs one warp per value slice (KS = 1). With
+// the state's columns split over KS > 1 warps (the default under 512 value slices), the
+// forward adds V''s partial sums in another order than the segment kernel's recomputation,
+// so the recomputed states differ from the forward's by fp32 rounding.
 //
 // A warp owns 16 value rows of the transposed state Sᵀ [V,K] (fp32, K/8 C fragments:
 // s[nt] = rows v0+g, v0+g+8, columns 8nt+2t, 8nt+2t+1). Per 16-token chunk, with the

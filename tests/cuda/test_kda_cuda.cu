@@ -522,7 +522,7 @@ int main(int argc, char **argv) {
         make_prob(P, {37}, 2, 128, 128, 1, 0, 3); test_fwd(P); test_bwd(P);
         make_prob(P, {15, 1, 70}, 2, 64, 64, 0, 1, 4); test_fwd(P); test_bwd(P);
         test_decode(3, 5, 2, 128, 128, 0, 5);
-        test_decode(40, 48, 8, 128, 128, 1, 6);   // 320 items: each block of the pipe kernel reuses its ring
+        test_decode(40, 48, 8, 128, 128, 1, 6);   // 320 items, two blocks each
         setenv("KDA_DECODE_SPLIT", "4", 1);
         test_decode(40, 48, 8, 128, 128, 0, 6);
         unsetenv("KDA_DECODE_SPLIT");
@@ -600,6 +600,7 @@ int main(int argc, char **argv) {
             test_decode(64, 80, 16, 128, 128, 0, 89);
             test_decode(64, 70, 24, 64, 64, 1, 87);
             test_decode(6, 9, 3, 128, 64, 0, 86);
+            test_decode(6, 9, 3, 64, 128, 1, 85);
         }
         unsetenv("KDA_DECODE_SPLIT");
         test_decode(8, 12, 4, 128, 128, 0, 80);
