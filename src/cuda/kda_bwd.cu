@@ -27,7 +27,7 @@
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
-int kda_scan_warps(const kda_params *p);
+int kda_scan_warps(const kda_params *p, int ks);
 
 #define BWD_THREADS 128
 
@@ -797,7 +797,7 @@ static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = w.dckpt;
-    int nw = kda_scan_warps(p), VB = 16 * nw;
+    int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * (p->V / VB);
     int sb = scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, 0);

@@ -585,16 +585,19 @@ static int env_int(const char *name, int dflt) {
 }
 static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
 
-int kda_scan_warps(const kda_params *p) {
+// value-slice warps per scan block, each with ks − 1 partners (ks = 1: the backward's scans)
+int kda_scan_warps(const kda_params *p, int ks) {
     int maxw = p->V / 16, nw = p->scan_warps ? p->scan_warps : env_int("KDA_SCAN_WARPS", 0);
-    if (nw > 0) {
+    if (nw > 0) {   // asked for: a divisor of the slices, at most 8 warps in all
         while (maxw % nw) nw--;
+        while (nw * ks > 8) nw >>= 1;
         return nw;
     }
-    // four: the chunk loads are shared by a block's warps, and the cost of a step is mostly
-    // their issue — fewer warps per block (more blocks) lost at every benchmark shape, even
-    // when a block per SM was left idle (bench/RESULTS.md, session 7)
-    return maxw < 4 ? maxw : 4;
+    // four warps in all: the chunk loads are shared by a block's warps, and the cost of a
+    // step is mostly their issue — fewer warps per block (more blocks) lost at every
+    // benchmark shape, even when a block per SM was left idle (bench/RESULTS.md, session 7)
+    nw = 4 / ks;
+    return maxw < nw ? maxw : nw;
 }
 
 // warps sharing one 16-wide value slice of the forward scan (state columns split KS ways):
@@ -662,10 +665,7 @@ static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, b
 
 template <int K>
 static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
-    int nw = kda_scan_warps(p), ks = kda_scan_ks(p);
-    // four warps a block unless told otherwise (KS 2: two value slices of two warps)
-    if (!p->scan_warps && env_int("KDA_SCAN_WARPS", 0) <= 0) nw = nw * ks > 4 ? 4 / ks : nw;
-    while (nw * ks > 8) nw >>= 1;
+    int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
     if (ks == 4) return launch_scan_ks<K, 4>(p, w, out, ckpt, nw);
     if (ks == 2) return launch_scan_ks<K, 2>(p, w, out, ckpt, nw);
     return launch_scan_ks<K, 1>(p, w, out, ckpt, nw);
