@@ -443,6 +443,13 @@ __host__ __device__ inline int scan_fixed_bytes(int VB, int KS) {
     return KS == 1 ? 16 * (VB + 8) * 2 : KS * 16 * (VB + 4) * 4 + (VB / 16) * KS * 32 * 8 * 4;
 }
 
+// acc (8 fp32, row-major) += the 8 fp32 at p (16-byte aligned), in order
+__device__ __forceinline__ void add8(float (&acc)[2][4], const float *p) {
+    const float4 x0 = reinterpret_cast<const float4 *>(p)[0], x1 = reinterpret_cast<const float4 *>(p)[1];
+    acc[0][0] += x0.x; acc[0][1] += x0.y; acc[0][2] += x0.z; acc[0][3] += x0.w;
+    acc[1][0] += x1.x; acc[1][1] += x1.y; acc[1][2] += x1.z; acc[1][3] += x1.w;
+}
+
 __device__ __forceinline__ void named_barrier(int id, int nthreads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
@@ -499,22 +506,10 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             mine[0] = make_float4(pp[0][0], pp[0][1], pp[0][2], pp[0][3]);
             mine[1] = make_float4(pp[1][0], pp[1][1], pp[1][2], pp[1][3]);
             named_barrier(1 + vs, 32 * KS);
-            float sum[8] = {};
+            float sum[2][4] = {};   // fixed order: every warp of the slice gets the same V'
 #pragma unroll
-            for (int j = 0; j < KS; j++) {   // fixed order: every warp of the slice gets the same V'
-                const float4 *x = reinterpret_cast<const float4 *>(sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
-                float4 x0 = x[0], x1 = x[1];
-                sum[0] += x0.x; sum[1] += x0.y; sum[2] += x0.z; sum[3] += x0.w;
-                sum[4] += x1.x; sum[5] += x1.y; sum[6] += x1.z; sum[7] += x1.w;
-            }
-            int g = lane >> 2, t = lane & 3;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int tok = 8 * nt + 2 * t + (e & 1), vl = 16 * vs + g + 8 * (e >> 1);
-                    vp[nt][e] = bf(sU[tok * (VB + 8) + vl]) - sum[4 * nt + e];
-                }
+            for (int j = 0; j < KS; j++) add8(sum, sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
+            vprime_from(sum, sU, VB + 8, 16 * vs, lane, vp);
         }
         uint32_t av[4];
         tok_afrag(vp, av, 1.f);
@@ -547,17 +542,12 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
                 if (KS == 1) {
                     *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + pc * 8);
                 } else {
-                    float acc[8] = {};
+                    float acc[2][4] = {};
 #pragma unroll
-                    for (int j = 0; j < KS; j++) {
-                        const float4 *x = reinterpret_cast<const float4 *>(sOp + ((size_t)j * 16 + r) * (VB + 4) + pc * 8);
-                        float4 x0 = x[0], x1 = x[1];
-                        acc[0] += x0.x; acc[1] += x0.y; acc[2] += x0.z; acc[3] += x0.w;
-                        acc[4] += x1.x; acc[5] += x1.y; acc[6] += x1.z; acc[7] += x1.w;
-                    }
+                    for (int j = 0; j < KS; j++) add8(acc, sOp + ((size_t)j * 16 + r) * (VB + 4) + pc * 8);
                     uint4 u;
-                    u.x = pack_bf16(acc[0], acc[1]); u.y = pack_bf16(acc[2], acc[3]);
-                    u.z = pack_bf16(acc[4], acc[5]); u.w = pack_bf16(acc[6], acc[7]);
+                    u.x = pack_bf16(acc[0][0], acc[0][1]); u.y = pack_bf16(acc[0][2], acc[0][3]);
+                    u.z = pack_bf16(acc[1][0], acc[1][1]); u.w = pack_bf16(acc[1][2], acc[1][3]);
                     *reinterpret_cast<uint4 *>(dst) = u;
                 }
             }

@@ -90,12 +90,10 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
         for (int e = 0; e < 4; e++) acc[nt][e] += (part[0][nt][e] + part[1][nt][e]) + part[2][nt][e];
 }
 
-// vp = V'ᵀ tile: rows = the warp's value rows (local column vl0 + g (+8) of sU [16][ldu])
-template <int K, bool SPLIT>
-__device__ __forceinline__ void scan_vprime(const float (*s)[4], const bf16 *sW, const bf16 *sU, int ldu, int vl0,
-                                            int lane, float vp[2][4]) {
-    float p[2][4] = {};
-    state_times_tile<K, SPLIT>(s, sW, lane, p);
+// vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
+// column vl0 + g (+8) of sU [16][ldu])
+__device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
+                                            float vp[2][4]) {
     int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
@@ -104,6 +102,14 @@ __device__ __forceinline__ void scan_vprime(const float (*s)[4], const bf16 *sW,
             int tok = 8 * nt + 2 * t + (e & 1), vl = vl0 + g + 8 * (e >> 1);
             vp[nt][e] = bf(sU[tok * ldu + vl]) - p[nt][e];
         }
+}
+
+template <int K, bool SPLIT>
+__device__ __forceinline__ void scan_vprime(const float (*s)[4], const bf16 *sW, const bf16 *sU, int ldu, int vl0,
+                                            int lane, float vp[2][4]) {
+    float p[2][4] = {};
+    state_times_tile<K, SPLIT>(s, sW, lane, p);
+    vprime_from(p, sU, ldu, vl0, lane, vp);
 }
 
 // bf16 A fragment of a 16 × 16 (rows × tokens) C-fragment pair, optionally negated
