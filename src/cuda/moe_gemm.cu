@@ -460,11 +460,14 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
             rows_product(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0);
         return;
     }
+    int *ts = NULL;   // the mma kernel's tile list: the same for every product
+    if (kern == K_MMA) {
+        tc_setup();
+        ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+        tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
+    }
     for (int i = 0; i < n; i++) {
         if (kern == K_MMA) {
-            tc_setup();
-            int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-            tc_schedule(ts, offsets, E, OC, TC_M, TC_N);
             tc_rows_k<true, false><<<lm_cuda_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
                 out[i], inp, W[i], offsets, ts, E, OC, C, C, (long)OC * C);
         } else {
@@ -508,12 +511,17 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
         }
         return;
     }
+    int *ts = NULL;   // the mma kernel's dinp tile list: the same for every product
+    if (kern == K_MMA) {
+        tc_setup();
+        if (dinp) {
+            ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
+            tc_schedule(ts, offsets, E, C, TC_M, TC_N);
+        }
+    }
     for (int i = 0; i < n; i++) {
         if (kern == K_MMA) {
-            tc_setup();
             if (dinp) {   // rows × C, k = OC: A = dout (K-major), B_e = W[e] with (n=c, k=oc) at oc·C + c
-                int *ts = (int *)lm_cuda_scratch((size_t)(E + 1) * sizeof(int));
-                tc_schedule(ts, offsets, E, C, TC_M, TC_N);
                 tc_rows_k<false, true><<<lm_cuda_num_sms(), TC_THREADS, TC_SMEM, lm_cuda_stream()>>>(
                     dinp, dout[i], W[i], offsets, ts, E, C, OC, C, (long)OC * C);
                 cudaLaunchCheck();
