@@ -216,6 +216,41 @@ int main(int argc, char **argv) {
     result("combine_bwd_ms", t_cb); result("gather_bwd_ms", t_gab); result("router_bwd_ms", t_rb);
     result("bwd_total_ms", t_bwd);
 
+    {   // the routed experts as one op (moe_experts_fwd/bwd, what the model calls): gather,
+        // the GEMMs and the GLU with bf16 operands written by the kernels that make them,
+        // combine; its own saved and work buffers (it leaves bf16 in xp, eh, dyp, dea, deb)
+        float *xp2 = falloc(NK * d), *ea2 = falloc(NK * F), *eb2 = falloc(NK * F), *eh2 = falloc(NK * F);
+        float *yp2 = falloc(NK * d), *dyp2 = falloc(NK * d), *dxp2 = falloc(NK * d);
+        float *dea2 = falloc(NK * F), *deb2 = falloc(NK * F), *deh2 = falloc(NK * F);
+        lm_experts ex = {.N = N, .E = E, .k = k, .C = d, .F = F, .R = (int)NK, .act = act, .offsets = offsets,
+                         .row_token = row_token, .slot_row = slot_row, .gate = gate, .W1 = w1, .W3 = w3, .W2 = w2,
+                         .xp = xp2, .ea = ea2, .eb = eb2, .eh = eh2, .yp = yp2};
+        lm_experts_grads eg = {.dgate = dgate, .dW1 = gw1, .dW3 = gw3, .dW2 = gw2, .dyp = dyp2, .deh = deh2,
+                               .dea = dea2, .deb = deb2, .dxp = dxp2};
+        auto work_zero = [&] {
+            zero(dyp2, NK * d * 4); zero(dxp2, NK * d * 4);
+            zero(dea2, NK * F * 4); zero(deb2, NK * F * 4); zero(deh2, NK * F * 4);
+        };
+        auto op_f = [&] { zero(y, (size_t)N * d * 4); cuda_moe_experts_fwd(&ex, y, x); };
+        auto op_b = [&] { cuda_moe_experts_bwd(&ex, &eg, dxn, dy); };
+        auto op_bz = [&] { work_zero(); zero(dxn, (size_t)N * d * 4); zero(dgate, NK * 4); op_b(); };
+        auto layer_f = [&] { router(); plan(); op_f(); };
+        auto layer_b = [&] { op_bz(); router_b(); };
+        op_f(); op_bz();
+        double tf = time_ms(op_f, WARM, REPS), tz = time_ms(work_zero, WARM, REPS);
+        double tb = time_ms(op_bz, WARM, REPS), tlf = time_ms(layer_f, WARM, REPS), tlb = time_ms(layer_b, WARM, REPS);
+        printf("-- the experts op (moe_experts_fwd/bwd: bf16 operands made by their producers)\n");
+        row("experts fwd (memset y, gather, 3 GEMMs, GLU, combine)", tf, 3 * gemm1);
+        row("experts bwd (memsets, combine bwd, 6 GEMMs, GLU bwd, scatter)", tb, 6 * gemm1);
+        row("  of which the work buffers' memsets", tz, 0);
+        row("layer forward total (router, plan, experts op)", tlf, 0);
+        row("layer backward total (experts op, router bwd)", tlb, 0);
+        result("experts_fwd_ms", tf); result("experts_fwd_tflops", 3 * gemm1 / tf * 1e-9);
+        result("experts_bwd_ms", tb); result("experts_bwd_tflops", 6 * gemm1 / tb * 1e-9);
+        result("experts_layer_fwd_ms", tlf); result("experts_layer_bwd_ms", tlb);
+        for (float *q : {xp2, ea2, eb2, eh2, yp2, dyp2, dxp2, dea2, deb2, deh2}) cudaCheck(cudaFree(q));
+    }
+
     printf("-- references\n");
     {   // dense cuBLAS bf16 GEMM of one expert GEMM's FLOPs: [NK, d] · [d, F], bf16 in, fp32 out
         __nv_bfloat16 *a, *b;

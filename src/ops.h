@@ -67,6 +67,29 @@ typedef struct {
 typedef struct { const real *p[LM_MAX_SOURCES]; int n; } lm_sources;
 typedef struct { real *p[LM_MAX_SOURCES]; int n; } lm_source_grads;
 
+// The routed experts of one MoE layer (moe_experts_fwd/bwd): the dispatch plan of moe_plan,
+// the SwiGLU experts' weights, and the tensors the forward keeps for the backward.
+//   xp = x[row_token] [R, C];  ea = xp·W1[e]ᵀ, eb = xp·W3[e]ᵀ [R, F];  eh = act(ea) ⊙ eb;
+//   yp [R, C] = eh·W2[e]ᵀ  (per expert segment e);  y [N, C] += Σ_slot gate · yp[slot_row]
+// xp and eh are the backend's: only moe_experts_bwd reads them, in the form its forward
+// wrote (the CPU keeps the fp32 values; the CUDA backend's bf16 GEMM mode keeps bf16 values
+// in their first half, which its tensor-core GEMMs read without a rounding pass).
+typedef struct {
+    int N, E, k, C, F, R, act;      // tokens, experts, slots per token, width, expert FFN width,
+                                    // rows allocated (N·k ≥ offsets[E]), LM_ACT_*
+    const int *offsets, *row_token, *slot_row;   // [E+1], [R], [N·k]
+    const real *gate;               // [N, k]
+    const real *W1, *W3, *W2;       // [E, F, C], [E, F, C], [E, C, F]
+    real *xp, *ea, *eb, *eh, *yp;   // saved by the forward: [R, C], [R, F] ×3, [R, C]
+} lm_experts;
+// Their gradients: dgate, dW1, dW3, dW2 accumulate; dyp [R, C], deh, dea, deb [R, F] and
+// dxp [R, C] are work buffers that must be zero on entry (the model's gradient arena is)
+// and hold nothing defined afterwards.
+typedef struct {
+    real *dgate, *dW1, *dW3, *dW2;
+    real *dyp, *deh, *dea, *deb, *dxp;
+} lm_experts_grads;
+
 typedef struct lm_ops {
     const char *name;
 
@@ -228,6 +251,12 @@ typedef struct lm_ops {
     void (*moe_combine_fwd)(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
     void (*moe_combine_bwd)(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,
                             const int *slot_row, int N, int k, int C);
+    // the routed experts as one op: gather, the three grouped GEMMs with the GLU, combine
+    // (lm_experts above). fwd: y [N, C] += the routed sum for x [N, C]. bwd: dx [N, C] +=,
+    // the parameter and gate gradients +=, from dy [N, C]. The CPU runs the ops above in turn
+    // (ops_experts.h); the CUDA backend does the same in its fp32 modes
+    void (*moe_experts_fwd)(const lm_experts *ex, real *y, const real *x);
+    void (*moe_experts_bwd)(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
     // QB statistics: hist [E, nbins] += counts of r_ij = alpha_i − s_ij in bins of width
     //   `width` starting at `lo` (values outside go to the end bins)
     void (*qb_hist_accum)(int *hist, const real *s, const real *alpha, real lo, real width,

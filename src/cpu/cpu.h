@@ -53,6 +53,8 @@ void cpu_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real
 void cpu_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cpu_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cpu_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
+void cpu_moe_experts_fwd(const lm_experts *ex, real *y, const real *x);
+void cpu_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
 void cpu_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);
 double cpu_moe_aux_fwd(const real *s, const int *counts, int N, int E, int k, real coef);
 void cpu_moe_aux_bwd(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss);

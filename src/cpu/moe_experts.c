@@ -5,6 +5,7 @@
 // Row order is fixed by construction — experts in index order, tokens in increasing
 // index inside an expert — so results never depend on thread timing.
 #include "cpu.h"
+#include "ops_experts.h"
 
 typedef struct { real s; int tok; } plan_cand;
 
@@ -183,4 +184,10 @@ void cpu_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp,
             }
         }
     }
+}
+
+// the routed experts as one op (ops.h lm_experts): this table's ops in turn, fp32 throughout
+void cpu_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) { lm_experts_fwd_by_ops(&lm_cpu_ops, ex, y, x); }
+void cpu_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy) {
+    lm_experts_bwd_by_ops(&lm_cpu_ops, ex, g, dx, dy);
 }

@@ -107,6 +107,8 @@ void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const in
 void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
 void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
+void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x);
+void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
 void cuda_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);

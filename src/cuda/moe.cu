@@ -5,6 +5,7 @@
 // Everything reads the plan (offsets, row maps) from device memory: no op here waits for
 // the device (moe_gather_bwd sizes its sort by the allocated rows N·k, not offsets[E]).
 #include "cuda_common.cuh"
+#include <stdint.h>
 #include "ops_math.h"
 #include <cub/device/device_radix_sort.cuh>
 
@@ -201,10 +202,34 @@ __global__ static void combine_fwd_k(float *y, const float *yp, const float *gat
     }
 }
 
+// the same with four channels per thread (16-byte loads and stores): C % 4 == 0, y and yp
+// 16-byte aligned. The same additions in the same order.
+__global__ static void combine_fwd4_k(float4 *y, const float4 *yp, const float *gate, const int *slot_row, int N, int k,
+                                      int C4) {
+    size_t n = (size_t)N * C4;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / C4, c = e % C4;
+        float4 acc = y[e];
+        for (int t = 0; t < k; t++) {
+            int r = slot_row[i * k + t];
+            if (r < 0) continue;
+            const float g = gate[i * k + t];
+            const float4 v = yp[(size_t)r * C4 + c];
+            acc.x += g * v.x; acc.y += g * v.y; acc.z += g * v.z; acc.w += g * v.w;
+        }
+        y[e] = acc;
+    }
+}
+
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C) {
     size_t n = (size_t)N * C;
     if (!n) return;
-    combine_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C);
+    if (C % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)yp % 16 == 0) {   // measured: bench_moe's combine
+        combine_fwd4_k<<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
+            (float4 *)y, (const float4 *)yp, gate, slot_row, N, k, C / 4);
+    } else {
+        combine_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C);
+    }
     cudaLaunchCheck();
 }
 

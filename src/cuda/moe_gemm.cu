@@ -427,11 +427,23 @@ static int moe_kernel(int C, int OC, int aligned, int fwd) {
 
 // columns per tile of the rows-as-m kernel `kern` (a wgmma configuration or K_TMA)
 static int rows_tile_cols(int kern) { return kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern); }
-// the rows-as-m product on bf16 operands with kernel `kern`: fwd (dinp 0) or dinp (1)
-static void rows_product(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                         const int *ts, int E, int R, int N, int K, int dinp) {
+
+// ---- the bf16-operand products, for this file's ops and moe_experts.cu (moe_gemm.cuh) ----
+int lm_moe_bf16_kernel(int C, int OC, int aligned, int fwd) {
+    const int kern = moe_kernel(C, OC, aligned, fwd);
+    return kern == K_FP32 || kern == K_MMA ? 0 : kern;
+}
+void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern) {
+    tc_schedule(ts, offsets, E, N, 128, rows_tile_cols(kern));
+}
+void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                      const int *ts, int E, int R, int N, int K, int dinp) {
     if (kern == K_TMA) lm_wt_grouped_rows(Out, A, B, offsets, ts, E, R, N, K, dinp);
     else lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);
+}
+void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
+                    int E, int OC, int C) {
+    lm_wg_grouped_dw(dW, dout, inp, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);   // no TMA dW kernel
 }
 
 // ---------------------------------------------------------------------------
@@ -455,9 +467,9 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
         __nv_bfloat16 *xb = (__nv_bfloat16 *)ws;
         int *ts = (int *)(ws + ab);
         lm_cuda_to_bf16(xb, inp, (size_t)R * C);
-        tc_schedule(ts, offsets, E, OC, 128, rows_tile_cols(kern));
+        lm_moe_bf16_schedule(ts, offsets, E, OC, kern);
         for (int i = 0; i < n; i++)
-            rows_product(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0);
+            lm_moe_bf16_rows(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0);
         return;
     }
     int *ts = NULL;   // the mma kernel's tile list: the same for every product
@@ -496,7 +508,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
         __nv_bfloat16 *inpb = (__nv_bfloat16 *)(ws + n * db);
         int *ts = (int *)(ws + n * db + xb);
         if (any_dw) lm_cuda_to_bf16(inpb, inp, (size_t)R * C);
-        if (dinp) tc_schedule(ts, offsets, E, C, 128, rows_tile_cols(kern));
+        if (dinp) lm_moe_bf16_schedule(ts, offsets, E, C, kern);
         for (int i = 0; i < n; i++) {
             if (!dinp && !dW[i]) continue;   // nothing reads this product's gradient
             __nv_bfloat16 *doutb = (__nv_bfloat16 *)(ws + i * db);
@@ -504,10 +516,10 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
             // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
             if (dinp) {
                 const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
-                rows_product(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
+                lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
-            if (dW[i]) lm_wg_grouped_dw(dW[i], doutb, inpb, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);
+            if (dW[i]) lm_moe_bf16_dw(kern, dW[i], doutb, inpb, offsets, E, OC, C);
         }
         return;
     }

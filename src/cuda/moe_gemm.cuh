@@ -52,4 +52,16 @@ __device__ __forceinline__ GroupedTile grouped_tile(int tile, const int *offsets
     return t;
 }
 #endif
+// moe_gemm.cu's dispatch of the products above, for ops that hold bf16 operands themselves
+// (moe_experts.cu). lm_moe_bf16_kernel: the kernel for a product of inner width C and OC
+// outputs under the current modes (fwd: the forward; else the gradients), or 0 when such a
+// product takes an fp32-operand kernel. The rest as lm_wg_grouped_rows / lm_wg_grouped_dw,
+// the tile list ts [E+1] made by lm_moe_bf16_schedule for Out's N columns.
+int lm_moe_bf16_kernel(int C, int OC, int aligned, int fwd);
+void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern);
+void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                      const int *ts, int E, int R, int N, int K, int dinp);
+void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
+                    int E, int OC, int C);
+
 #endif

@@ -32,12 +32,22 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
 
 static int expert_width(const lm_config *c) { return c->moe_latent_dim ? c->moe_latent_dim : c->d_model; }
 
+// the routed experts' op arguments: this layer's plan, weights and saved tensors (the
+// gradient arena's tensors of the same names are the backward's work buffers)
+static lm_experts routed_experts(const lm_step_ctx *s, const lm_layer_params *p, const lm_moe_acts *a) {
+    const lm_config *c = s->c;
+    return (lm_experts){.N = s->N, .E = c->n_experts, .k = c->top_k, .C = expert_width(c), .F = c->d_ff_expert,
+                        .R = s->N * c->top_k, .act = c->expert_act, .offsets = a->offsets,
+                        .row_token = a->row_token, .slot_row = a->slot_row, .gate = a->gate, .W1 = p->exp_w1,
+                        .W3 = p->exp_w3, .W2 = p->exp_w2, .xp = a->xp, .ea = a->ea, .eb = a->eb, .eh = a->eh,
+                        .yp = a->yp};
+}
+
 void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal, lm_moe_acts *a, const real *x,
                       real *out) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
-    const size_t rows = (size_t)N * k;
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
     // router in fp32; the bias (a buffer updated only between steps) decides selection only
     o->matmul_fwd(a->z, a->xn, p->router, NULL, N, d, E);
@@ -49,12 +59,9 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         o->matmul_fwd(a->xl, a->xn, p->lat_down, NULL, N, d, dl);
         xin = a->xl;
     }
-    o->moe_gather_fwd(a->xp, xin, a->row_token, a->offsets, E, dl);
-    o->grouped_matmul2_fwd(a->ea, a->eb, a->xp, p->exp_w1, p->exp_w3, a->offsets, E, dl, F, (int)rows);
-    o->glu_fwd(a->eh, a->ea, a->eb, rows * F, c->expert_act);
-    o->grouped_matmul_fwd(a->yp, a->eh, p->exp_w2, a->offsets, E, F, dl, (int)rows);
+    const lm_experts ex = routed_experts(s, p, a);
     o->zero(a->y, (size_t)N * dl * sizeof(real));
-    o->moe_combine_fwd(a->y, a->yp, a->gate, a->slot_row, N, k, dl);
+    o->moe_experts_fwd(&ex, a->y, xin);
     const real *routed = a->y;
     if (c->moe_latent_dim) {
         o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps);
@@ -81,7 +88,6 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
-    const size_t rows = (size_t)N * k;
     if (c->n_shared > 0) {
         const int Fs = c->n_shared * F;
         o->matmul_bwd(da->sh, g->sh_w2, NULL, dout, a->sh, p->sh_w2, N, Fs, d);
@@ -95,16 +101,14 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
         o->rmsnorm_bwd(da->y, g->lat_norm, da->un, a->y, p->lat_norm, a->un_rstd, N, dl);
         dy = da->y;
     }
-    o->moe_combine_bwd(da->yp, da->gate, dy, a->yp, a->gate, a->slot_row, N, k, dl);
-    o->grouped_matmul_bwd(da->eh, g->exp_w2, da->yp, a->eh, p->exp_w2, a->offsets, E, F, dl, (int)rows);
-    o->glu_bwd(da->ea, da->eb, da->eh, a->ea, a->eb, rows * F, c->expert_act);
-    o->grouped_matmul2_bwd(da->xp, g->exp_w1, g->exp_w3, da->ea, da->eb, a->xp, p->exp_w1, p->exp_w3, a->offsets, E,
-                           dl, F, (int)rows);
+    const lm_experts ex = routed_experts(s, p, a);
+    const lm_experts_grads eg = {.dgate = da->gate, .dW1 = g->exp_w1, .dW3 = g->exp_w3, .dW2 = g->exp_w2,
+                                 .dyp = da->yp, .deh = da->eh, .dea = da->ea, .deb = da->eb, .dxp = da->xp};
     if (c->moe_latent_dim) {
-        o->moe_gather_bwd(da->xl, da->xp, a->row_token, a->offsets, E, dl, (int)rows);
+        o->moe_experts_bwd(&ex, &eg, da->xl, dy);
         o->matmul_bwd(da->xn, g->lat_down, NULL, da->xl, a->xn, p->lat_down, N, d, dl);
     } else {
-        o->moe_gather_bwd(da->xn, da->xp, a->row_token, a->offsets, E, dl, (int)rows);
+        o->moe_experts_bwd(&ex, &eg, da->xn, dy);
     }
     o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)

@@ -51,11 +51,11 @@ static lm_rng R;
 // results
 
 typedef struct { char op[40], what[40]; double err, tol; } result;
-static result res[512];
+static result res[1024];
 static int nres, nfail;
 
 static void record(const char *op, const char *what, double err, double tol) {
-    LM_ASSERT(nres < 512);
+    LM_ASSERT(nres < (int)(sizeof res / sizeof *res));
     result *r = &res[nres++];
     snprintf(r->op, sizeof r->op, "%s", op);
     snprintf(r->what, sizeof r->what, "%s", what);
@@ -661,6 +661,72 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
     cmp(op, "pair bwd dW2", gdW2, dW2, (size_t)E * OC * C, tol);
     DFREE(gxp, gW, gout, gdout, gdinp, gdW, gW2, gout2, gdout2, gdW2);
     HFREE(xp, W, out, dout, dinp, dW, W2, out2, dout2, dW2);
+    free_plan(&p);
+}
+
+// The routed experts as one op (moe_experts_fwd/bwd) against the CPU's (the finer ops in
+// turn). Under the bf16 GEMM mode with C, F multiples of 8 the CUDA backend keeps xp, eh, dyp,
+// dea, deb in bf16 (moe_experts.cu): every GEMM operand rounded once (2^-9 relative each),
+// a product of two rounded operands ~3e-3 relative RMS, the backward's chains (dyp → deh → dea
+// → dxp) a few of those: held to 1e-2 forward, 2e-2 backward. Elsewhere it is the fp32 ops
+// in turn (fp32 mode: 1e-5; bf16 mode with other widths: the per-op kernels' 1e-2). The saved
+// tensors start as NaN (the op must write what it reads), the work buffers as zero (the op's
+// contract); y, dx and the gradients start random (they accumulate).
+static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int act) {
+    const int mode = lm_cuda_gemm_mode();
+    const int bf16 = mode == LM_GEMM_BF16;
+    const double tol_f = bf16 ? 1e-2 : TOL, tol_b = bf16 ? 2e-2 : TOL;
+    const size_t NK = (size_t)N * k, nw = (size_t)E * F * C;
+    plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);
+    char op[64];
+    snprintf(op, sizeof op, "moe_experts %dx%d E%d %s %s%s", C, F, E, lm_cuda_gemm_name(mode),
+             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()), act == LM_ACT_SITU ? " situ" : "");
+    float *x = hrandn((size_t)N * C, 1), *W1 = hrandn(nw, 0.2), *W3 = hrandn(nw, 0.2), *W2 = hrandn(nw, 0.2);
+    float *gate = hunif(NK, 0.1, 1), *y = hrandn((size_t)N * C, 1), *dy = hrandn((size_t)N * C, 1);
+    float *dx = hrandn((size_t)N * C, 1), *dgate = hrandn(NK, 1);
+    float *dW1 = hrandn(nw, 1), *dW3 = hrandn(nw, 1), *dW2 = hrandn(nw, 1);
+    float *gx = dfl(x, (size_t)N * C), *gW1 = dfl(W1, nw), *gW3 = dfl(W3, nw), *gW2 = dfl(W2, nw);
+    float *ggate = dfl(gate, NK), *gy = dfl(y, (size_t)N * C), *gdy = dfl(dy, (size_t)N * C);
+    float *gdx = dfl(dx, (size_t)N * C), *gdgate = dfl(dgate, NK);
+    float *gdW1 = dfl(dW1, nw), *gdW3 = dfl(dW3, nw), *gdW2 = dfl(dW2, nw);
+    // saved tensors and work buffers: [R, C] xp, yp, dyp, dxp; [R, F] ea, eb, eh, dea, deb, deh
+    float *hs[10], *ds[10];
+    for (int i = 0; i < 10; i++) {
+        const size_t n = NK * (i < 4 ? C : F);
+        hs[i] = lm_malloc((n ? n : 1) * sizeof(float));   // zeroed
+        ds[i] = i == 0 || i == 1 || i == 4 || i == 5 || i == 6 ? dpoison(n) : dfl(hs[i], n);
+    }
+    lm_experts ex = {.N = N, .E = E, .k = k, .C = C, .F = F, .R = (int)NK, .act = act, .offsets = p.offsets,
+                     .row_token = p.row_token, .slot_row = p.slot_row, .gate = gate, .W1 = W1, .W3 = W3, .W2 = W2,
+                     .xp = hs[0], .ea = hs[4], .eb = hs[5], .eh = hs[6], .yp = hs[1]};
+    lm_experts gex = ex;
+    gex.offsets = p.goffsets; gex.row_token = p.grow_token; gex.slot_row = p.gslot_row; gex.gate = ggate;
+    gex.W1 = gW1; gex.W3 = gW3; gex.W2 = gW2;
+    gex.xp = ds[0]; gex.ea = ds[4]; gex.eb = ds[5]; gex.eh = ds[6]; gex.yp = ds[1];
+    CPU->moe_experts_fwd(&ex, y, x);
+    GPU->moe_experts_fwd(&gex, gy, gx);
+    const size_t used = (size_t)p.offsets[E];
+    cmp(op, "fwd y (+=)", gy, y, (size_t)N * C, tol_f);
+    cmp(op, "fwd ea (rows used)", gex.ea, ex.ea, used * F, tol_f);
+    cmp(op, "fwd eb (rows used)", gex.eb, ex.eb, used * F, tol_f);
+    cmp(op, "fwd yp (rows used)", gex.yp, ex.yp, used * C, tol_f);
+    lm_experts_grads eg = {.dgate = dgate, .dW1 = dW1, .dW3 = dW3, .dW2 = dW2, .dyp = hs[2], .dxp = hs[3],
+                           .dea = hs[7], .deb = hs[8], .deh = hs[9]};
+    lm_experts_grads geg = {.dgate = gdgate, .dW1 = gdW1, .dW3 = gdW3, .dW2 = gdW2, .dyp = ds[2], .dxp = ds[3],
+                            .dea = ds[7], .deb = ds[8], .deh = ds[9]};
+    CPU->moe_experts_bwd(&ex, &eg, dx, dy);
+    GPU->moe_experts_bwd(&gex, &geg, gdx, gdy);
+    cmp(op, "bwd dx (+=)", gdx, dx, (size_t)N * C, tol_b);
+    cmp(op, "bwd dgate (+=)", gdgate, dgate, NK, tol_b);
+    cmp(op, "bwd dW1 (+=)", gdW1, dW1, nw, tol_b);
+    cmp(op, "bwd dW3 (+=)", gdW3, dW3, nw, tol_b);
+    cmp(op, "bwd dW2 (+=)", gdW2, dW2, nw, tol_b);
+    for (int i = 0; i < 10; i++) {
+        GPU->free(ds[i]);
+        free(hs[i]);
+    }
+    DFREE(gx, gW1, gW3, gW2, ggate, gy, gdy, gdx, gdgate, gdW1, gdW3, gdW2);
+    HFREE(x, W1, W3, W2, gate, y, dy, dx, dgate, dW1, dW3, dW2);
     free_plan(&p);
 }
 
@@ -1375,7 +1441,17 @@ int main(int argc, char **argv) {
         t_grouped_weight_cache();
         t_grouped_matmul(700, 8, 2, -1, 300, 260);
         t_grouped_matmul(300, 12, 3, 40, 70, 45);
+        // the experts op: its bf16 path under each rows kernel (mma: the finer ops), widths
+        // the wgmma kernels do not take, SiTU
+        for (int kernel = 0; kernel <= 5; kernel++) {
+            lm_cuda_set_moe_gemm(kernel);
+            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);
+        }
+        lm_cuda_set_moe_gemm(0);
+        t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU);
+        t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
+        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);   // fp32: the finer ops, exact
         t_balance();
         t_attnres(1, 64);
         t_attnres(5, 300);

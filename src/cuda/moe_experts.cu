@@ -1,0 +1,199 @@
+// moe_experts.cu — the routed experts as one op (ops.h moe_experts_fwd/bwd, lm_experts).
+//
+// The separate ops (gather, grouped_matmul2, glu, grouped_matmul, combine) pass fp32 tensors,
+// and each grouped GEMM rounds its activations to bf16 in a pass of its own: at Kimi-Linear
+// shapes (131072 rows, d 2304, FFN 1024) the forward reads and writes ~3.3 GB that only
+// feed those roundings (bench_moe: 0.62 ms of a 4.0 ms expert FFN), the backward ~5 GB more.
+// Under the bf16 GEMM mode this op keeps the tensors that only GEMMs read in bf16, written
+// by the kernel that makes them:
+//   forward:  the gather rounds x's rows as it copies them (xp holds bf16);
+//             the GLU writes eh in bf16;  ea, eb, yp stay fp32 (the GLU backward and the
+//             gate gradient read them)
+//   backward: the combine's backward writes dyp in bf16 (dgate as before, from fp32 yp);
+//             the GLU backward writes dea, deb in bf16; xp and eh are the forward's bf16;
+//             deh and dxp stay fp32 (the input-gradient kernels add into fp32)
+// The bf16 values go into the first half of the fp32 buffers the op is given (xp, eh are the
+// backend's by the op's contract; dyp, dea, deb are work buffers). In the fp32 GEMM modes,
+// or for shapes the wgmma kernels do not take, the op is the finer ops in turn
+// (ops_experts.h).
+#include "cuda_common.cuh"
+#include "cuda_backend.h"
+#include "moe_gemm.cuh"
+#include "ops_experts.h"
+#include "ops_math.h"
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+// eight fp32 → eight bf16 in one 16-byte store
+__device__ __forceinline__ void store8_bf16(bf16 *dst, float4 a, float4 b) {
+    uint4 v;
+    __nv_bfloat162 h;
+    h = __floats2bfloat162_rn(a.x, a.y); v.x = *reinterpret_cast<uint32_t *>(&h);
+    h = __floats2bfloat162_rn(a.z, a.w); v.y = *reinterpret_cast<uint32_t *>(&h);
+    h = __floats2bfloat162_rn(b.x, b.y); v.z = *reinterpret_cast<uint32_t *>(&h);
+    h = __floats2bfloat162_rn(b.z, b.w); v.w = *reinterpret_cast<uint32_t *>(&h);
+    *reinterpret_cast<uint4 *>(dst) = v;
+}
+__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+// p[0..7] into a, b: two 16-byte loads, or (vec 0: p not 16-byte aligned) eight 4-byte ones
+__device__ __forceinline__ void ld8(const float *p, int vec, float4 &a, float4 &b) {
+    if (vec) {
+        a = ld4(p);
+        b = ld4(p + 4);
+    } else {
+        a = make_float4(p[0], p[1], p[2], p[3]);
+        b = make_float4(p[4], p[5], p[6], p[7]);
+    }
+}
+
+// xpb [R, C] (bf16) = x [N, C] rows by row_token, zeros where row_token < 0; C % 8 == 0,
+// vec: x 16-byte aligned
+__global__ static void gather_bf16_k(bf16 *xpb, const float *x, const int *row_token, int R, int C, int vec) {
+    const int c8 = C / 8;
+    const size_t n = (size_t)R * c8;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / c8, c = (i % c8) * 8;
+        const int t = row_token[r];
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (t >= 0) ld8(x + (size_t)t * C + c, vec, a, b);
+        store8_bf16(xpb + r * C + c, a, b);
+    }
+}
+
+// hb [n] (bf16) = act(g) ⊙ u; n % 8 == 0
+__global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size_t n, int act) {
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
+        float gv[8], uv[8], h[8];
+        ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
+        ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
+        for (int j = 0; j < 8; j++) {
+            float a, da, b, db;
+            lm_glu_parts(gv[j], uv[j], act, &a, &da, &b, &db);
+            h[j] = a * b;
+        }
+        store8_bf16(hb + i, make_float4(h[0], h[1], h[2], h[3]), make_float4(h[4], h[5], h[6], h[7]));
+    }
+}
+
+// dgb, dub [n] (bf16) = the GLU's gradients (the work buffers are zero on entry, so the
+// ops' "+=" is this "="); n % 8 == 0
+__global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const float *dh, const float *g, const float *u, size_t n,
+                                      int act) {
+    for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
+        float gv[8], uv[8], hv[8], dg[8], du[8];
+        ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
+        ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
+        ld8(dh + i, 1, *reinterpret_cast<float4 *>(hv), *reinterpret_cast<float4 *>(hv + 4));
+        for (int j = 0; j < 8; j++) {
+            float a, da, b, db;
+            lm_glu_parts(gv[j], uv[j], act, &a, &da, &b, &db);
+            dg[j] = hv[j] * b * da;
+            du[j] = hv[j] * a * db;
+        }
+        store8_bf16(dgb + i, make_float4(dg[0], dg[1], dg[2], dg[3]), make_float4(dg[4], dg[5], dg[6], dg[7]));
+        store8_bf16(dub + i, make_float4(du[0], du[1], du[2], du[3]), make_float4(du[4], du[5], du[6], du[7]));
+    }
+}
+
+// dypb [R, C] (bf16): row slot_row[i·k + t] = gate[i, t] · dy[i] (each row serves one
+// (token, slot); rows no slot names are left as they are); C % 8 == 0, vec: dy 16-byte aligned
+__global__ static void combine_bwd_bf16_k(bf16 *dypb, const float *dy, const float *gate, const int *slot_row, int N,
+                                          int k, int C, int vec) {
+    const int c8 = C / 8;
+    const size_t n = (size_t)N * k * c8;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t it = i / c8, c = (i % c8) * 8;
+        const int r = slot_row[it];
+        if (r < 0) continue;
+        const float w = gate[it];
+        float4 a, b;
+        ld8(dy + (it / k) * C + c, vec, a, b);
+        a.x *= w; a.y *= w; a.z *= w; a.w *= w;
+        b.x *= w; b.y *= w; b.z *= w; b.w *= w;
+        store8_bf16(dypb + (size_t)r * C + c, a, b);
+    }
+}
+
+static int aligned16(const void *const *p, int n) {
+    for (int i = 0; i < n; i++)
+        if (p[i] && (uintptr_t)p[i] % 16) return 0;
+    return 1;
+}
+
+// The kernels of the bf16 path (forward kf, gradients kb), or 0: the fp32 path. Decided from
+// the modes, the shapes and the tensors both directions share, so that a backward finds xp
+// and eh in the form its forward wrote (the modes must not change in between).
+static int experts_bf16(const lm_experts *ex, int *kf, int *kb) {
+    const void *p[] = {ex->W1, ex->W3, ex->W2, ex->xp, ex->ea, ex->eb, ex->eh, ex->yp};
+    const int al = aligned16(p, 8);
+    *kf = lm_moe_bf16_kernel(ex->C, ex->F, al, 1);   // the same for both products: C, F play the same part
+    *kb = lm_moe_bf16_kernel(ex->C, ex->F, al, 0);
+    return *kf && *kb && ex->E <= 65535;
+}
+
+static unsigned grid_for(size_t n) { return lm_cuda_blocks(n, 256); }
+
+void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
+    int kf, kb;
+    if (!experts_bf16(ex, &kf, &kb)) {
+        lm_experts_fwd_by_ops(&lm_cuda_ops, ex, y, x);
+        return;
+    }
+    const int E = ex->E, C = ex->C, F = ex->F, R = ex->R;
+    if (R <= 0) return;
+    cudaStream_t st = lm_cuda_stream();
+    bf16 *xpb = (bf16 *)ex->xp, *ehb = (bf16 *)ex->eh;
+    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
+    int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
+    gather_bf16_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, x, ex->row_token, R, C, (uintptr_t)x % 16 == 0);
+    cudaLaunchCheck();
+    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
+    lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
+    const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
+    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0);
+    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0);
+    glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
+    cudaLaunchCheck();
+    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0);
+    cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
+}
+
+void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy) {
+    int kf, kb;
+    if (!experts_bf16(ex, &kf, &kb)) {
+        lm_experts_bwd_by_ops(&lm_cuda_ops, ex, g, dx, dy);
+        return;
+    }
+    const void *work[] = {g->dyp, g->deh, g->dea, g->deb, g->dxp};
+    LM_CHECK(aligned16(work, 5) && g->dyp && g->deh && g->dea && g->deb && g->dxp,
+             "cuda moe_experts_bwd: the work buffers must be given and 16-byte aligned (bf16 GEMM mode)");
+    const int E = ex->E, C = ex->C, F = ex->F, R = ex->R;
+    if (R <= 0) return;
+    cudaStream_t st = lm_cuda_stream();
+    const bf16 *xpb = (const bf16 *)ex->xp, *ehb = (const bf16 *)ex->eh;
+    bf16 *dypb = (bf16 *)g->dyp, *deab = (bf16 *)g->dea, *debb = (bf16 *)g->deb;
+    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
+    int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
+    const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
+    // dyp = gate · dy by slot (bf16; the rows no slot names stay zero), dgate from fp32 yp
+    combine_bwd_bf16_k<<<grid_for((size_t)ex->N * ex->k * C / 8), 256, 0, st>>>(dypb, dy, ex->gate, ex->slot_row,
+                                                                                ex->N, ex->k, C, (uintptr_t)dy % 16 == 0);
+    cudaLaunchCheck();
+    cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
+    // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] += dyp · W2[e]
+    if (g->dW2) lm_moe_bf16_dw(kb, g->dW2, dypb, ehb, ex->offsets, E, C, F);
+    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kb);
+    lm_moe_bf16_rows(kb, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1);
+    glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->act);
+    cudaLaunchCheck();
+    // W1, W3: dxp [R, C] += dea · W1[e] + deb · W3[e];  dW1, dW3 [E, F, C] += dea/debᵀ · xp
+    if (dx) {
+        lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kb);
+        lm_moe_bf16_rows(kb, g->dxp, deab, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsC, E, R, C, F, 1);
+        lm_moe_bf16_rows(kb, g->dxp, debb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsC, E, R, C, F, 1);
+    }
+    if (g->dW1) lm_moe_bf16_dw(kb, g->dW1, deab, xpb, ex->offsets, E, F, C);
+    if (g->dW3) lm_moe_bf16_dw(kb, g->dW3, debb, xpb, ex->offsets, E, F, C);
+    cuda_moe_gather_bwd(dx, g->dxp, ex->row_token, ex->offsets, E, C, R);   // uses the workspace: last
+}
