@@ -40,7 +40,14 @@ struct RScanArgs {
     const bf16 *W, *Qg, *KrT, *M, *d_o;
     const float *gl, *dS_out;
     float *dS0, *dckpt;
+    // the two-level scan (the forward's segments, kda_fwd.cu): block (n, h, σ) of nseg runs
+    // chunks [σ·segc, (σ+1)·segc) backwards. mode: RS_PLAIN (nseg 1), RS_LOCAL (from dS = 0,
+    // the segment's dS at its start to seg_out), RS_SEEDED (from seg_dS[σ]; dS0 from σ = 0)
+    int mode, nseg, segc;
+    const float *seg_dS;
+    float *seg_out;
 };
+enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
 
 // chunk gc of head h: W, Qg, KrT, M, gl from the workspace; dO rows [0, len) of the value
 // slice [vb0, vb0+VB) from d_o (token rows t0..), zeros elsewhere or without d_o
@@ -77,28 +84,33 @@ __device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const 
 template <int K, bool SPLIT>
 __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    int n = blockIdx.x / a.H, h = blockIdx.x % a.H;
+    const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
+    int n = nhx / a.H, h = nhx % a.H;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
     ScanStage L = scan_stage(K, VB);
-    int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
+    int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
+    // this block's chunks [c0, c0 + nc), run backwards
+    const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = (a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n) - c0;
 
     float ds[K / 8][4];
-    frag_load_kv<K>(ds, a.dS_out ? a.dS_out + nh * K * a.V : NULL, a.V, v0, lane);
+    const float *dS_end = a.mode == RS_SEEDED ? a.seg_dS + (nh * a.nseg + sg) * K * a.V
+                          : a.mode == RS_LOCAL ? NULL : a.dS_out ? a.dS_out + nh * K * a.V : NULL;
+    frag_load_kv<K>(ds, dS_end, a.V, v0, lane);
 
 #define RLOAD(buf, c)                                                                                    \
     rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + (buf) * L.bytes, L, h, \
-                  cbase + (c), bos + 16 * (c), min(16, len_n - 16 * (c)), vb0, VB)
+                  cbase + c0 + (c), bos + 16 * (c0 + (c)), min(16, len_n - 16 * (c0 + (c))), vb0, VB)
     const int NSt = a.stages;
     for (int st = 0; st < NSt - 1; st++) {
         if (st < nc) RLOAD(st, nc - 1 - st);
         cp_async_commit();
     }
     for (int it = 0; it < nc; it++) {
-        int c = nc - 1 - it, itn = it + NSt - 1;
+        int c = c0 + nc - 1 - it, itn = it + NSt - 1;   // c: the chunk in the sequence
         if (itn < nc) RLOAD(itn % NSt, nc - 1 - itn);
         cp_async_commit();
         cp_async_wait_n(NSt - 1);
@@ -107,7 +119,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
         const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
-        if (a.dckpt && (c == nc - 1 || c % KDA_SEG == KDA_SEG - 1))
+        if (a.dckpt && (c == nc_n - 1 || c % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
         float dvp[2][4];
         uint32_t aO[4];
@@ -117,7 +129,8 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     }
 #undef RLOAD
     cp_async_wait<0>();
-    if (a.dS0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
+    if (a.mode == RS_LOCAL) frag_store_kv<K>(ds, a.seg_out + (nh * a.nseg + sg) * K * a.V, a.V, v0, lane);
+    else if (a.dS0 && sg == 0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -791,22 +804,39 @@ __global__ void kda_param_reduce_kernel(const float *pA, const float *pdb, KSeq 
 // host side
 
 template <int K, bool SPLIT>
-static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
+static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode, int segc) {
     RScanArgs a;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
-    a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = w.dckpt;
+    a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
+    a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = segc;
+    a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
+    a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
-    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
     int sb = scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, 0);
     size_t smem = (size_t)a.stages * sb;
     cudaError_t e = cudaFuncSetAttribute(kda_rscan_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    dim3 grid((unsigned)(p->N * p->H), p->V / VB);
+    dim3 grid((unsigned)(p->N * p->H * a.nseg), p->V / VB);
     kda_rscan_kernel<K, SPLIT><<<grid, 32 * nw, smem, p->stream>>>(a);
     return cudaGetLastError();
+}
+
+// the state-gradient scan: one plain pass, or over the forward's w.nseg segments: per segment
+// dS from zero at its end (local), the carry backwards through the forward's transitions
+// (dS at a segment's start = A(σ)ᵀ dS at its end + the local part), then each segment again
+// from its true dS (checkpoints, dS0)
+template <int K, bool SPLIT>
+static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
+    if (w.nseg <= 1) return launch_rscan_pass<K, SPLIT>(p, w, RS_PLAIN, 0);
+    const int segc = kda_seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg);
+    cudaError_t e = launch_rscan_pass<K, SPLIT>(p, w, RS_LOCAL, segc);
+    if (e != cudaSuccess) return e;
+    if ((e = kda_seg_carry(p, w, true)) != cudaSuccess) return e;
+    return launch_rscan_pass<K, SPLIT>(p, w, RS_SEEDED, segc);
 }
 
 template <int K, bool SPLIT>

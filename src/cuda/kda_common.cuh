@@ -220,6 +220,8 @@ struct KWs {
     int *coff, *soff;
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
+    int nseg;                          // forward scan: time segments per sequence (1: one serial pass)
+    float *segL, *segA, *segS0;        // nseg > 1: per segment local state, transition, initial state
     bf16 *dU;
     size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
     size_t fwd_bytes;   // of the forward's part (coff … ckpt)
@@ -232,5 +234,12 @@ cudaError_t kda_offsets(const kda_params *p, const KWs &w);
 int kda_num_sms(void);
 // pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
 int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
+// time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan
+int kda_scan_segs(const kda_params *p);
+int kda_seg_chunks(int nc, int nseg);   // chunks per segment (whole checkpoint groups)
+// the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =
+// the state entering segment σ (from S0), through segA and segL. Backward (rev): segS0[σ] =
+// dS leaving segment σ (from dS_out), through segAᵀ and the local dS in segL.
+cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev);
 
 #endif

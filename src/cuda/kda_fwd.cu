@@ -56,6 +56,15 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     TAKE(M, bf16, H * NC * 2 * 16 * 16);   // hi then lo
     TAKE(gl, float, H * NC * K);
     if (p->save || backward) TAKE(ckpt, float, H * NS * V * K);
+    // the two-level scan's per-segment states: scratch of the forward scan (and of the
+    // backward's recompute), in the forward's part so that a forward needs only ws_fwd
+    w.nseg = kda_scan_segs(p);
+    if (w.nseg > 1) {
+        const size_t nhs = (size_t)p->N * H * w.nseg;
+        TAKE(segL, float, nhs * K * V);
+        TAKE(segA, float, nhs * K * K);
+        TAKE(segS0, float, nhs * K * V);
+    }
     w.fwd_bytes = off;
     if (p->ws_fwd) {
         b = (char *)base;
@@ -406,12 +415,20 @@ struct ScanArgs {
     const float *gl, *S0;
     bf16 *o;
     float *S_out, *ckpt;
+    // the two-level scan (fixed-length batches): block (n, h, σ) of nseg runs chunks
+    // [σ·segc, (σ+1)·segc) of its sequence. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
+    // final state to seg_out), SCAN_TRANS (U = 0 from S = I, V = K: the segment's transition
+    // to seg_out), SCAN_SEEDED (from seg_S0[σ]; S_out from the last segment)
+    int mode, nseg, segc;
+    const float *seg_S0;
+    float *seg_out;
 };
+enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
 
 // cp.async the chunk gc of head h (value slice [vb0, vb0+VB)) into one stage
 template <int K>
 __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, const ScanStage &L, int h, int gc,
-                                          int vb0, int VB, bool needQg) {
+                                          int vb0, int VB, bool needQg, bool needU = true) {
     int tid = threadIdx.x, nthr = blockDim.x;
     size_t hc = (size_t)h * a.NC + gc;
     const bf16 *gW = a.W + hc * 16 * K, *gQ = a.Qg + hc * 16 * K, *gK = a.KrT + hc * 16 * K;
@@ -426,7 +443,7 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
         if (needQg) cp_async16(sQ + r * (K + 8) + pc * 8, gQ + r * K + pc * 8);
         cp_async16(sK + (i >> 1) * KDA_LD16 + (i & 1) * 8, gK + (i >> 1) * 16 + (i & 1) * 8);
     }
-    for (int i = tid; i < 2 * VB; i += nthr) {
+    for (int i = tid; needU && i < 2 * VB; i += nthr) {
         int r = i / (VB / 8), pc = i % (VB / 8);
         cp_async16(sU + r * (VB + 8) + pc * 8, gU + (size_t)r * a.V + pc * 8);
     }
@@ -464,7 +481,8 @@ template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
 __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    int n = blockIdx.x / a.H, h = blockIdx.x % a.H;
+    const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
+    int n = nhx / a.H, h = nhx % a.H;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
     int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
@@ -473,24 +491,37 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);                 // KS = 1
     float *sOp = (float *)(smem_raw + NSt * L.bytes);              // KS > 1: [KS][16][VB+4]
     float *sRed = sOp + KS * 16 * (VB + 4);                        // KS > 1: [NW][32][8]
-    int nc = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
+    int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
+    // this block's chunks [c0, nc)
+    const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n;
+    const bool zero_u = a.mode == SCAN_TRANS;
 
     float s[KP / 8][4];
-    frag_load_kv<KP>(s, a.S0 ? a.S0 + nh * K * a.V + (size_t)kp0 * a.V : NULL, a.V, v0, lane);
+    if (a.mode == SCAN_TRANS) {   // S = I (the value index runs over K here)
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < KP / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = kp0 + 8 * nt + 2 * t + (e & 1) == v0 + g + 8 * (e >> 1) ? 1.f : 0.f;
+    } else {
+        const float *S0 = a.mode == SCAN_SEEDED ? a.seg_S0 + (nh * a.nseg + sg) * K * a.V
+                          : a.mode == SCAN_LOCAL ? NULL : a.S0 ? a.S0 + nh * K * a.V : NULL;
+        frag_load_kv<KP>(s, S0 ? S0 + (size_t)kp0 * a.V : NULL, a.V, v0, lane);
+    }
 
     for (int st = 0; st < NSt - 1; st++) {
-        if (st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + st, vb0, VB, OUT);
+        if (c0 + st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + c0 + st, vb0, VB, OUT, !zero_u);
         cp_async_commit();
     }
-    for (int c = 0; c < nc; c++) {
+    for (int c = c0; c < nc; c++) {
         int cn = c + NSt - 1;
-        if (cn < nc) scan_load<K>(a, smem_raw + (cn % NSt) * L.bytes, L, h, cbase + cn, vb0, VB, OUT);
+        if (cn < nc) scan_load<K>(a, smem_raw + ((cn - c0) % NSt) * L.bytes, L, h, cbase + cn, vb0, VB, OUT, !zero_u);
         cp_async_commit();
         cp_async_wait_n(NSt - 1);
         __syncthreads();
-        unsigned char *st = smem_raw + (c % NSt) * L.bytes;
+        unsigned char *st = smem_raw + ((c - c0) % NSt) * L.bytes;
         const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
         const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
         const float *sgl = (const float *)(st + L.ogl);
@@ -498,7 +529,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
         float vp[2][4];
         if (KS == 1) {
-            scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * vs, lane, vp);
+            scan_vprime<K, SPLIT>(s, sW, zero_u ? nullptr : sU, VB + 8, 16 * vs, lane, vp);
         } else {
             float pp[2][4] = {};
             state_times_tile<KP, SPLIT>(s, sW + kp0, lane, pp, KDA_LDK(K));
@@ -509,7 +540,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             float sum[2][4] = {};   // fixed order: every warp of the slice gets the same V'
 #pragma unroll
             for (int j = 0; j < KS; j++) add8(sum, sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
-            vprime_from(sum, sU, VB + 8, 16 * vs, lane, vp);
+            vprime_from(sum, zero_u ? nullptr : sU, VB + 8, 16 * vs, lane, vp);
         }
         uint32_t av[4];
         tok_afrag(vp, av, 1.f);
@@ -554,7 +585,66 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
         }
     }
     cp_async_wait<0>();
-    if (OUT && a.S_out) frag_store_kv<KP>(s, a.S_out + nh * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
+    if (a.mode == SCAN_LOCAL || a.mode == SCAN_TRANS)
+        frag_store_kv<KP>(s, a.seg_out + (nh * a.nseg + sg) * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
+    else if (OUT && a.S_out && sg == a.nseg - 1)
+        frag_store_kv<KP>(s, a.S_out + nh * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
+}
+
+// The two-level scans' carry, serial over a sequence's segments: S_start(0) = S0 (or 0),
+// S_start(σ+1) = A(σ) S_start(σ) + L(σ), written to segS0 [N·H·nseg, K, V]; REV (the
+// backward): from the last segment down, dS_end(last) = dS_out, dS_end(σ−1) = A(σ)ᵀ dS_end(σ)
+// + L(σ). Block: one (sequence, head) and 32 value columns; thread: column tid % 32, rows
+// tid / 32 + 8j. fp32, the sum over A's columns (rows, REV) in order.
+template <int K, bool REV>
+__global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, const float *segA, const float *segL,
+                                                            float *segS0, int V, int nseg) {
+    // sA: 32 columns of A (rows of A, REV) at a time, so each thread's products read shared
+    // memory (a warp shares its rows: broadcasts), not 2K scattered global loads per step
+    __shared__ float sS[K][33], sA[K][33];
+    const size_t nh = blockIdx.x;
+    const int v0 = 32 * blockIdx.y, tid = threadIdx.x, c = tid & 31, r0 = tid >> 5;
+    constexpr int RJ = K / 8;
+    for (int i = tid; i < K * 32; i += 256) sS[i >> 5][i & 31] = S0 ? S0[nh * K * V + (size_t)(i >> 5) * V + v0 + (i & 31)] : 0.f;
+    __syncthreads();
+    for (int it = 0; it < nseg; it++) {
+        const int sg = REV ? nseg - 1 - it : it;
+        const size_t seg = nh * nseg + sg;
+        for (int i = tid; i < K * 32; i += 256) segS0[seg * K * V + (size_t)(i >> 5) * V + v0 + (i & 31)] = sS[i >> 5][i & 31];
+        if (it == nseg - 1) break;
+        const float *A = segA + seg * K * K, *Lm = segL + seg * K * V;
+        float acc[RJ];
+#pragma unroll
+        for (int j = 0; j < RJ; j++) acc[j] = Lm[(size_t)(r0 + 8 * j) * V + v0 + c];
+        for (int m0 = 0; m0 < K; m0 += 32) {
+            // sA[r][mm] = A[r][m0 + mm], or A[m0 + mm][r] (REV: Aᵀ); coalesced either way
+            for (int i = tid; i < K * 32; i += 256) {
+                if (REV) sA[i % K][i / K] = A[(size_t)(m0 + i / K) * K + i % K];
+                else sA[i >> 5][i & 31] = A[(size_t)(i >> 5) * K + m0 + (i & 31)];
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int mm = 0; mm < 32; mm++) {
+                const float sm = sS[m0 + mm][c];
+#pragma unroll
+                for (int j = 0; j < RJ; j++) acc[j] += sA[r0 + 8 * j][mm] * sm;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int j = 0; j < RJ; j++) sS[r0 + 8 * j][c] = acc[j];
+        __syncthreads();
+    }
+}
+
+cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
+    const dim3 grid((unsigned)(p->N * p->H), p->V / 32);
+    const float *init = rev ? p->dS_out : p->S0;
+#define CARRY(KK, RR) kda_seg_carry_kernel<KK, RR><<<grid, 256, 0, p->stream>>>(init, w.segA, w.segL, w.segS0, p->V, w.nseg)
+    if (p->K == 64) { if (rev) CARRY(64, true); else CARRY(64, false); }
+    else { if (rev) CARRY(128, true); else CARRY(128, false); }
+#undef CARRY
+    return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -600,6 +690,36 @@ int kda_scan_ks(const kda_params *p) {
     return slices < 512 ? 2 : 1;
 }
 
+// Time segments of the forward scan (the two-level scan): the plain scan has one block per
+// (sequence, head, value slice), each serial over all its chunks, so with few of them most
+// SMs idle. Cutting each sequence into nseg segments gives nseg× the blocks for three passes
+// of the chunk work: per segment the state from zero (local) and the K × K transition from I,
+// a short serial carry over the segments, then the scan again from each segment's true
+// initial state. An SM runs a second or third scan block at only ~1.9× the rate of one
+// (H200, bench_kda, session 8: forced on at 128–192 blocks it was 1.5–1.9× slower), so the
+// passes pay only when the plain scan leaves two thirds of the SMs idle: then one block per
+// SM per pass, segments of at least 8 checkpoint groups (32 chunks). KDA_SCAN_SEGS overrides
+// (1 = off). Fixed-length batches only (packed ones keep the plain scan).
+int kda_seg_chunks(int nc, int nseg) {   // chunks per segment: whole checkpoint groups
+    int per = (nc + nseg - 1) / nseg;
+    return ((per + KDA_SEG - 1) / KDA_SEG) * KDA_SEG;
+}
+int kda_scan_segs(const kda_params *p) {
+    if (p->cu_seqlens || p->N <= 0 || p->T <= 0) return 1;
+    const int nc = (p->T + KDA_C - 1) / KDA_C, forced = env_int("KDA_SCAN_SEGS", 0);
+    int nseg = forced;
+    if (nseg <= 0) {
+        const int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
+        const long long blocks = (long long)p->N * p->H * (p->V / (16 * nw)), sms = kda_num_sms();
+        nseg = 3 * blocks > sms ? 1 : (int)(sms / blocks);
+        const int most = nc / (8 * KDA_SEG);
+        if (nseg > most) nseg = most;
+    }
+    if (nseg <= 1) return 1;
+    const int segc = kda_seg_chunks(nc, nseg);
+    return (nc + segc - 1) / segc;
+}
+
 template <int K, int V, bool EXACT>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     PrepArgs a;
@@ -618,47 +738,72 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
+// one launch of the scan kernel: its mode and segments (ScanArgs)
+struct ScanPass {
+    int mode, nseg, segc;
+    const float *seg_S0;
+    float *seg_out;
+};
+
 // nw: value-slice warps per block (each with KS − 1 partners)
 template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
-static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw) {
+static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, const ScanPass &sp) {
     ScanArgs a;
+    a.mode = sp.mode; a.nseg = sp.nseg; a.segc = sp.segc; a.seg_S0 = sp.seg_S0; a.seg_out = sp.seg_out;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
     int VB = 16 * nw;
-    long long blocks = (long long)p->N * p->H * (p->V / VB);
+    long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS), sb = scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, fixed);
     size_t smem = (size_t)a.stages * sb + fixed;
     cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
-    dim3 grid((unsigned)(p->N * p->H), p->V / VB);
+    dim3 grid((unsigned)(p->N * p->H * sp.nseg), p->V / VB);
     kda_scan_kernel<K, SPLIT, OUT, CKPT, KS><<<grid, 32 * nw * KS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
 template <int K, int KS>
-static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, bool ckpt, int nw) {
+static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, bool ckpt, int nw, const ScanPass &sp) {
     bool split = scan_split();
-#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS>(p, w, nw)
+#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS>(p, w, nw, sp)
     SCAN_CASE(true, true, false);
     SCAN_CASE(true, true, true);
     SCAN_CASE(true, false, true);
+    SCAN_CASE(true, false, false);
     SCAN_CASE(false, true, false);
     SCAN_CASE(false, true, true);
     SCAN_CASE(false, false, true);
+    SCAN_CASE(false, false, false);
 #undef SCAN_CASE
     return cudaErrorInvalidValue;
 }
 
 template <int K>
-static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+static cudaError_t launch_scan_pass(const kda_params *p, const KWs &w, bool out, bool ckpt, const ScanPass &sp) {
     int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
-    if (ks == 4) return launch_scan_ks<K, 4>(p, w, out, ckpt, nw);
-    if (ks == 2) return launch_scan_ks<K, 2>(p, w, out, ckpt, nw);
-    return launch_scan_ks<K, 1>(p, w, out, ckpt, nw);
+    if (ks == 4) return launch_scan_ks<K, 4>(p, w, out, ckpt, nw, sp);
+    if (ks == 2) return launch_scan_ks<K, 2>(p, w, out, ckpt, nw, sp);
+    return launch_scan_ks<K, 1>(p, w, out, ckpt, nw, sp);
+}
+
+// the forward scan: one plain pass, or the two-level scan over w.nseg segments
+template <int K>
+static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+    if (w.nseg <= 1) return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_PLAIN, 1, 0, NULL, NULL});
+    const int segc = kda_seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg);
+    cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, segc, NULL, w.segL});
+    if (e != cudaSuccess) return e;
+    kda_params q = *p;   // the transitions: K × K "states", value index over K
+    q.V = p->K;
+    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, segc, NULL, w.segA})) != cudaSuccess)
+        return e;
+    if ((e = kda_seg_carry(p, w, false)) != cudaSuccess) return e;
+    return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, segc, w.segS0, NULL});
 }
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {

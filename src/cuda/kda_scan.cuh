@@ -91,7 +91,7 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
 }
 
 // vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
-// column vl0 + g (+8) of sU [16][ldu])
+// column vl0 + g (+8) of sU [16][ldu]); sU = nullptr: U = 0 (the two-level scan's transitions)
 __device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
                                             float vp[2][4]) {
     int g = lane >> 2, t = lane & 3;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU,
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int tok = 8 * nt + 2 * t + (e & 1), vl = vl0 + g + 8 * (e >> 1);
-            vp[nt][e] = bf(sU[tok * ldu + vl]) - p[nt][e];
+            vp[nt][e] = (sU ? bf(sU[tok * ldu + vl]) : 0.f) - p[nt][e];
         }
 }
 

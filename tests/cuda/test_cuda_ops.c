@@ -296,9 +296,12 @@ static void t_gates(void) {
     DFREE(gx, gz, gdout, gout, gdx, gdz); HFREE(x, z, dout, dx, dz, out);
 }
 
-static void t_conv(int with_cache) {
-    const int B = 2, T = 37, C = 45, W = 4, M = W - 1;
-    const char *op = with_cache ? "conv_silu (cache)" : "conv_silu";
+// C % 4 == 0 (aligned tensors, W ≤ 8) takes conv.cu's run kernels (runs of 4–64 positions,
+// chosen by the size), other C the element kernels
+static void t_conv(int B, int T, int C, int W, int with_cache) {
+    const int M = W - 1;
+    char op[64];
+    snprintf(op, sizeof op, "conv_silu B%d T%d C%d W%d%s", B, T, C, W, with_cache ? " (cache)" : "");
     size_t n = (size_t)B * T * C;
     float *x = hrandn(n, 1), *w = hrandn((size_t)C * W, 0.5), *cache = with_cache ? hrandn((size_t)B * M * C, 1) : NULL;
     float *dout = hrandn(n, 1), *dx = hrandn(n, 1), *dw = hrandn((size_t)C * W, 1);
@@ -314,7 +317,7 @@ static void t_conv(int with_cache) {
     cmp(op, "bwd dw", gdw, dw, (size_t)C * W, TOL);
     if (with_cache) {
         // in-place cache update, a short chunk (T < W-1: old rows shift) and a long one
-        for (int Tc = 1; Tc <= 10; Tc += 9) {
+        for (int Tc = 1; Tc <= 10 && Tc <= T; Tc += 9) {   // x has T rows per sequence
             CPU->conv_cache_update(cache, x, B, Tc, C, W);
             GPU->conv_cache_update(gc, gx, B, Tc, C, W);
             cmp("conv_cache_update", Tc == 1 ? "cache (T=1)" : "cache (T=10)", gc, cache, (size_t)B * M * C, 0);
@@ -1397,8 +1400,13 @@ int main(int argc, char **argv) {
         t_rmsnorm(40, 20);
         t_gated_rmsnorm(33, 3, 40);
         t_gates();
-        t_conv(0);
-        t_conv(1);
+        t_conv(2, 37, 45, 4, 0);
+        t_conv(2, 37, 45, 4, 1);
+        t_conv(2, 37, 64, 4, 0);     // run kernels, runs of 4 across a ragged end
+        t_conv(3, 300, 96, 4, 1);
+        t_conv(1, 5000, 256, 2, 1);
+        t_conv(2, 2, 8, 4, 1);       // T < W − 1: the window starts in the cache
+        t_conv(1, 70000, 32, 3, 0);  // long: runs of 64 grouped for dw (more runs than partials)
         t_mla_split(4);
         t_mla_split(0);
         t_attn(2, 150, 3, 40, 24, TOL, TOL);   // fp32 fallback kernels

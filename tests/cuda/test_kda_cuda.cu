@@ -529,6 +529,9 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_KS", "2", 1);
         make_prob(P, {37, 37}, 2, 128, 128, 0, 0, 7); test_fwd(P, " [scan KS=2]"); test_bwd(P, " [scan KS=2]");
         unsetenv("KDA_SCAN_KS");
+        setenv("KDA_SCAN_SEGS", "3", 1);   // the two-level scan (under the sanitizers)
+        make_prob(P, {200}, 2, 128, 128, 0, 0, 8); test_fwd(P, " [scan segs=3]"); test_bwd(P, " [scan segs=3]");
+        unsetenv("KDA_SCAN_SEGS");
         test_conv_decode(3, 4, 96, 4);
     } else {
         // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
@@ -591,6 +594,28 @@ int main(int argc, char **argv) {
             make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 64, 128, 1, 1, 95); test_bwd(P, tag);
         }
         unsetenv("KDA_SCAN_KS");
+
+        // the two-level forward scan forced to 2, 3, 5 segments (automatic: only for long
+        // sequences at few heads): local states, K × K transitions, the carry, the seeded pass;
+        // ragged last segments, K ≠ V, an initial state, both gates, the backward's recompute
+        const char *segs[] = {"2", "3", "5"};
+        for (const char *sg : segs) {
+            char tag[40];
+            snprintf(tag, sizeof tag, " [scan segs=%s]", sg);
+            setenv("KDA_SCAN_SEGS", sg, 1);
+            make_prob(P, {500, 500}, 3, 128, 128, 0, 0, 96); test_fwd(P, tag);
+            make_prob(P, {1000}, 2, 64, 64, 1, 0, 97); test_fwd(P, tag);
+            make_prob(P, {300}, 2, 128, 64, 0, 0, 98); test_fwd(P, tag);
+            make_prob(P, {300}, 2, 64, 128, 1, 0, 99); test_fwd(P, tag);
+            make_prob(P, {500}, 3, 128, 128, 0, 0, 35, 1); test_fwd(P, " [g = lb everywhere, segs]");
+            make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_bwd(P, tag);
+            make_prob(P, {700}, 2, 128, 128, 1, 0, 95); test_bwd(P, tag);
+            make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
+            setenv("KDA_SCAN_KS", "1", 1);
+            make_prob(P, {500}, 2, 128, 128, 0, 0, 93); test_fwd(P, " [segs, KS=1]");
+            unsetenv("KDA_SCAN_KS");
+        }
+        unsetenv("KDA_SCAN_SEGS");
 
         // decode, with each item's columns in 1, 2 or 4 blocks (the default below)
         const char *splits[] = {"1", "2", "4"};
