@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
         float vp[2][4];
         if (KS == 1) {
-            scan_vprime<K, SPLIT>(s, sW, zero_u ? nullptr : sU, VB + 8, 16 * vs, lane, vp);
+            scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * vs, lane, vp, zero_u);
         } else {
             float pp[2][4] = {};
             state_times_tile<KP, SPLIT>(s, sW + kp0, lane, pp, KDA_LDK(K));
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             float sum[2][4] = {};   // fixed order: every warp of the slice gets the same V'
 #pragma unroll
             for (int j = 0; j < KS; j++) add8(sum, sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
-            vprime_from(sum, zero_u ? nullptr : sU, VB + 8, 16 * vs, lane, vp);
+            vprime_from(sum, sU, VB + 8, 16 * vs, lane, vp, zero_u);
         }
         uint32_t av[4];
         tok_afrag(vp, av, 1.f);

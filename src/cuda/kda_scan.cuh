@@ -91,25 +91,29 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
 }
 
 // vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
-// column vl0 + g (+8) of sU [16][ldu]); sU = nullptr: U = 0 (the two-level scan's transitions)
+// column vl0 + g (+8) of sU [16][ldu]); zero_u: U = 0 (the two-level scan's transitions). U is
+// read either way (then discarded by a select, never multiplied: the tile may hold garbage),
+// so the loads stay free to issue ahead of the product — a pointer test in their place made
+// the one-warp-per-slice scan 28% slower (H200, B1·T8192·H96, session 8)
 __device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
-                                            float vp[2][4]) {
+                                            float vp[2][4], bool zero_u = false) {
     int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int tok = 8 * nt + 2 * t + (e & 1), vl = vl0 + g + 8 * (e >> 1);
-            vp[nt][e] = (sU ? bf(sU[tok * ldu + vl]) : 0.f) - p[nt][e];
+            const float u = bf(sU[tok * ldu + vl]);
+            vp[nt][e] = (zero_u ? 0.f : u) - p[nt][e];
         }
 }
 
 template <int K, bool SPLIT>
 __device__ __forceinline__ void scan_vprime(const float (*s)[4], const bf16 *sW, const bf16 *sU, int ldu, int vl0,
-                                            int lane, float vp[2][4]) {
+                                            int lane, float vp[2][4], bool zero_u = false) {
     float p[2][4] = {};
     state_times_tile<K, SPLIT>(s, sW, lane, p);
-    vprime_from(p, sU, ldu, vl0, lane, vp);
+    vprime_from(p, sU, ldu, vl0, lane, vp, zero_u);
 }
 
 // bf16 A fragment of a 16 × 16 (rows × tokens) C-fragment pair, optionally negated
