@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <initializer_list>
+#include <stdint.h>
 #include "cuda_backend.h"
 
 void lm_cuda_fail(const char *what, const char *expr, const char *file, int line);
@@ -42,6 +44,13 @@ static inline unsigned lm_cuda_blocks(size_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : (b > 65535u * 32 ? 65535u * 32 : b));
 }
 static inline size_t lm_align256(size_t b) { return (b + 255) & ~(size_t)255; }
+// 1 when every pointer is 16-byte aligned (NULL counts as aligned: an absent tensor), the
+// condition of the kernels' 16-byte loads and stores
+static inline int lm_aligned16(std::initializer_list<const void *> ps) {
+    for (const void *p : ps)
+        if ((uintptr_t)p % 16) return 0;
+    return 1;
+}
 
 // ---- device helpers ----
 __device__ __forceinline__ float dsigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -804,13 +804,13 @@ __global__ void kda_param_reduce_kernel(const float *pA, const float *pdb, KSeq 
 // host side
 
 template <int K, bool SPLIT>
-static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode, int segc) {
+static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode) {
     RScanArgs a;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
-    a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = segc;
+    a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
@@ -831,12 +831,11 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
 // from its true dS (checkpoints, dS0)
 template <int K, bool SPLIT>
 static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
-    if (w.nseg <= 1) return launch_rscan_pass<K, SPLIT>(p, w, RS_PLAIN, 0);
-    const int segc = kda_seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg);
-    cudaError_t e = launch_rscan_pass<K, SPLIT>(p, w, RS_LOCAL, segc);
+    if (w.nseg <= 1) return launch_rscan_pass<K, SPLIT>(p, w, RS_PLAIN);
+    cudaError_t e = launch_rscan_pass<K, SPLIT>(p, w, RS_LOCAL);
     if (e != cudaSuccess) return e;
     if ((e = kda_seg_carry(p, w, true)) != cudaSuccess) return e;
-    return launch_rscan_pass<K, SPLIT>(p, w, RS_SEEDED, segc);
+    return launch_rscan_pass<K, SPLIT>(p, w, RS_SEEDED);
 }
 
 template <int K, bool SPLIT>

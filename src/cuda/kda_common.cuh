@@ -220,7 +220,7 @@ struct KWs {
     int *coff, *soff;
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
-    int nseg;                          // forward scan: time segments per sequence (1: one serial pass)
+    int nseg, segc;                    // the scans' time segments per sequence (1: one serial pass), chunks each
     float *segL, *segA, *segS0;        // nseg > 1: per segment local state, transition, initial state
     bf16 *dU;
     size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
@@ -236,7 +236,6 @@ int kda_num_sms(void);
 int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
 // time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan
 int kda_scan_segs(const kda_params *p);
-int kda_seg_chunks(int nc, int nseg);   // chunks per segment (whole checkpoint groups)
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =
 // the state entering segment σ (from S0), through segA and segL. Backward (rev): segS0[σ] =
 // dS leaving segment σ (from dS_out), through segAᵀ and the local dS in segL.

@@ -29,6 +29,12 @@
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+// chunks per segment of the two-level scans (kda_scan_segs): whole checkpoint groups
+static int seg_chunks(int nc, int nseg) {
+    int per = (nc + nseg - 1) / nseg;
+    return ((per + KDA_SEG - 1) / KDA_SEG) * KDA_SEG;
+}
+
 KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     KWs w;
     memset(&w, 0, sizeof w);
@@ -59,6 +65,7 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     // the two-level scan's per-segment states: scratch of the forward scan (and of the
     // backward's recompute), in the forward's part so that a forward needs only ws_fwd
     w.nseg = kda_scan_segs(p);
+    w.segc = w.nseg > 1 ? seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg) : 0;
     if (w.nseg > 1) {
         const size_t nhs = (size_t)p->N * H * w.nseg;
         TAKE(segL, float, nhs * K * V);
@@ -700,10 +707,6 @@ int kda_scan_ks(const kda_params *p) {
 // passes pay only when the plain scan leaves two thirds of the SMs idle: then one block per
 // SM per pass, segments of at least 8 checkpoint groups (32 chunks). KDA_SCAN_SEGS overrides
 // (1 = off). Fixed-length batches only (packed ones keep the plain scan).
-int kda_seg_chunks(int nc, int nseg) {   // chunks per segment: whole checkpoint groups
-    int per = (nc + nseg - 1) / nseg;
-    return ((per + KDA_SEG - 1) / KDA_SEG) * KDA_SEG;
-}
 int kda_scan_segs(const kda_params *p) {
     if (p->cu_seqlens || p->N <= 0 || p->T <= 0) return 1;
     const int nc = (p->T + KDA_C - 1) / KDA_C, forced = env_int("KDA_SCAN_SEGS", 0);
@@ -716,7 +719,7 @@ int kda_scan_segs(const kda_params *p) {
         if (nseg > most) nseg = most;
     }
     if (nseg <= 1) return 1;
-    const int segc = kda_seg_chunks(nc, nseg);
+    const int segc = seg_chunks(nc, nseg);
     return (nc + segc - 1) / segc;
 }
 
@@ -795,15 +798,14 @@ static cudaError_t launch_scan_pass(const kda_params *p, const KWs &w, bool out,
 template <int K>
 static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
     if (w.nseg <= 1) return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_PLAIN, 1, 0, NULL, NULL});
-    const int segc = kda_seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg);
-    cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, segc, NULL, w.segL});
+    cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL});
     if (e != cudaSuccess) return e;
     kda_params q = *p;   // the transitions: K × K "states", value index over K
     q.V = p->K;
-    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, segc, NULL, w.segA})) != cudaSuccess)
+    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA})) != cudaSuccess)
         return e;
     if ((e = kda_seg_carry(p, w, false)) != cudaSuccess) return e;
-    return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, segc, w.segS0, NULL});
+    return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL});
 }
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {

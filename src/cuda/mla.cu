@@ -550,13 +550,11 @@ static int split_slots(void) {
     return n;
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
                      const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale) {
     if (B <= 0 || H <= 0 || R <= 0) return;
     const bool split = H <= DEC_NH && R <= 128 * DEC_KR && De <= 128 && R % 4 == 0 && De % 4 == 0 &&
-                       aligned16(c_cache) && (De == 0 || aligned16(kpe_cache)) && Tmax > 0;
+                       lm_aligned16({c_cache}) && (De == 0 || lm_aligned16({kpe_cache})) && Tmax > 0;
     if (split) {
         // blocks per sequence: two full waves over all sequences (rounded down, so the
         // last wave is nearly full), no more than the DEC_MINROWS-row splits of a full cache

@@ -21,7 +21,6 @@
 #include "moe_gemm.cuh"
 #include "ops_experts.h"
 #include "ops_math.h"
-#include <stdint.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -64,7 +63,8 @@ __global__ static void gather_bf16_k(bf16 *xpb, const float *x, const int *row_t
 // hb [n] (bf16) = act(g) ⊙ u; n % 8 == 0
 __global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size_t n, int act) {
     for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
-        float gv[8], uv[8], h[8];
+        __align__(16) float gv[8], uv[8];
+        float h[8];
         ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
         ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
         for (int j = 0; j < 8; j++) {
@@ -81,7 +81,8 @@ __global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size
 __global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const float *dh, const float *g, const float *u, size_t n,
                                       int act) {
     for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
-        float gv[8], uv[8], hv[8], dg[8], du[8];
+        __align__(16) float gv[8], uv[8], hv[8];
+        float dg[8], du[8];
         ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
         ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
         ld8(dh + i, 1, *reinterpret_cast<float4 *>(hv), *reinterpret_cast<float4 *>(hv + 4));
@@ -115,18 +116,11 @@ __global__ static void combine_bwd_bf16_k(bf16 *dypb, const float *dy, const flo
     }
 }
 
-static int aligned16(const void *const *p, int n) {
-    for (int i = 0; i < n; i++)
-        if (p[i] && (uintptr_t)p[i] % 16) return 0;
-    return 1;
-}
-
 // The kernels of the bf16 path (forward kf, gradients kb), or 0: the fp32 path. Decided from
 // the modes, the shapes and the tensors both directions share, so that a backward finds xp
 // and eh in the form its forward wrote (the modes must not change in between).
 static int experts_bf16(const lm_experts *ex, int *kf, int *kb) {
-    const void *p[] = {ex->W1, ex->W3, ex->W2, ex->xp, ex->ea, ex->eb, ex->eh, ex->yp};
-    const int al = aligned16(p, 8);
+    const int al = lm_aligned16({ex->W1, ex->W3, ex->W2, ex->xp, ex->ea, ex->eb, ex->eh, ex->yp});
     *kf = lm_moe_bf16_kernel(ex->C, ex->F, al, 1);   // the same for both products: C, F play the same part
     *kb = lm_moe_bf16_kernel(ex->C, ex->F, al, 0);
     return *kf && *kb && ex->E <= 65535;
@@ -146,7 +140,7 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     bf16 *xpb = (bf16 *)ex->xp, *ehb = (bf16 *)ex->eh;
     int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
     int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
-    gather_bf16_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, x, ex->row_token, R, C, (uintptr_t)x % 16 == 0);
+    gather_bf16_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, x, ex->row_token, R, C, lm_aligned16({x}));
     cudaLaunchCheck();
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
     lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
@@ -165,8 +159,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
         lm_experts_bwd_by_ops(&lm_cuda_ops, ex, g, dx, dy);
         return;
     }
-    const void *work[] = {g->dyp, g->deh, g->dea, g->deb, g->dxp};
-    LM_CHECK(aligned16(work, 5) && g->dyp && g->deh && g->dea && g->deb && g->dxp,
+    LM_CHECK(lm_aligned16({g->dyp, g->deh, g->dea, g->deb, g->dxp}) && g->dyp && g->deh && g->dea && g->deb && g->dxp,
              "cuda moe_experts_bwd: the work buffers must be given and 16-byte aligned (bf16 GEMM mode)");
     const int E = ex->E, C = ex->C, F = ex->F, R = ex->R;
     if (R <= 0) return;
@@ -178,7 +171,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
     // dyp = gate · dy by slot (bf16; the rows no slot names stay zero), dgate from fp32 yp
     combine_bwd_bf16_k<<<grid_for((size_t)ex->N * ex->k * C / 8), 256, 0, st>>>(dypb, dy, ex->gate, ex->slot_row,
-                                                                                ex->N, ex->k, C, (uintptr_t)dy % 16 == 0);
+                                                                                ex->N, ex->k, C, lm_aligned16({dy}));
     cudaLaunchCheck();
     cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
     // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] += dyp · W2[e]

@@ -363,12 +363,6 @@ static void tc_setup(void) {
     cudaCheck(cudaFuncSetAttribute(tc_dw_k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_SMEM));
     done = 1;
 }
-static int aligned16(const void *p0, const void *p1, const void *p2, const void *p3) {
-    const void *ps[4] = {p0, p1, p2, p3};
-    for (int i = 0; i < 4; i++)
-        if (ps[i] && (uintptr_t)ps[i] % 16) return 0;
-    return 1;
-}
 // tile_start of the rows-as-m kernels (tiles of tm rows × tn columns) into ts [E+1]
 static void tc_schedule(int *ts, const int *offsets, int E, int N, int tm, int tn) {
     tc_sched_k<<<1, SCHED_THREADS, 0, lm_cuda_stream()>>>(ts, offsets, E, (N + tn - 1) / tn, tm);
@@ -458,8 +452,8 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
                         int C, int OC, int R) {
     if (E <= 0 || OC <= 0) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    int aligned = aligned16(inp, 0, 0, 0);
-    for (int i = 0; i < n; i++) aligned &= aligned16(out[i], W[i], 0, 0);
+    int aligned = lm_aligned16({inp});
+    for (int i = 0; i < n; i++) aligned &= lm_aligned16({out[i], W[i]});
     const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned, 1) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {   // A = inp, B_e = W[e] (n = oc, k = c): both K-major
         const size_t ab = lm_align256((size_t)R * C * 2);
@@ -494,10 +488,10 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
 // dinp [R, C] += Σ_i dout[i] · W[i][e];  dW[i] [E, OC, C] += dout[i]ᵀ · inp per segment
 static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *dout, const real *inp,
                         const real *const *W, const int *offsets, int E, int C, int OC, int R) {
-    int any_dw = 0, aligned = aligned16(dinp, inp, 0, 0);
+    int any_dw = 0, aligned = lm_aligned16({dinp, inp});
     for (int i = 0; i < n; i++) {
         any_dw |= dW[i] != NULL;
-        aligned &= aligned16(dW[i], dout[i], W[i], 0);
+        aligned &= lm_aligned16({dW[i], dout[i], W[i]});
     }
     if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !any_dw)) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
