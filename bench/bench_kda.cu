@@ -208,6 +208,16 @@ int main(int argc, char **argv) {
                         if (atoi(ws_[wi]) * atoi(ks_[ki]) > 8) continue;
                         setenv("KDA_SCAN_WARPS", ws_[wi], 1);
                         setenv("KDA_SCAN_KS", ks_[ki], 1);
+                        // the layout follows the scan's shape (two-level segments): grow the workspace
+                        if (kda_workspace_size(&p, s.bwd) > wsb) {
+                            CU(cudaFree(ws));
+                            wsb = kda_workspace_size(&p, s.bwd);
+                            ws = dalloc<char>(wsb);
+                            p.ws = ws;
+                            p.save = 1;
+                            CU(kda_fwd(&p));   // checkpoints in this layout for the saved backward
+                            p.save = 0;
+                        }
                         double sc = time_ms([&] { CU(kda_fwd_scan(&p)); }, warm, reps);
                         double bw = 0;
                         if (s.bwd && ki == 0) {

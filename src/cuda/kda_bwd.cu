@@ -81,7 +81,12 @@ __device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const 
     }
 }
 
-template <int K, bool SPLIT>
+// G = KDA_SEG: a step takes a whole 64-token group backwards, W being the merged W~
+// (kda_merge.cu). With the group's V' = U~ − W~ S from its initial state S, the chunks'
+// dV' (holding the other V' fixed) and the state gradient's direct part run down the chunks
+//   dV'_c = M_cᵀ dO_c + Kr_c dS_c,   dS_{c−1} = Diag(gl_c) dS_c + Qg_cᵀ dO_c
+// without waiting on each other, and dS(S) = dS_{−1} − Σ_c W~_cᵀ dV'_c closes the step.
+template <int K, bool SPLIT, int G>
 __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
@@ -90,44 +95,73 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
     ScanStage L = scan_stage(K, VB);
+    const int SB = G * L.bytes;   // a stage holds G chunks
     int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
-    // this block's chunks [c0, c0 + nc), run backwards
+    // this block's chunks [c0, c0 + nc), run backwards in steps of G from c0 (c0 is a whole
+    // number of 64-token segments)
     const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = (a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n) - c0;
+    const int nsteps = (nc + G - 1) / G;
 
     float ds[K / 8][4];
     const float *dS_end = a.mode == RS_SEEDED ? a.seg_dS + (nh * a.nseg + sg) * K * a.V
                           : a.mode == RS_LOCAL ? NULL : a.dS_out ? a.dS_out + nh * K * a.V : NULL;
     frag_load_kv<K>(ds, dS_end, a.V, v0, lane);
 
-#define RLOAD(buf, c)                                                                                    \
-    rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + (buf) * L.bytes, L, h, \
-                  cbase + c0 + (c), bos + 16 * (c0 + (c)), min(16, len_n - 16 * (c0 + (c))), vb0, VB)
+    // step i (from the end) into stage buf: chunks [i·G, i·G + G) of the block, in slots j
+    auto load_step = [&](int buf, int i) {
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            const int c = i * G + j;   // relative to c0
+            if (c < nc)
+                rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + buf * SB + j * L.bytes, L, h,
+                              cbase + c0 + c, bos + 16 * (c0 + c), min(16, len_n - 16 * (c0 + c)), vb0, VB);
+        }
+    };
     const int NSt = a.stages;
     for (int st = 0; st < NSt - 1; st++) {
-        if (st < nc) RLOAD(st, nc - 1 - st);
+        if (st < nsteps) load_step(st, nsteps - 1 - st);
         cp_async_commit();
     }
-    for (int it = 0; it < nc; it++) {
-        int c = c0 + nc - 1 - it, itn = it + NSt - 1;   // c: the chunk in the sequence
-        if (itn < nc) RLOAD(itn % NSt, nc - 1 - itn);
+    for (int it = 0; it < nsteps; it++) {
+        const int i = nsteps - 1 - it, itn = it + NSt - 1;   // i: the step, from the block's start
+        if (itn < nsteps) load_step(itn % NSt, nsteps - 1 - itn);
         cp_async_commit();
         cp_async_wait_n(NSt - 1);
         __syncthreads();
-        unsigned char *st = smem_raw + (it % NSt) * L.bytes;
-        const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
-        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
-        const float *sgl = (const float *)(st + L.ogl);
-        if (a.dckpt && (c == nc_n - 1 || c % KDA_SEG == KDA_SEG - 1))
-            frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K, v0, lane);
-        float dvp[2][4];
-        uint32_t aO[4];
-        rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp, aO);
-        rscan_update<K>(ds, dvp, aO, sQ, sW, sgl, lane);
+        unsigned char *st = smem_raw + (it % NSt) * SB;
+        const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
+        if (a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
+            frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + clast / KDA_SEG) * a.V * K, v0, lane);
+        if (G == 1) {
+            const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
+            const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
+            const float *sgl = (const float *)(st + L.ogl);
+            float dvp[2][4];
+            uint32_t aO[4];
+            rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp, aO);
+            rscan_update<K>(ds, dvp, aO, sQ, sW, sgl, lane);
+        } else {
+            float dvp[G][2][4];
+#pragma unroll
+            for (int j = G - 1; j >= 0; j--) {
+                if (j >= nsub) continue;
+                const unsigned char *sj = st + j * L.bytes;
+                const bf16 *sQ = (const bf16 *)(sj + L.oQg), *sK = (const bf16 *)(sj + L.oKrT);
+                const bf16 *sO = (const bf16 *)(sj + L.oVal), *sM = (const bf16 *)(sj + L.oM);
+                uint32_t aO[4];
+                rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp[j], aO);
+                rscan_decay_out<K>(ds, aO, sQ, (const float *)(sj + L.ogl), lane);
+            }
+#pragma unroll
+            for (int j = 0; j < G; j++) {
+                if (j >= nsub) break;
+                rscan_minus_w<K>(ds, dvp[j], (const bf16 *)(st + j * L.bytes + L.oW), lane);
+            }
+        }
         __syncthreads();
     }
-#undef RLOAD
     cp_async_wait<0>();
     if (a.mode == RS_LOCAL) frag_store_kv<K>(ds, a.seg_out + (nh * a.nseg + sg) * K * a.V, a.V, v0, lane);
     else if (a.dS0 && sg == 0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
@@ -815,13 +849,17 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
-    int sb = scan_stage(K, VB).bytes;
+    // the 64-token steps (over W~) are built without the experimental state split
+    const bool grouped = w.group > 1;
+    if (grouped) a.W = w.Wt;
+    int sb = (grouped ? KDA_SEG : 1) * scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, 0);
     size_t smem = (size_t)a.stages * sb;
-    cudaError_t e = cudaFuncSetAttribute(kda_rscan_kernel<K, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = grouped ? kda_rscan_kernel<K, false, KDA_SEG> : kda_rscan_kernel<K, SPLIT, 1>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)(p->N * p->H * a.nseg), p->V / VB);
-    kda_rscan_kernel<K, SPLIT><<<grid, 32 * nw, smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 

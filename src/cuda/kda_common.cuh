@@ -222,6 +222,8 @@ struct KWs {
     float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
     int nseg, segc;                    // the scans' time segments per sequence (1: one serial pass), chunks each
     float *segL, *segA, *segS0;        // nseg > 1: per segment local state, transition, initial state
+    int group;                         // chunks per step of the scans: 1, or KDA_SEG (64-token steps)
+    bf16 *Wt, *Ut;                     // group > 1: the merged W~, U~ [H][NC][16][K or V] (kda_merge.cu)
     bf16 *dU;
     size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
     size_t fwd_bytes;   // of the forward's part (coff … ckpt)
@@ -236,6 +238,11 @@ int kda_num_sms(void);
 int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
 // time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan
 int kda_scan_segs(const kda_params *p);
+// chunks per step of the scans (kda_fwd.cu): 1, or KDA_SEG for 64-token steps over the merged
+// W~, U~ of kda_merge.cu
+int kda_scan_group(const kda_params *p);
+// W~, U~ of every 64-token group from the prep kernel's W, U, KrT, gl (kda_merge.cu)
+cudaError_t kda_launch_merge(const kda_params *p, const KWs &w);
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =
 // the state entering segment σ (from S0), through segA and segL. Backward (rev): segS0[σ] =
 // dS leaving segment σ (from dS_out), through segAᵀ and the local dS in segL.

@@ -72,6 +72,13 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
         TAKE(segA, float, nhs * K * K);
         TAKE(segS0, float, nhs * K * V);
     }
+    // the 64-token steps' merged W~, U~ (kda_merge.cu): beside W and U, which the backward's
+    // chunk-level kernels still read
+    w.group = kda_scan_group(p);
+    if (w.group > 1) {
+        TAKE(Wt, bf16, H * NC * 16 * K);
+        TAKE(Ut, bf16, H * NC * 16 * V);
+    }
     w.fwd_bytes = off;
     if (p->ws_fwd) {
         b = (char *)base;
@@ -460,11 +467,11 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, 
     }
 }
 
-// bytes after the pipeline stages: the block's output tile (bf16 [16][VB+8] when KS = 1;
-// KS fp32 partials [16][VB+4] otherwise) and the V' partials exchanged between the KS warps
-// of a value slice (NWV·KS·32 lanes × 8 fp32)
-__host__ __device__ inline int scan_fixed_bytes(int VB, int KS) {
-    return KS == 1 ? 16 * (VB + 8) * 2 : KS * 16 * (VB + 4) * 4 + (VB / 16) * KS * 32 * 8 * 4;
+// bytes after the pipeline stages: the block's output tile (bf16 [16G][VB+8] when KS = 1;
+// KS fp32 partials [16G][VB+4] otherwise) and the V' partials exchanged between the KS warps
+// of a value slice (NWV·KS·32 lanes × 8G fp32); G chunks per step
+__host__ __device__ inline int scan_fixed_bytes(int VB, int KS, int G) {
+    return KS == 1 ? 16 * G * (VB + 8) * 2 : KS * 16 * G * (VB + 4) * 4 + (VB / 16) * KS * 32 * 8 * G * 4;
 }
 
 // acc (8 fp32, row-major) += the 8 fp32 at p (16-byte aligned), in order
@@ -484,7 +491,10 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 // add their partial Sᵀ Wᵀ through shared memory (a named barrier per slice), each then has
 // V' and updates its own columns; the partial outputs are added when o is written. KS > 1
 // shortens each warp's serial chain per chunk, for shapes with few (sequence, head) pairs.
-template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
+// G = KDA_SEG: a step takes a whole 64-token group, W and U being the merged W~, U~
+// (kda_merge.cu): the group's four V' come from one product with the state, then each chunk's
+// output and state update in turn (the update no longer waits on the next chunk's V').
+template <int K, bool SPLIT, bool OUT, bool CKPT, int KS, int G>
 __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -494,10 +504,10 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
     int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
     ScanStage L = scan_stage(K, VB);
-    const int NSt = a.stages;
-    bf16 *sO = (bf16 *)(smem_raw + NSt * L.bytes);                 // KS = 1
-    float *sOp = (float *)(smem_raw + NSt * L.bytes);              // KS > 1: [KS][16][VB+4]
-    float *sRed = sOp + KS * 16 * (VB + 4);                        // KS > 1: [NW][32][8]
+    const int NSt = a.stages, SB = G * L.bytes;   // a stage holds G chunks
+    bf16 *sO = (bf16 *)(smem_raw + NSt * SB);                      // KS = 1: [16G][VB+8]
+    float *sOp = (float *)(smem_raw + NSt * SB);                   // KS > 1: [KS][16G][VB+4]
+    float *sRed = sOp + KS * 16 * G * (VB + 4);                    // KS > 1: [NW][32][8G]
     int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
@@ -518,62 +528,102 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
         frag_load_kv<KP>(s, S0 ? S0 + (size_t)kp0 * a.V : NULL, a.V, v0, lane);
     }
 
+    // the step from chunk cs: its (up to) G chunks into stage buf
+    auto load_step = [&](int buf, int cs) {
+#pragma unroll
+        for (int j = 0; j < G; j++)
+            if (cs + j < nc)
+                scan_load<K>(a, smem_raw + buf * SB + j * L.bytes, L, h, cbase + cs + j, vb0, VB, OUT, !zero_u);
+    };
     for (int st = 0; st < NSt - 1; st++) {
-        if (c0 + st < nc) scan_load<K>(a, smem_raw + st * L.bytes, L, h, cbase + c0 + st, vb0, VB, OUT, !zero_u);
+        if (c0 + st * G < nc) load_step(st, c0 + st * G);
         cp_async_commit();
     }
-    for (int c = c0; c < nc; c++) {
-        int cn = c + NSt - 1;
-        if (cn < nc) scan_load<K>(a, smem_raw + ((cn - c0) % NSt) * L.bytes, L, h, cbase + cn, vb0, VB, OUT, !zero_u);
+    for (int c = c0; c < nc; c += G) {
+        const int step = (c - c0) / G, cn = c + (NSt - 1) * G;
+        if (cn < nc) load_step((step + NSt - 1) % NSt, cn);
         cp_async_commit();
         cp_async_wait_n(NSt - 1);
         __syncthreads();
-        unsigned char *st = smem_raw + ((c - c0) % NSt) * L.bytes;
-        const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
-        const bf16 *sK = (const bf16 *)(st + L.oKrT), *sU = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
-        const float *sgl = (const float *)(st + L.ogl);
+        unsigned char *st = smem_raw + (step % NSt) * SB;
+        const int nsub = min(G, nc - c);
         if (CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
-        float vp[2][4];
-        if (KS == 1) {
-            scan_vprime<K, SPLIT>(s, sW, sU, VB + 8, 16 * vs, lane, vp, zero_u);
-        } else {
-            float pp[2][4] = {};
-            state_times_tile<KP, SPLIT>(s, sW + kp0, lane, pp, KDA_LDK(K));
-            float4 *mine = reinterpret_cast<float4 *>(sRed + ((size_t)warp * 32 + lane) * 8);
-            mine[0] = make_float4(pp[0][0], pp[0][1], pp[0][2], pp[0][3]);
-            mine[1] = make_float4(pp[1][0], pp[1][1], pp[1][2], pp[1][3]);
-            named_barrier(1 + vs, 32 * KS);
-            float sum[2][4] = {};   // fixed order: every warp of the slice gets the same V'
-#pragma unroll
-            for (int j = 0; j < KS; j++) add8(sum, sRed + ((size_t)(vs * KS + j) * 32 + lane) * 8);
-            vprime_from(sum, sU, VB + 8, 16 * vs, lane, vp, zero_u);
-        }
-        uint32_t av[4];
-        tok_afrag(vp, av, 1.f);
-        if (OUT) {
-            float o[2][4];
-            int g = lane >> 2, t = lane & 3;
-            if (KS == 1) {
-                scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sO[(8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * vs + g + 8 * (e >> 1)] = __float2bfloat16(o[nt][e]);
+        // V' of the step's chunks (a chunk past the sequence's end computes garbage, unused)
+        float vp[G][2][4];
+        {
+            float pp[G][2][4] = {};
+            if (G == 1) {
+                state_times_tile<KP, SPLIT>(s, (const bf16 *)(st + L.oW) + kp0, lane, pp[0], KDA_LDK(K));
             } else {
-                scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, ks == 0, KDA_LDK(K));   // M's term once per slice
-                float *op = sOp + (size_t)ks * 16 * (VB + 4);
+                const bf16 *Xs[G];
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) op[(8 * nt + 2 * t + (e & 1)) * (VB + 4) + 16 * vs + g + 8 * (e >> 1)] = o[nt][e];
+                for (int j = 0; j < G; j++) Xs[j] = (const bf16 *)(st + j * L.bytes + L.oW) + kp0;
+                state_times_tiles<KP, SPLIT, G>(s, Xs, lane, pp, KDA_LDK(K));
             }
+            if (KS > 1) {
+                // [warp][2G][32 lanes] float4: a warp's stores and loads are 512 contiguous bytes
+                float4 *mine = reinterpret_cast<float4 *>(sRed) + (size_t)warp * 2 * G * 32 + lane;
+#pragma unroll
+                for (int j = 0; j < G; j++) {
+                    mine[64 * j] = make_float4(pp[j][0][0], pp[j][0][1], pp[j][0][2], pp[j][0][3]);
+                    mine[64 * j + 32] = make_float4(pp[j][1][0], pp[j][1][1], pp[j][1][2], pp[j][1][3]);
+                }
+                named_barrier(1 + vs, 32 * KS);
+#pragma unroll
+                for (int j = 0; j < G; j++) {   // fixed order: every warp of the slice gets the same V'
+                    float sum[2][4] = {};
+#pragma unroll
+                    for (int i = 0; i < KS; i++) {
+                        const float4 *x = reinterpret_cast<const float4 *>(sRed) + (size_t)(vs * KS + i) * 2 * G * 32 + 64 * j + lane;
+                        const float4 x0 = x[0], x1 = x[32];
+                        sum[0][0] += x0.x; sum[0][1] += x0.y; sum[0][2] += x0.z; sum[0][3] += x0.w;
+                        sum[1][0] += x1.x; sum[1][1] += x1.y; sum[1][2] += x1.z; sum[1][3] += x1.w;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) pp[j][nt][e] = sum[nt][e];
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < G; j++)
+                vprime_from(pp[j], (const bf16 *)(st + j * L.bytes + L.oVal), VB + 8, 16 * vs, lane, vp[j], zero_u);
         }
-        scan_update<KP>(s, av, sK + kp0 * KDA_LD16, sgl + kp0, lane);
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            if (j >= nsub) break;
+            const unsigned char *sj = st + j * L.bytes;
+            const bf16 *sQ = (const bf16 *)(sj + L.oQg), *sK = (const bf16 *)(sj + L.oKrT), *sM = (const bf16 *)(sj + L.oM);
+            const float *sgl = (const float *)(sj + L.ogl);
+            uint32_t av[4];
+            tok_afrag(vp[j], av, 1.f);
+            if (OUT) {
+                float o[2][4];
+                int g = lane >> 2, t = lane & 3;
+                if (KS == 1) {
+                    scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            sO[(16 * j + 8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * vs + g + 8 * (e >> 1)] =
+                                __float2bfloat16(o[nt][e]);
+                } else {
+                    scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, ks == 0, KDA_LDK(K));   // M's term once per slice
+                    float *op = sOp + (size_t)ks * 16 * G * (VB + 4);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            op[(16 * j + 8 * nt + 2 * t + (e & 1)) * (VB + 4) + 16 * vs + g + 8 * (e >> 1)] = o[nt][e];
+                }
+            }
+            scan_update<KP>(s, av, sK + kp0 * KDA_LD16, sgl + kp0, lane);
+        }
         __syncthreads();
         if (OUT && a.o) {
-            int len = min(16, len_n - 16 * c);
+            int len = min(16 * G, len_n - 16 * c);
             for (int i = tid; i < len * VB / 8; i += blockDim.x) {
                 int r = i / (VB / 8), pc = i % (VB / 8);
                 bf16 *dst = a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + vb0 + pc * 8;
@@ -582,7 +632,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
                 } else {
                     float acc[2][4] = {};
 #pragma unroll
-                    for (int j = 0; j < KS; j++) add8(acc, sOp + ((size_t)j * 16 + r) * (VB + 4) + pc * 8);
+                    for (int j = 0; j < KS; j++) add8(acc, sOp + ((size_t)j * 16 * G + r) * (VB + 4) + pc * 8);
                     uint4 u;
                     u.x = pack_bf16(acc[0][0], acc[0][1]); u.y = pack_bf16(acc[0][2], acc[0][3]);
                     u.z = pack_bf16(acc[1][0], acc[1][1]); u.w = pack_bf16(acc[1][2], acc[1][3]);
@@ -672,6 +722,21 @@ static int env_int(const char *name, int dflt) {
 }
 static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
 
+// Few (sequence, head) pairs of long fixed-length sequences: a scan block per pair with all
+// its value rows (eight warps at V = 128, each with the state's columns whole), and the
+// two-level scan cutting each sequence into segments to fill the SMs: every chunk load then
+// serves the whole head. Only when the sequences are long enough for one block per SM per
+// pass (segments of at least 32 chunks). H200 (session 9, bench_kda variants): B2·T16384·H16
+// scan 1.289 → 1.176 ms, state-gradient scan 1.718 → 1.193; B1·T65536·H32 5.12 → 4.44 and
+// 6.77 → 4.49; at B1·T4096·H8, where the segments would be cut short, 0.270 → 0.274 and
+// 0.284 → 0.329 (hence the length condition).
+static bool scan_whole_heads(const kda_params *p) {
+    if (p->cu_seqlens || p->N <= 0 || p->T <= 0 || p->V > 128) return false;
+    const long long pairs = (long long)p->N * p->H, want = kda_num_sms() / pairs;
+    const int most = (p->T + KDA_C - 1) / KDA_C / (8 * KDA_SEG);
+    return want >= 3 && most >= want;
+}
+
 // value-slice warps per scan block, each with ks − 1 partners (ks = 1: the backward's scans)
 int kda_scan_warps(const kda_params *p, int ks) {
     int maxw = p->V / 16, nw = p->scan_warps ? p->scan_warps : env_int("KDA_SCAN_WARPS", 0);
@@ -682,17 +747,21 @@ int kda_scan_warps(const kda_params *p, int ks) {
     }
     // four warps in all: the chunk loads are shared by a block's warps, and the cost of a
     // step is mostly their issue — fewer warps per block (more blocks) lost at every
-    // benchmark shape, even when a block per SM was left idle (bench/RESULTS.md, session 7)
-    nw = 4 / ks;
+    // benchmark shape, even when a block per SM was left idle (bench/RESULTS.md, session 7).
+    // Eight (a whole head at V = 128) for few long sequences and heads, and for the 64-token
+    // steps, which load 4x the bytes per step
+    nw = (kda_scan_group(p) > 1 || scan_whole_heads(p) ? 8 : 4) / ks;
     return maxw < nw ? maxw : nw;
 }
 
 // warps sharing one 16-wide value slice of the forward scan (state columns split KS ways):
-// KDA_SCAN_KS = 1, 2 or 4, else 2 when there are under 512 slices (measured: 3–6% faster at
-// 256 slices, slower at 768 and above; 4 was slower everywhere)
+// KDA_SCAN_KS = 1, 2 or 4; 1 for whole-head blocks and the 64-token steps; else 2 when there
+// are under 512 slices (measured: 3–6% faster at 256 slices, slower at 768 and above; 4 was
+// slower everywhere)
 int kda_scan_ks(const kda_params *p) {
     int ks = env_int("KDA_SCAN_KS", 0);
     if (ks == 1 || ks == 2 || ks == 4) return ks;
+    if (kda_scan_group(p) > 1 || scan_whole_heads(p)) return 1;
     long long slices = (long long)p->N * p->H * (p->V / 16);
     return slices < 512 ? 2 : 1;
 }
@@ -723,6 +792,20 @@ int kda_scan_segs(const kda_params *p) {
     return (nc + segc - 1) / segc;
 }
 
+// Chunks per scan step. One chunk (the default): each step's V' = U − W S waits on the
+// previous step's state update, a chain of dependent tensor-core products. KDA_SEG
+// (KDA_SCAN_GROUP=4, opt-in): 64-token steps over the merged W~, U~ of kda_merge.cu — one
+// product with the state gives the group's four V', and the four updates follow without
+// waiting on each other's V'. The scans themselves are faster (H200, session 9, whole-head
+// blocks: B1·T65536·H32 scan 4.44 → 3.43 ms, state-gradient scan 4.49 → 3.99), but the merge
+// kernel costs more than they gain (1.44 ms there: it writes W~, U~ beside W, U, which the
+// backward's chunk kernels still need), at every benchmark shape (bench/RESULTS.md).
+int kda_scan_group(const kda_params *p) {
+    (void)p;
+    const int forced = env_int("KDA_SCAN_GROUP", 0);
+    return forced == KDA_SEG ? KDA_SEG : 1;
+}
+
 template <int K, int V, bool EXACT>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     PrepArgs a;
@@ -748,32 +831,42 @@ struct ScanPass {
     float *seg_out;
 };
 
-// nw: value-slice warps per block (each with KS − 1 partners)
-template <int K, bool SPLIT, bool OUT, bool CKPT, int KS>
+// nw: value-slice warps per block (each with KS − 1 partners); G chunks per step
+template <int K, bool SPLIT, bool OUT, bool CKPT, int KS, int G>
 static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, const ScanPass &sp) {
     ScanArgs a;
     a.mode = sp.mode; a.nseg = sp.nseg; a.segc = sp.segc; a.seg_S0 = sp.seg_S0; a.seg_out = sp.seg_out;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
-    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
+    a.W = G > 1 ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = G > 1 ? w.Ut : w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
     int VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
-    int fixed = scan_fixed_bytes(VB, KS), sb = scan_stage(K, VB).bytes;
+    int fixed = scan_fixed_bytes(VB, KS, G), sb = G * scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, fixed);
     size_t smem = (size_t)a.stages * sb + fixed;
-    cudaError_t e = cudaFuncSetAttribute(kda_scan_kernel<K, SPLIT, OUT, CKPT, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
     dim3 grid((unsigned)(p->N * p->H * sp.nseg), p->V / VB);
-    kda_scan_kernel<K, SPLIT, OUT, CKPT, KS><<<grid, 32 * nw * KS, smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw * KS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
+// the 64-token steps are built without the experimental hi + lo state split (KDA_SPLIT)
 template <int K, int KS>
 static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, bool ckpt, int nw, const ScanPass &sp) {
     bool split = scan_split();
-#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS>(p, w, nw, sp)
+    if (w.group > 1) {
+#define SCAN_CASE(O, C) if (out == O && ckpt == C) return launch_scan_t<K, false, O, C, KS, KDA_SEG>(p, w, nw, sp)
+        SCAN_CASE(true, false);
+        SCAN_CASE(true, true);
+        SCAN_CASE(false, true);
+        SCAN_CASE(false, false);
+#undef SCAN_CASE
+    }
+#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
     SCAN_CASE(true, true, false);
     SCAN_CASE(true, true, true);
     SCAN_CASE(true, false, true);
@@ -808,14 +901,17 @@ static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bo
     return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL});
 }
 
+// the chunk products, and the 64-token steps' merged W~, U~ when the scans take them
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {
     bool exact = p->exact || p->gate_mode == 1;
+    cudaError_t e = cudaErrorInvalidValue;
 #define PREP_CASE(KK, VV)                                                                     \
     if (p->K == KK && p->V == VV)                                                           \
-        return exact ? launch_prep<KK, VV, true>(p, w) : launch_prep<KK, VV, false>(p, w);
+        e = exact ? launch_prep<KK, VV, true>(p, w) : launch_prep<KK, VV, false>(p, w);
     PREP_CASE(64, 64) PREP_CASE(64, 128) PREP_CASE(128, 64) PREP_CASE(128, 128)
 #undef PREP_CASE
-    return cudaErrorInvalidValue;
+    if (e != cudaSuccess) return e;
+    return kda_launch_merge(p, w);
 }
 
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt) {

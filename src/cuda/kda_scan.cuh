@@ -90,6 +90,28 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
         for (int e = 0; e < 4; e++) acc[nt][e] += (part[0][nt][e] + part[1][nt][e]) + part[2][nt][e];
 }
 
+// acc[gi] (16 rows × tokens 0–7, 8–15) += Sᵀ X[gi]ᵀ for G [16][K] bf16 tiles (a 64-token
+// step's W~ chunks): one pass over the state's k-steps, its A fragments packed once for all G
+// tiles, 2G independent accumulators (enough to hide the tensor cores' latency)
+template <int K, bool SPLIT, int G>
+__device__ __forceinline__ void state_times_tiles(const float (*s)[4], const bf16 *const *X, int lane, float (*acc)[2][4],
+                                                  int ld) {
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) {
+        uint32_t ah[4], al[4];
+        state_afrag<SPLIT>(s[2 * j], s[2 * j + 1], ah, al);
+#pragma unroll
+        for (int gi = 0; gi < G; gi++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t b[2];
+                ldb_nk(b, X[gi], ld, 8 * nt, 16 * j, lane);
+                mma16816(acc[gi][nt], ah, b);
+                if (SPLIT) mma16816(acc[gi][nt], al, b);
+            }
+    }
+}
+
 // vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
 // column vl0 + g (+8) of sU [16][ldu]); zero_u: U = 0 (the two-level scan's transitions). U is
 // read either way (then discarded by a select, never multiplied: the tile may hold garbage),
@@ -211,6 +233,33 @@ __device__ __forceinline__ void rscan_update(float (*ds)[4], const float dvp[2][
         uint32_t b[2];
         ldb_kn(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
         mma16816(ds[nt], aO, b);
+        ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
+        mma16816(ds[nt], am, b);
+    }
+}
+
+// the 64-token steps' halves of rscan_update: dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg per chunk, and
+// dSᵀ −= dV'ᵀ W~ once the group's dV' are known
+template <int K>
+__device__ __forceinline__ void rscan_decay_out(float (*ds)[4], const uint32_t aO[4], const bf16 *sQg, const float *sgl,
+                                                int lane) {
+    int t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
+        ds[nt][0] *= g0; ds[nt][1] *= g1; ds[nt][2] *= g0; ds[nt][3] *= g1;
+        uint32_t b[2];
+        ldb_kn(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
+        mma16816(ds[nt], aO, b);
+    }
+}
+template <int K>
+__device__ __forceinline__ void rscan_minus_w(float (*ds)[4], const float dvp[2][4], const bf16 *sW, int lane) {
+    uint32_t am[4];
+    tok_afrag(dvp, am, -1.f);
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        uint32_t b[2];
         ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
         mma16816(ds[nt], am, b);
     }

@@ -532,6 +532,17 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_SEGS", "3", 1);   // the two-level scan (under the sanitizers)
         make_prob(P, {200}, 2, 128, 128, 0, 0, 8); test_fwd(P, " [scan segs=3]"); test_bwd(P, " [scan segs=3]");
         unsetenv("KDA_SCAN_SEGS");
+        setenv("KDA_SCAN_GROUP", "4", 1);   // the 64-token steps and their merge kernel
+        make_prob(P, {37, 37}, 2, 128, 128, 0, 0, 9); test_fwd(P, " [scan group=4]"); test_bwd(P, " [scan group=4]");
+        setenv("KDA_SCAN_SEGS", "3", 1);
+        make_prob(P, {200}, 2, 64, 128, 1, 0, 11); test_fwd(P, " [group=4, segs=3]"); test_bwd(P, " [group=4, segs=3]");
+        unsetenv("KDA_SCAN_SEGS");
+        unsetenv("KDA_SCAN_GROUP");
+        // whole-head scan blocks (eight warps, KS = 1) with the two-level scan: the default for
+        // few long sequences (T ≥ 33K here), forced
+        setenv("KDA_SCAN_WARPS", "8", 1); setenv("KDA_SCAN_KS", "1", 1); setenv("KDA_SCAN_SEGS", "2", 1);
+        make_prob(P, {1100}, 1, 128, 128, 0, 0, 12); test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
+        unsetenv("KDA_SCAN_WARPS"); unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
         test_conv_decode(3, 4, 96, 4);
     } else {
         // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
@@ -616,6 +627,50 @@ int main(int argc, char **argv) {
             unsetenv("KDA_SCAN_KS");
         }
         unsetenv("KDA_SCAN_SEGS");
+
+        // the scans' 64-token steps over the merged W~, U~ (automatic under 512 value slices: most
+        // problems above) forced off and on: partial last groups, packed batches with empty and
+        // 1-token sequences, K ≠ V, both gates, gates at the bound, 96 heads, KS = 1 and 4, the
+        // two-level scan, the backward (recomputed and saved, deterministic)
+        const char *grps[] = {"1", "4"};
+        for (const char *gr : grps) {
+            char tag[48];
+            snprintf(tag, sizeof tag, " [scan group=%s]", gr);
+            setenv("KDA_SCAN_GROUP", gr, 1);
+            make_prob(P, {500, 500}, 3, 128, 128, 0, 0, 110); test_fwd(P, tag);
+            make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 111); test_fwd(P, tag);
+            make_prob(P, {0, 65, 2048, 0, 3}, 2, 64, 64, 0, 1, 118); test_fwd(P, tag);
+            make_prob(P, {1000}, 2, 64, 64, 0, 0, 112); test_fwd(P, tag);
+            make_prob(P, {300}, 2, 128, 64, 1, 0, 113); test_fwd(P, tag);
+            make_prob(P, {300}, 2, 64, 128, 0, 0, 119); test_fwd(P, tag);
+            make_prob(P, {63}, 96, 128, 128, 0, 0, 114); test_fwd(P, tag);
+            make_prob(P, {500}, 3, 128, 128, 0, 0, 35, 1); test_fwd(P, tag);
+            make_prob(P, {500}, 3, 128, 128, 0, 0, 36, 2); test_fwd(P, tag);
+            make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 115); test_bwd(P, tag);
+            make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 64, 128, 1, 1, 116); test_bwd(P, tag);
+            make_prob(P, {40}, 96, 128, 128, 0, 0, 117); test_bwd(P, tag);
+            make_prob(P, {200}, 2, 128, 128, 0, 0, 65, 1); test_bwd(P, tag);
+            make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
+            // whole-head blocks (eight warps, KS = 1) and the two-level scan: the default for few
+            // long sequences, forced here on shorter ones
+            setenv("KDA_SCAN_WARPS", "8", 1); setenv("KDA_SCAN_KS", "1", 1);
+            make_prob(P, {2048}, 2, 128, 128, 0, 0, 123); test_fwd(P, tag); test_bwd(P, tag);
+            test_saved_and_determinism(P);
+            make_prob(P, {1500, 1500}, 3, 64, 64, 1, 0, 124); test_fwd(P, tag); test_bwd(P, tag);
+            make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 0, 1, 125); test_fwd(P, tag); test_bwd(P, tag);
+            unsetenv("KDA_SCAN_WARPS"); unsetenv("KDA_SCAN_KS");
+            const char *kss2[] = {"2", "4"};
+            for (const char *ks : kss2) {
+                setenv("KDA_SCAN_KS", ks, 1);
+                make_prob(P, {500, 500}, 3, 128, 128, 1, 0, 120); test_fwd(P, tag);
+                unsetenv("KDA_SCAN_KS");
+            }
+            setenv("KDA_SCAN_SEGS", "3", 1);
+            make_prob(P, {1000}, 2, 128, 128, 0, 0, 121); test_fwd(P, tag); test_bwd(P, tag);
+            make_prob(P, {700}, 2, 64, 128, 1, 0, 122); test_fwd(P, tag); test_bwd(P, tag);
+            unsetenv("KDA_SCAN_SEGS");
+        }
+        unsetenv("KDA_SCAN_GROUP");
 
         // decode, with each item's columns in 1, 2 or 4 blocks (the default below)
         const char *splits[] = {"1", "2", "4"};
