@@ -773,9 +773,11 @@ int kda_scan_ks(const kda_params *p) {
 // a short serial carry over the segments, then the scan again from each segment's true
 // initial state. An SM runs a second or third scan block at only ~1.9× the rate of one
 // (H200, bench_kda, session 8: forced on at 128–192 blocks it was 1.5–1.9× slower), so the
-// passes pay only when the plain scan leaves two thirds of the SMs idle: then one block per
-// SM per pass, segments of at least 8 checkpoint groups (32 chunks). KDA_SCAN_SEGS overrides
-// (1 = off). Fixed-length batches only (packed ones keep the plain scan).
+// passes pay only when the plain scan leaves two thirds of the SMs idle: then two blocks per
+// SM per pass (session 9, whole-head blocks, B2·T16384·H16 scan 1.174 → 1.079 ms and state-
+// gradient scan 1.201 → 1.096 with 8 segments instead of 4; 6 segments, a wave and a half,
+// were slower than 4), segments of at least 8 checkpoint groups (32 chunks). KDA_SCAN_SEGS
+// overrides (1 = off). Fixed-length batches only (packed ones keep the plain scan).
 int kda_scan_segs(const kda_params *p) {
     if (p->cu_seqlens || p->N <= 0 || p->T <= 0) return 1;
     const int nc = (p->T + KDA_C - 1) / KDA_C, forced = env_int("KDA_SCAN_SEGS", 0);
@@ -783,7 +785,7 @@ int kda_scan_segs(const kda_params *p) {
     if (nseg <= 0) {
         const int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
         const long long blocks = (long long)p->N * p->H * (p->V / (16 * nw)), sms = kda_num_sms();
-        nseg = 3 * blocks > sms ? 1 : (int)(sms / blocks);
+        nseg = 3 * blocks > sms ? 1 : (int)(2 * sms / blocks);
         const int most = nc / (8 * KDA_SEG);
         if (nseg > most) nseg = most;
     }
