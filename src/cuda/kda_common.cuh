@@ -212,6 +212,7 @@ struct KSeq {
 // per head h and global chunk gc (16 tokens, padded rows zero):
 //   W, Qg [H][NC][16][K] bf16, KrT [H][NC][K][16] bf16, U [H][NC][16][V] bf16,
 //   M [H][NC][2][16][16] bf16 (hi, lo), gl [H][NC][K] fp32;
+// the opt-in 64-token scan steps (group > 1): Wt, Ut (W~, U~ of kda_merge.cu) in W's and U's layout;
 // state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
 // backward: dQg, dWg, dKr [H][NC][16][K] fp32, dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
 //   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.

@@ -219,27 +219,8 @@ __device__ __forceinline__ void rscan_dvp(const float (*ds)[4], const bf16 *sdO,
         for (int e = 0; e < 4; e++) dvp[nt][e] += odd[nt][e];
 }
 
-// dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W
-template <int K>
-__device__ __forceinline__ void rscan_update(float (*ds)[4], const float dvp[2][4], const uint32_t aO[4],
-                                             const bf16 *sQg, const bf16 *sW, const float *sgl, int lane) {
-    int t = lane & 3;
-    uint32_t am[4];
-    tok_afrag(dvp, am, -1.f);
-#pragma unroll
-    for (int nt = 0; nt < K / 8; nt++) {
-        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
-        ds[nt][0] *= g0; ds[nt][1] *= g1; ds[nt][2] *= g0; ds[nt][3] *= g1;
-        uint32_t b[2];
-        ldb_kn(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
-        mma16816(ds[nt], aO, b);
-        ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
-        mma16816(ds[nt], am, b);
-    }
-}
-
-// the 64-token steps' halves of rscan_update: dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg per chunk, and
-// dSᵀ −= dV'ᵀ W~ once the group's dV' are known
+// dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg per chunk (the 64-token steps: on its own, the W~ term once
+// the group's dV' are known)
 template <int K>
 __device__ __forceinline__ void rscan_decay_out(float (*ds)[4], const uint32_t aO[4], const bf16 *sQg, const float *sgl,
                                                 int lane) {
@@ -253,6 +234,7 @@ __device__ __forceinline__ void rscan_decay_out(float (*ds)[4], const uint32_t a
         mma16816(ds[nt], aO, b);
     }
 }
+// dSᵀ −= dV'ᵀ W
 template <int K>
 __device__ __forceinline__ void rscan_minus_w(float (*ds)[4], const float dvp[2][4], const bf16 *sW, int lane) {
     uint32_t am[4];
@@ -263,6 +245,14 @@ __device__ __forceinline__ void rscan_minus_w(float (*ds)[4], const float dvp[2]
         ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
         mma16816(ds[nt], am, b);
     }
+}
+// dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W (per element in that order: the same arithmetic as
+// the two halves interleaved per column tile)
+template <int K>
+__device__ __forceinline__ void rscan_update(float (*ds)[4], const float dvp[2][4], const uint32_t aO[4],
+                                             const bf16 *sQg, const bf16 *sW, const float *sgl, int lane) {
+    rscan_decay_out<K>(ds, aO, sQg, sgl, lane);
+    rscan_minus_w<K>(ds, dvp, sW, lane);
 }
 
 // state fragments ↔ memory. Transposed [V][K] fp32 (checkpoints): element (v, c) at X[v·ld + c]
