@@ -842,16 +842,15 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     RScanArgs a;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
-    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
+    // the 64-token steps (over W~) are built without the experimental state split
+    const bool grouped = w.group > 1;
+    a.W = grouped ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
     a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
-    // the 64-token steps (over W~) are built without the experimental state split
-    const bool grouped = w.group > 1;
-    if (grouped) a.W = w.Wt;
     int sb = (grouped ? KDA_SEG : 1) * scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, 0);
     size_t smem = (size_t)a.stages * sb;

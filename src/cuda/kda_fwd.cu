@@ -474,11 +474,14 @@ __host__ __device__ inline int scan_fixed_bytes(int VB, int KS, int G) {
     return KS == 1 ? 16 * G * (VB + 8) * 2 : KS * 16 * G * (VB + 4) * 4 + (VB / 16) * KS * 32 * 8 * G * 4;
 }
 
-// acc (8 fp32, row-major) += the 8 fp32 at p (16-byte aligned), in order
-__device__ __forceinline__ void add8(float (&acc)[2][4], const float *p) {
-    const float4 x0 = reinterpret_cast<const float4 *>(p)[0], x1 = reinterpret_cast<const float4 *>(p)[1];
+// acc (8 fp32, row-major) += x0 then x1, in order
+__device__ __forceinline__ void add8(float (&acc)[2][4], const float4 x0, const float4 x1) {
     acc[0][0] += x0.x; acc[0][1] += x0.y; acc[0][2] += x0.z; acc[0][3] += x0.w;
     acc[1][0] += x1.x; acc[1][1] += x1.y; acc[1][2] += x1.z; acc[1][3] += x1.w;
+}
+// acc += the 8 fp32 at p (16-byte aligned)
+__device__ __forceinline__ void add8(float (&acc)[2][4], const float *p) {
+    add8(acc, reinterpret_cast<const float4 *>(p)[0], reinterpret_cast<const float4 *>(p)[1]);
 }
 
 __device__ __forceinline__ void named_barrier(int id, int nthreads) {
@@ -572,18 +575,15 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
                 named_barrier(1 + vs, 32 * KS);
 #pragma unroll
                 for (int j = 0; j < G; j++) {   // fixed order: every warp of the slice gets the same V'
-                    float sum[2][4] = {};
-#pragma unroll
-                    for (int i = 0; i < KS; i++) {
-                        const float4 *x = reinterpret_cast<const float4 *>(sRed) + (size_t)(vs * KS + i) * 2 * G * 32 + 64 * j + lane;
-                        const float4 x0 = x[0], x1 = x[32];
-                        sum[0][0] += x0.x; sum[0][1] += x0.y; sum[0][2] += x0.z; sum[0][3] += x0.w;
-                        sum[1][0] += x1.x; sum[1][1] += x1.y; sum[1][2] += x1.z; sum[1][3] += x1.w;
-                    }
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) pp[j][nt][e] = sum[nt][e];
+                        for (int e = 0; e < 4; e++) pp[j][nt][e] = 0.f;   // this warp's part is in sRed
+#pragma unroll
+                    for (int i = 0; i < KS; i++) {
+                        const float4 *x = reinterpret_cast<const float4 *>(sRed) + (size_t)(vs * KS + i) * 2 * G * 32 + 64 * j + lane;
+                        add8(pp[j], x[0], x[32]);
+                    }
                 }
             }
 #pragma unroll
