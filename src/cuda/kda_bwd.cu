@@ -23,6 +23,7 @@
 //    (deterministic, no atomics).
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
+#include "kda_tree.cuh"
 #include <stdlib.h>
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
@@ -398,13 +399,62 @@ template <int K, int V>
 struct BwdSmem {
     static constexpr int LD = (K > V ? K : V) + 8;   // row stride of the fp32 [16][·] arrays
     // bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 = scale·q̂⊙2^{G−c0} (Qd); exact:
-    // F0 = k̂, F1 = G (log2), F2 = k̂⊙2^G; F3 = dW. In place afterwards: F0 ← P·Ki, F1 ← dM·Ki,
-    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
+    // F0 and F1 hold two tree levels of k̂ (kda_tree.cuh), F2 = k̂⊙2^G; F3 = dW. In place
+    // afterwards: F0 ← P·Ki, F1 ← dM·Ki, F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last,
+    // row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
     float F0[16][LD], F1[16][LD], F2[16][LD], F3[16][LD];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], L[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
     float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
 };
+
+// the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
+// for the pairs (i, j) of a block with anchor a, e^{G_i − G_j} = R_i·C_j with R_i = e^{G_i − G_a}
+// and C_j = e^{G_a − G_j}, both ≤ 1, so the sums over a block's pairs factor:
+//   t1_i = Σ_j P_ij C_j k̂_j,  t2_i = Σ_j dM_ij C_j k̂_j,  t3_j = Σ_i R_i (P_ij k̂_i + dM_ij q̂s_i)
+// and dq̂s_i += R_i t2_i, dk̂_i += R_i t1_i, dk̂_j += C_j t3_j, dG_i += R_i (k̂_i t1_i + q̂s_i t2_i),
+// dG_j −= C_j k̂_j t3_j
+template <int B>
+__device__ __forceinline__ void pair_level(const float (&P)[16][17], const float (&dM)[16][17], const float (&Gs)[16],
+                                           const float (&kn)[16], const float (&qn)[16], float scale, float (&dqs)[16],
+                                           float (&dkn)[16], float (&dG)[16]) {
+    constexpr int s = 1 << B;
+#pragma unroll
+    for (int z = 0; z < 16; z += 2 * s) {
+        const int an = z + s - 1;
+        float C[s], Ck[s], Rk[s], Rq[s], R[s];
+#pragma unroll
+        for (int u = 0; u < s; u++) {
+            C[u] = exp2f(Gs[an] - Gs[z + u]);
+            Ck[u] = C[u] * kn[z + u];
+            R[u] = exp2f(Gs[an + 1 + u] - Gs[an]);
+            Rk[u] = R[u] * kn[an + 1 + u];
+            Rq[u] = R[u] * scale * qn[an + 1 + u];
+        }
+#pragma unroll
+        for (int u = 0; u < s; u++) {   // upper row i = an + 1 + u
+            const int i = an + 1 + u;
+            float t1 = 0.f, t2 = 0.f;
+#pragma unroll
+            for (int v = 0; v < s; v++) {
+                t1 = fmaf(P[i][z + v], Ck[v], t1);
+                t2 = fmaf(dM[i][z + v], Ck[v], t2);
+            }
+            dkn[i] = fmaf(R[u], t1, dkn[i]);
+            dqs[i] = fmaf(R[u], t2, dqs[i]);
+            dG[i] = fmaf(Rk[u], t1, fmaf(Rq[u], t2, dG[i]));
+        }
+#pragma unroll
+        for (int v = 0; v < s; v++) {   // lower row j = z + v
+            const int j = z + v;
+            float t3 = 0.f;
+#pragma unroll
+            for (int u = 0; u < s; u++) t3 = fmaf(P[an + 1 + u][j], Rk[u], fmaf(dM[an + 1 + u][j], Rq[u], t3));
+            dkn[j] = fmaf(C[v], t3, dkn[j]);
+            dG[j] = fmaf(-Ck[v], t3, dG[j]);
+        }
+    }
+}
 
 template <int K, int V, bool EXACT>
 __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
@@ -490,6 +540,11 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     }
     __syncthreads();
 
+    // exact: the tree levels of k̂ (two at a time) over F0 and F1
+    typedef TreeLevel<K, false> KTree;
+    static_assert(2 * sizeof(KTree) <= 2 * sizeof(S.F0), "two k̂ tree levels fit in F0 and F1");
+    KTree *tree = reinterpret_cast<KTree *>(&S.F0[0][0]);
+
     // per channel: the gate sum and the normalised rows (kept in registers), factors
     float Gs[16], qn[16], kn[16];
     float eA = expf(a.A_log[h]), db = 0.f;
@@ -505,8 +560,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             kn[r] = kx[r] * S.rk[r];
             S.F3[r][cch] = dWr[r];
             if constexpr (EXACT) {
-                S.F0[r][cch] = kn[r];
-                S.F1[r][cch] = G;
                 S.F2[r][cch] = kn[r] * exp2f(G);
             } else {
                 float Fd = exp2f(G - c0);
@@ -515,19 +568,20 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                 S.F2[r][cch] = a.scale * qn[r] * Fd;
             }
         }
+        if constexpr (EXACT) {
+            tree_store<K, 3>(tree[0], cch, Gs, kn, kn);
+            tree_store<K, 2>(tree[1], cch, Gs, kn, kn);
+        }
     }
     __syncthreads();
 
     // L (strict lower, raw and ×β) and dINV = dU Vbᵀ + dW Kbᵀ = (dU vᵀ) Diag(β) + dW (K̂⊙e^G)ᵀ Diag(β)
-    if constexpr (EXACT) {
-        for (int pidx = tid; pidx < 120; pidx += BWD_THREADS) {
-            int i = 1, j = pidx;
-            while (j >= i) { j -= i; i++; }
-            float l = 0.f;
-            for (int d = 0; d < K; d++) l = fmaf(S.F0[i][d] * S.F0[j][d], exp2f(S.F1[i][d] - S.F1[j][d]), l);
-            S.Lraw[i][j] = l;
-            S.L[i][j] = S.beta[i] * l;
-        }
+    auto put_l = [&](int i, int j, float l, bool) {
+        S.Lraw[i][j] = l;
+        S.L[i][j] = S.beta[i] * l;
+    };
+    if constexpr (EXACT) {   // tree levels 8, 4 here, 2, 1 after the barrier
+        if (warp < 2) tree_mma<K>(tree[warp], 3 - warp, lane, put_l);
     } else if (warp < 2) {
         float acc[4] = {};
 #pragma unroll
@@ -571,6 +625,15 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
     }
     __syncthreads();
+    if constexpr (EXACT) {
+        if (cch < K) {
+            tree_store<K, 1>(tree[0], cch, Gs, kn, kn);
+            tree_store<K, 0>(tree[1], cch, Gs, kn, kn);
+        }
+        __syncthreads();
+        if (warp < 2) tree_mma<K>(tree[warp], 1 - warp, lane, put_l);
+        __syncthreads();
+    }
     if (tid < 16) {
         int cc = tid;
         float x[16];
@@ -716,24 +779,18 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             }
         }
         dG[15] += gl * dglc + sumKr;
-        if constexpr (EXACT) {   // the diagonal blocks per position: exact decays e^{G_i − G_j} ≤ 1
+        if constexpr (EXACT) {
+            // the within-chunk pairs: the diagonal (decay 1), then the tree levels (pair_level)
 #pragma unroll
             for (int i = 0; i < 16; i++) {
-                float qsi = a.scale * qn[i];
-#pragma unroll
-                for (int j = 0; j <= i; j++) {
-                    float e = exp2f(Gs[i] - Gs[j]);
-                    float av = S.P[i][j], m = S.dM[i][j];
-                    float ke = kn[j] * e;
-                    dqs[i] = fmaf(m, ke, dqs[i]);
-                    dkn[i] = fmaf(av, ke, dkn[i]);
-                    float we = fmaf(av, kn[i], m * qsi) * e;
-                    dkn[j] += we;
-                    float Y = we * kn[j];
-                    dG[i] += Y;
-                    dG[j] -= Y;
-                }
+                float m = S.dM[i][i];
+                dqs[i] = fmaf(m, kn[i], dqs[i]);
+                dkn[i] = fmaf(m, a.scale * qn[i], dkn[i]);
             }
+            pair_level<3>(S.P, S.dM, Gs, kn, qn, a.scale, dqs, dkn, dG);
+            pair_level<2>(S.P, S.dM, Gs, kn, qn, a.scale, dqs, dkn, dG);
+            pair_level<1>(S.P, S.dM, Gs, kn, qn, a.scale, dqs, dkn, dG);
+            pair_level<0>(S.P, S.dM, Gs, kn, qn, a.scale, dqs, dkn, dG);
         }
         // gate: dg = reverse cumulative sum of dG; activation backward
         float acc = 0.f, ddb = 0.f;

@@ -11,14 +11,15 @@
 //    (x⊙e^{G−c0})·(k̂⊙e^{c0−G})ᵀ with c0 = 7.5·lb: every factor within e^{±42.5} for
 //    g ≥ lb = −5 (bf16 holds them; never fp16, never clamped). The anchor depends only on
 //    the chunk start, so outputs never depend on later gates.
-//    Unbounded gate (or exact = 1): every (i, j) pair with the exact decay e^{G_i − G_j}
-//    per channel (CUDA cores), safe for any gate.
+//    Unbounded gate (or exact = 1): exact decays e^{G_i − G_j} split at binary-tree anchors
+//    (kda_tree.cuh): four tensor-core products whose factors are all ≤ 1, safe for any gate.
 // 2. kda_scan_kernel — one block per (sequence, head, value slice), serial over chunks:
 //      V' = U − W S;  O = Qg S + M V';  S ← Diag(gl) S + Krᵀ V'
 //    with the fp32 state in tensor-core C fragments (kda_scan.cuh), chunk data streamed
 //    through a cp.async pipeline, optional 64-token state checkpoints for the backward.
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
+#include "kda_tree.cuh"
 #include <stdlib.h>
 #include <type_traits>
 
@@ -185,11 +186,12 @@ struct PrepSmem {
     bf16 VT[V][KDA_LD16];                  // raw v, transposed: B of U = (INV·Diag β)·V (exact bf16)
     bf16 KeT[K][KDA_LD16];                 // k̂⊙e^G, transposed: B of W = (INV·Diag β)·(K̂⊙e^G)
     float L[16][17], Mm[16][17], INV[16][17];
-    float rq[16], rk[16], beta[16];
+    float rq[16], rk[16], beta[16], qk[16];   // qk: the exact path's diagonal of M
     union {
         // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} (fp32; bf16 hi + lo
-        // on the tensor cores); exact: A0 = scale·q̂, A1 = k̂, A2 = G (log2)
+        // on the tensor cores)
         struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
+        TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
         struct { bf16 W[16][K + 8], U[16][V + 8]; } out;   // output staging, after L and M
     } u;
 };
@@ -239,35 +241,41 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         (&S.L[0][0])[e] = 0.f;
         (&S.Mm[0][0])[e] = 0.f;
     }
-    // rows: reciprocal norms, β, raw v transposed
+    // rows: reciprocal norms, β, raw v transposed (exact: the diagonal of M, scale·q̂·k̂)
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (PREP_THREADS / 32);
-        float sq = 0.f, sk = 0.f;
+        float sq = 0.f, sk = 0.f, sqk = 0.f;
 #pragma unroll
         for (int e = 0; e < CPL; e++) {
             sq = fmaf(rqx[i][e], rqx[i][e], sq);
             sk = fmaf(rkx[i][e], rkx[i][e], sk);
+            if constexpr (EXACT) sqk = fmaf(rqx[i][e], rkx[i][e], sqk);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             sq += __shfl_xor_sync(0xffffffffu, sq, o);
             sk += __shfl_xor_sync(0xffffffffu, sk, o);
+            if constexpr (EXACT) sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
         }
 #pragma unroll
         for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = rvx[i][e];
         if (lane == 0) {
-            S.rq[r] = rsqrtf(sq + 1e-6f);
-            S.rk[r] = rsqrtf(sk + 1e-6f);
+            float iq = rsqrtf(sq + 1e-6f), ik = rsqrtf(sk + 1e-6f);
+            S.rq[r] = iq;
+            S.rk[r] = ik;
             S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
+            if constexpr (EXACT) S.qk[r] = sqk * iq * ik * a.scale;
         }
     }
     __syncthreads();
 
-    // per channel: gate, cumulative sum (log2), decayed rows
+    // per channel: gate, cumulative sum (log2), decayed rows; from here on qr holds scale·q̂
+    // and kr holds k̂ (the exact path's tree levels read them with Gs)
+    float Gs[16];
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
-        float G = 0.f, Gs[16];
+        float G = 0.f;
         bf16 *Qg = a.Qg + hc * 16 * K;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
@@ -275,20 +283,21 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             G += g * KDA_LOG2E;
             Gs[r] = G;
             float qs = qr[r] * S.rq[r] * a.scale;
-            kr[r] *= S.rk[r];   // k̂ from here on
+            qr[r] = qs;
+            kr[r] *= S.rk[r];
             float E = exp2f(G);
             Qg[r * K + cch] = __float2bfloat16(qs * E);
             S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
-            if constexpr (EXACT) {
-                S.u.fac.A0[r][cch] = qs;
-                S.u.fac.A1[r][cch] = kr[r];
-                S.u.fac.A2[r][cch] = G;
-            } else {
+            if constexpr (!EXACT) {
                 float Fd = exp2f(G - a.c0), Fi = exp2f(a.c0 - G);
                 S.u.fac.A0[r][cch] = qs * Fd;
                 S.u.fac.A1[r][cch] = kr[r] * Fd;
                 S.u.fac.A2[r][cch] = kr[r] * Fi;
             }
+        }
+        if constexpr (EXACT) {
+            tree_store<K, 3>(S.u.tree[0], cch, Gs, kr, qr);
+            tree_store<K, 2>(S.u.tree[1], cch, Gs, kr, qr);
         }
         a.gl[hc * K + cch] = exp2f(G);
         uint32_t pk[8];
@@ -326,29 +335,20 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             else S.Mm[row][col] = col <= row ? val : 0.f;
         }
     } else {
-        // 136 pairs j ≤ i, a warp per pair, lanes over channels, exact decay 2^{G_i − G_j} ≤ 1
-        for (int pidx = warp; pidx < 136; pidx += PREP_THREADS / 32) {
-            int i = 0, j = pidx;
-            while (j > i) { j -= i + 1; i++; }
-            float l = 0.f, m = 0.f;
-#pragma unroll
-            for (int e = 0; e < CPL; e++) {
-                int d = lane + 32 * e;
-                float ex = exp2f(S.u.fac.A2[i][d] - S.u.fac.A2[j][d]);
-                float kk = S.u.fac.A1[j][d] * ex;
-                m = fmaf(S.u.fac.A0[i][d], kk, m);
-                l = fmaf(S.u.fac.A1[i][d], kk, l);
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                m += __shfl_xor_sync(0xffffffffu, m, o);
-                l += __shfl_xor_sync(0xffffffffu, l, o);
-            }
-            if (lane == 0) {
-                S.Mm[i][j] = m;
-                if (i > j) S.L[i][j] = S.beta[i] * l;
-            }
+        // the tree levels 8, 4, then 2, 1 (kda_tree.cuh), a warp each; the diagonal of M apart
+        auto put = [&](int i, int j, float val, bool isq) {
+            if (isq) S.Mm[i][j] = val;
+            else S.L[i][j] = S.beta[i] * val;
+        };
+        if (warp < 2) tree_mma<K>(S.u.tree[warp], 3 - warp, lane, put);
+        if (tid < 16) S.Mm[tid][tid] = S.qk[tid];
+        __syncthreads();
+        if (cch < K) {
+            tree_store<K, 1>(S.u.tree[0], cch, Gs, kr, qr);
+            tree_store<K, 0>(S.u.tree[1], cch, Gs, kr, qr);
         }
+        __syncthreads();
+        if (warp < 2) tree_mma<K>(S.u.tree[warp], 1 - warp, lane, put);
     }
     __syncthreads();
 

@@ -134,9 +134,13 @@ static void make_prob(Prob &P, std::vector<int> lens, int H, int K, int V, int g
         for (int h = 0; h < H; h++) P.A[h] = (float)(log(0.5) + urand() * (log(3.0) - log(0.5)));
         fill(P.db, (size_t)H * K, 0.5, -1, false);
     }
-    if (bound) {   // f + dt_bias large: σ(eA·x) = 1 in fp32, g = lb exactly
+    // bounded gate: f + dt_bias large makes σ(eA·x) = 1 in fp32, g = lb exactly (bound 1: every
+    // channel, 2: half of them). Unbounded gate, bound 3: f = 8 on half the channels, g ≈ −3 to
+    // −25 a step — decays across a chunk far beyond fp32's range, which no single anchor
+    // survives (the exact path's tree anchors must)
+    if (bound) {
         for (size_t i = 0; i < nqk; i++)
-            if (bound == 1 || (i % K) < (size_t)K / 2) P.f[i] = rb(60.f);
+            if (bound == 1 || (i % K) < (size_t)K / 2) P.f[i] = rb(bound == 3 ? 8.f : 60.f);
     }
     fill(P.S0, ns, 0.5, 0, false);
     fill(P.dO, nv, 1, 0, true);
@@ -564,6 +568,9 @@ int main(int argc, char **argv) {
         make_prob(P, {500}, 3, 128, 128, 0, 0, 36, 2); test_fwd(P, " [g = lb on half the channels]");
         // the exact (per-position) path with the bounded gate
         make_prob(P, {500}, 2, 128, 128, 0, 0, 37, 0, 1); test_fwd(P);
+        // the unbounded gate decaying by e^{-3} .. e^{-25} a step on half the channels
+        make_prob(P, {500}, 3, 128, 128, 1, 0, 41, 3); test_fwd(P, " [strong decay on half the channels]");
+        make_prob(P, {100}, 2, 64, 64, 1, 0, 42, 3); test_fwd(P, " [strong decay on half the channels]");
         // variable lengths (packed, B = 1)
         make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 0, 1, 38); test_fwd(P);
         make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 39); test_fwd(P);
@@ -584,6 +591,7 @@ int main(int argc, char **argv) {
         make_prob(P, {200}, 2, 128, 128, 0, 0, 65, 1); test_bwd(P);
         make_prob(P, {200}, 2, 128, 128, 0, 0, 66, 2); test_bwd(P);
         make_prob(P, {300}, 2, 128, 128, 0, 0, 67, 0, 1); test_bwd(P);
+        make_prob(P, {300}, 2, 128, 128, 1, 0, 73, 3); test_bwd(P, " [strong decay on half the channels]");
         make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 0, 1, 68); test_bwd(P);
         make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 1, 1, 69); test_bwd(P);
         make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 1, 1, 70); test_bwd(P);
