@@ -419,6 +419,7 @@ __device__ __forceinline__ void pair_level(const float (&P)[16][17], const float
                                            const float (&kn)[16], const float (&qn)[16], float scale, float (&dqs)[16],
                                            float (&dkn)[16], float (&dG)[16]) {
     constexpr int s = 1 << B;
+    // the library exp2f here: with ex2f_ (inline PTX) ptxas spilled at 255 registers
 #pragma unroll
     for (int z = 0; z < 16; z += 2 * s) {
         const int an = z + s - 1;
@@ -469,7 +470,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (BWD_THREADS / 32);
-    const float c0 = a.c0, p2c0 = exp2f(a.c0);
+    const float c0 = a.c0, p2c0 = ex2f_(a.c0);
 
     // every global load first: 16 rows of this thread's channel; 4 rows per warp
     const int cch = tid;
@@ -485,23 +486,18 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             dWr[r] = a.dWg[hc * 16 * K + r * K + cch];
         }
     }
-    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
-    bf16 rvx[RPW][VPL], rdu[RPW][VPL];
+    // the rows' q, k, v, dU as packed bf16 pairs (one vector load per row and tensor)
+    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2], rdu[RPW][VPL / 2];
+    float rbl[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (BWD_THREADS / 32);
         bool ok = r < len;
         size_t row = (size_t)(t0 + r) * a.H + h;
-#pragma unroll
-        for (int e = 0; e < CPL; e++) {
-            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
-            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
-        }
-#pragma unroll
-        for (int e = 0; e < VPL; e++) {
-            rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
-            rdu[i][e] = a.dU[hc * 16 * V + (size_t)r * V + lane * VPL + e];
-        }
+        ld_bf16x<CPL>(rqx[i], a.q + row * K + lane * CPL, ok);
+        ld_bf16x<CPL>(rkx[i], a.k + row * K + lane * CPL, ok);
+        ld_bf16x<VPL>(rvx[i], a.v + row * V + lane * VPL, ok);
+        ld_bf16x<VPL>(rdu[i], a.dU + hc * 16 * V + (size_t)r * V + lane * VPL, true);
         rbl[i] = ok ? bf(a.beta[row]) : 0.f;
     }
     for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
@@ -519,8 +515,9 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float sq = 0.f, sk = 0.f;
 #pragma unroll
         for (int e = 0; e < CPL; e++) {
-            sq = fmaf(rqx[i][e], rqx[i][e], sq);
-            sk = fmaf(rkx[i][e], rkx[i][e], sk);
+            float qv = bf_at(rqx[i], e), kv = bf_at(rkx[i], e);
+            sq = fmaf(qv, qv, sq);
+            sk = fmaf(kv, kv, sk);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -528,9 +525,9 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             sk += __shfl_xor_sync(0xffffffffu, sk, o);
         }
 #pragma unroll
-        for (int e = 0; e < VPL; e++) {
-            S.v[r][lane * VPL + e] = rvx[i][e];
-            S.dU[r][lane * VPL + e] = rdu[i][e];
+        for (int e = 0; e < VPL / 2; e++) {   // VPL consecutive bf16: whole words
+            *reinterpret_cast<uint32_t *>(&S.v[r][lane * VPL + 2 * e]) = rvx[i][e];
+            *reinterpret_cast<uint32_t *>(&S.dU[r][lane * VPL + 2 * e]) = rdu[i][e];
         }
         if (lane == 0) {
             S.rq[r] = rsqrtf(sq + 1e-6f);
@@ -560,11 +557,11 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             kn[r] = kx[r] * S.rk[r];
             S.F3[r][cch] = dWr[r];
             if constexpr (EXACT) {
-                S.F2[r][cch] = kn[r] * exp2f(G);
+                S.F2[r][cch] = kn[r] * ex2f_(G);
             } else {
-                float Fd = exp2f(G - c0);
+                float Fd = ex2f_(G - c0);
                 S.F0[r][cch] = kn[r] * Fd;
-                S.F1[r][cch] = kn[r] * exp2f(c0 - G);
+                S.F1[r][cch] = kn[r] * ex2f_(c0 - G);
                 S.F2[r][cch] = a.scale * qn[r] * Fd;
             }
         }
@@ -753,7 +750,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     float dqn[16], dkn[16];
     float dAp = 0.f;
     if (cch < K) {
-        float G15 = Gs[15], gl = exp2f(G15), dG[16], dqs[16], sumKr = 0.f;
+        float G15 = Gs[15], gl = ex2f_(G15), dG[16], dqs[16], sumKr = 0.f;
         float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
@@ -763,7 +760,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float dKbv[16];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            float E = exp2f(Gs[j]), ER = exp2f(G15 - Gs[j]);
+            float E = ex2f_(Gs[j]), ER = ex2f_(G15 - Gs[j]);
             float qs = a.scale * qn[j], dKb = S.F3[j][cch];
             dKbv[j] = dKb;
             dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
@@ -771,7 +768,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             dG[j] = qs * E * dQgr[j] + S.beta[j] * kn[j] * E * dKb - kn[j] * ER * dKrr[j];
             sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
             if constexpr (!EXACT) {
-                float Fd = exp2f(Gs[j] - c0), Fi = exp2f(c0 - Gs[j]);
+                float Fd = ex2f_(Gs[j] - c0), Fi = ex2f_(c0 - Gs[j]);
                 float r1 = S.F0[j][cch], r2 = S.F1[j][cch], r3 = S.F2[j][cch];
                 dqs[j] = fmaf(Fd, r2, dqs[j]);
                 dkn[j] = fmaf(Fd, r1, fmaf(Fi, r3, dkn[j]));
@@ -818,7 +815,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             dqn[j] = a.scale * dqs[j];
             S.F0[j][cch] = qn[j] * dqn[j];
             S.F1[j][cch] = kn[j] * dkn[j];
-            S.F2[j][cch] = kn[j] * exp2f(Gs[j]) * dKbv[j];
+            S.F2[j][cch] = kn[j] * ex2f_(Gs[j]) * dKbv[j];
         }
     }
 #pragma unroll

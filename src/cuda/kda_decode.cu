@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
         float g = kda_gate(a.gate_mode, a.lb, expf(a.A_log[h]), bf(a.f[bh * K + tid]) + a.dt_bias[(size_t)h * K + tid]);
         sm.sq[tid] = qv;
         sm.sk[tid] = kv;
-        sm.sal[tid] = expf(g);
+        sm.sal[tid] = ex2f_(g * KDA_LOG2E);
         q2 = qv * qv;
         k2 = kv * kv;
     }

@@ -221,20 +221,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             kr[r] = ok ? bf(a.k[idx]) : 0.f;
         }
     }
-    float rqx[RPW][CPL], rkx[RPW][CPL], rbl[RPW];
-    bf16 rvx[RPW][VPL];
+    // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
+    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2];
+    float rbl[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (PREP_THREADS / 32);
         bool ok = r < len;
         size_t row = (size_t)(t0 + r) * a.H + h;
-#pragma unroll
-        for (int e = 0; e < CPL; e++) {
-            rqx[i][e] = ok ? bf(a.q[row * K + lane * CPL + e]) : 0.f;
-            rkx[i][e] = ok ? bf(a.k[row * K + lane * CPL + e]) : 0.f;
-        }
-#pragma unroll
-        for (int e = 0; e < VPL; e++) rvx[i][e] = ok ? a.v[row * V + lane * VPL + e] : __float2bfloat16(0.f);
+        ld_bf16x<CPL>(rqx[i], a.q + row * K + lane * CPL, ok);
+        ld_bf16x<CPL>(rkx[i], a.k + row * K + lane * CPL, ok);
+        ld_bf16x<VPL>(rvx[i], a.v + row * V + lane * VPL, ok);
         rbl[i] = ok ? bf(a.beta[row]) : 0.f;
     }
     for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
@@ -248,9 +245,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         float sq = 0.f, sk = 0.f, sqk = 0.f;
 #pragma unroll
         for (int e = 0; e < CPL; e++) {
-            sq = fmaf(rqx[i][e], rqx[i][e], sq);
-            sk = fmaf(rkx[i][e], rkx[i][e], sk);
-            if constexpr (EXACT) sqk = fmaf(rqx[i][e], rkx[i][e], sqk);
+            float qv = bf_at(rqx[i], e), kv = bf_at(rkx[i], e);
+            sq = fmaf(qv, qv, sq);
+            sk = fmaf(kv, kv, sk);
+            if constexpr (EXACT) sqk = fmaf(qv, kv, sqk);
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -259,7 +257,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             if constexpr (EXACT) sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
         }
 #pragma unroll
-        for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = rvx[i][e];
+        for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = __float2bfloat16(bf_at(rvx[i], e));
         if (lane == 0) {
             float iq = rsqrtf(sq + 1e-6f), ik = rsqrtf(sk + 1e-6f);
             S.rq[r] = iq;
@@ -285,11 +283,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             float qs = qr[r] * S.rq[r] * a.scale;
             qr[r] = qs;
             kr[r] *= S.rk[r];
-            float E = exp2f(G);
+            float E = ex2f_(G);
             Qg[r * K + cch] = __float2bfloat16(qs * E);
             S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
             if constexpr (!EXACT) {
-                float Fd = exp2f(G - a.c0), Fi = exp2f(a.c0 - G);
+                float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
                 S.u.fac.A0[r][cch] = qs * Fd;
                 S.u.fac.A1[r][cch] = kr[r] * Fd;
                 S.u.fac.A2[r][cch] = kr[r] * Fi;
@@ -299,11 +297,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             tree_store<K, 3>(S.u.tree[0], cch, Gs, kr, qr);
             tree_store<K, 2>(S.u.tree[1], cch, Gs, kr, qr);
         }
-        a.gl[hc * K + cch] = exp2f(G);
+        a.gl[hc * K + cch] = ex2f_(G);
         uint32_t pk[8];
 #pragma unroll
         for (int r = 0; r < 16; r += 2)
-            pk[r / 2] = pack_bf16(kr[r] * exp2f(G - Gs[r]), kr[r + 1] * exp2f(G - Gs[r + 1]));
+            pk[r / 2] = pack_bf16(kr[r] * ex2f_(G - Gs[r]), kr[r + 1] * ex2f_(G - Gs[r + 1]));
         uint4 *dst = reinterpret_cast<uint4 *>(a.KrT + (hc * K + cch) * 16);
         dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
         dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
@@ -713,6 +711,7 @@ static cudaError_t check_params(const kda_params *p) {
     if (p->gate_mode != 0 && p->gate_mode != 1) return cudaErrorInvalidValue;
     if (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) return cudaErrorInvalidValue;
     if (!p->ws && !p->ws_fwd) return cudaErrorInvalidValue;
+    if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v) % 16) return cudaErrorMisalignedAddress;
     return cudaSuccess;
 }
 

@@ -50,11 +50,11 @@ __device__ __forceinline__ void tree_store(TreeLevel<K, Q> &T, int c, const floa
     for (int r = 0; r < 16; r++) {
         const int cr = tree_compact(r, B);
         if (r & s) {
-            float R = exp2f(G[r] - G[(r & ~s) | (s - 1)]);
+            float R = ex2f_(G[r] - G[(r & ~s) | (s - 1)]);
             st_split(T.Ah[cr][c], T.Al[cr][c], kn[r] * R);
             if constexpr (Q) st_split(T.Ah[8 + cr][c], T.Al[8 + cr][c], qs[r] * R);
         } else {
-            float C = exp2f(G[r | (s - 1)] - G[r]);
+            float C = ex2f_(G[r | (s - 1)] - G[r]);
             st_split(T.Bh[cr][c], T.Bl[cr][c], kn[r] * C);
         }
     }
