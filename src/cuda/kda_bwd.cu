@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
 
 struct BwdArgs {
     KSeq sq;
-    int H, NC, gate_mode;
+    int H, NC;
     float lb, scale, c0;
     const bf16 *q, *k, *v, *f, *beta;
     const float *A_log, *dt_bias;
@@ -457,8 +457,10 @@ __device__ __forceinline__ void pair_level(const float (&P)[16][17], const float
     }
 }
 
-template <int K, int V, bool EXACT>
+template <int K, int V, int MODE>
 __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
+    constexpr bool EXACT = MODE != KDA_BOUNDED;
+    constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     typedef BwdSmem<K, V> Sm;
     Sm &S = *reinterpret_cast<Sm *>(smem_raw);
@@ -550,7 +552,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float gv = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
+            float gv = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
             G += gv * KDA_LOG2E;
             Gs[r] = G;
             qn[r] = qx[r] * S.rq[r];
@@ -797,7 +799,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             if (j < len) {
                 size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
                 float x = fr[j] + db, dfv;
-                if (a.gate_mode == 0) {
+                if constexpr (GATE == 0) {
                     float sg = sigmoidf_(eA * x);
                     dfv = acc * a.lb * sg * (1.f - sg) * eA;
                     dAp = fmaf(dfv, x, dAp);
@@ -946,11 +948,11 @@ static cudaError_t launch_seg(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
-template <int K, int V, bool EXACT>
+template <int K, int V, int MODE>
 static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     BwdArgs a;
     a.sq = kda_seq(p, w);
-    a.H = p->H; a.NC = w.NC; a.gate_mode = p->gate_mode;
+    a.H = p->H; a.NC = w.NC;
     a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
     a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
@@ -958,11 +960,11 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     a.dq = p->dq; a.dk = p->dk; a.dv = p->dv; a.df = p->df; a.dbeta = p->dbeta;
     a.pA = w.pA; a.pdb = w.pdb;
     size_t smem = sizeof(BwdSmem<K, V>);
-    cudaError_t e = cudaFuncSetAttribute(kda_bwd_chunk_kernel<K, V, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(kda_bwd_chunk_kernel<K, V, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     long long blocks = (long long)w.NC * p->H;
     if (blocks == 0) return cudaSuccess;
-    kda_bwd_chunk_kernel<K, V, EXACT><<<(unsigned)blocks, BWD_THREADS, smem, p->stream>>>(a);
+    kda_bwd_chunk_kernel<K, V, MODE><<<(unsigned)blocks, BWD_THREADS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
@@ -972,6 +974,7 @@ extern "C" cudaError_t kda_bwd(const kda_params *p) {
         (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) || !p->dq || !p->dk || !p->dv || !p->df ||
         !p->dbeta || !p->dA_log || !p->ddt_bias)
         return cudaErrorInvalidValue;
+    if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v) % 16) return cudaErrorMisalignedAddress;
     KWs w = kda_ws_layout(p, p->ws, 1);
     cudaError_t e = kda_offsets(p, w);
     if (e != cudaSuccess) return e;
@@ -996,10 +999,12 @@ extern "C" cudaError_t kda_bwd(const kda_params *p) {
         else e = split ? launch_seg<128, true>(p, w) : launch_seg<128, false>(p, w);
         if (e != cudaSuccess) return e;
     }
-    bool exact = p->exact || p->gate_mode == 1;
+    const int mode = kda_mode(p);
 #define BWD_CASE(KK, VV)                                                                                   \
     if (p->K == KK && p->V == VV)                                                                          \
-        e = exact ? launch_bwd_chunk<KK, VV, true>(p, w) : launch_bwd_chunk<KK, VV, false>(p, w);
+        e = mode == KDA_UNBOUNDED       ? launch_bwd_chunk<KK, VV, KDA_UNBOUNDED>(p, w)                    \
+            : mode == KDA_BOUNDED_EXACT ? launch_bwd_chunk<KK, VV, KDA_BOUNDED_EXACT>(p, w)                \
+                                        : launch_bwd_chunk<KK, VV, KDA_BOUNDED>(p, w);
     if (stages & 8) {
         BWD_CASE(64, 64) BWD_CASE(64, 128) BWD_CASE(128, 64) BWD_CASE(128, 128)
     }

@@ -184,6 +184,14 @@ __device__ __forceinline__ float kda_gate(int mode, float lb, float eA, float x)
     return mode == 0 ? lb * sigmoidf_(eA * x) : -eA * softplusf_(x);
 }
 
+// the chunk kernels' variants (a template argument, so that each holds one gate's code):
+// the bounded gate with factored decays, the bounded gate with exact (tree) decays, the
+// unbounded gate (always exact)
+enum { KDA_BOUNDED = 0, KDA_BOUNDED_EXACT = 1, KDA_UNBOUNDED = 2 };
+static inline int kda_mode(const kda_params *p) {
+    return p->gate_mode == 1 ? KDA_UNBOUNDED : p->exact ? KDA_BOUNDED_EXACT : KDA_BOUNDED;
+}
+
 // ---- sequences, chunks (16 tokens) and segments (64 tokens) ----
 // Fixed length (cu == NULL): N sequences of T tokens, nc = ⌈T/16⌉ chunks and ns = ⌈T/64⌉
 // segments each. Packed (B = 1, cu_seqlens [N+1]): chunk offsets coff [N+1] and segment

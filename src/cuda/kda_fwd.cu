@@ -173,7 +173,7 @@ int kda_num_sms(void) {
 
 struct PrepArgs {
     KSeq sq;
-    int H, NC, gate_mode;
+    int H, NC;
     float lb, scale, c0;      // c0: the factored anchor shift in log2 units (7.5·lb·log2 e)
     const bf16 *q, *k, *v, *f, *beta;
     const float *A_log, *dt_bias;
@@ -192,12 +192,14 @@ struct PrepSmem {
         // on the tensor cores)
         struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
         TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
-        struct { bf16 W[16][K + 8], U[16][V + 8]; } out;   // output staging, after L and M
+        struct { bf16 W[16][K + 8], U[16][V + 8], Qg[16][K + 8]; } out;   // output staging, after L and M
     } u;
 };
 
-template <int K, int V, bool EXACT>
+template <int K, int V, int MODE>
 __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
+    constexpr bool EXACT = MODE != KDA_BOUNDED;
+    constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
@@ -271,20 +273,21 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     // per channel: gate, cumulative sum (log2), decayed rows; from here on qr holds scale·q̂
     // and kr holds k̂ (the exact path's tree levels read them with Gs)
     float Gs[16];
+    uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
         float G = 0.f;
-        bf16 *Qg = a.Qg + hc * 16 * K;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float g = r < len ? kda_gate(a.gate_mode, a.lb, eA, fr[r] + db) : 0.f;
+            float g = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
             G += g * KDA_LOG2E;
             Gs[r] = G;
             float qs = qr[r] * S.rq[r] * a.scale;
             qr[r] = qs;
             kr[r] *= S.rk[r];
             float E = ex2f_(G);
-            Qg[r * K + cch] = __float2bfloat16(qs * E);
+            if (r & 1) qgp[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(qs * E)) << 16;
+            else qgp[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(qs * E));
             S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
             if constexpr (!EXACT) {
                 float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
@@ -402,8 +405,18 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             *reinterpret_cast<uint32_t *>(dst + (g + 8) * ld + n0 + 2 * t) = pack_bf16(acc[2], acc[3]);
         }
     }
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++)
+            S.u.out.Qg[r][cch] = __ushort_as_bfloat16((unsigned short)(qgp[r >> 1] >> (16 * (r & 1))));
+    }
     __syncthreads();
     {
+        uint4 *gQ = reinterpret_cast<uint4 *>(a.Qg + hc * 16 * K);
+        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
+            int r = i / (K / 8), pc = i % (K / 8);
+            gQ[i] = *reinterpret_cast<const uint4 *>(&S.u.out.Qg[r][pc * 8]);
+        }
         uint4 *gW = reinterpret_cast<uint4 *>(a.W + hc * 16 * K);
         for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
             int r = i / (K / 8), pc = i % (K / 8);
@@ -807,21 +820,21 @@ int kda_scan_group(const kda_params *p) {
     return forced == KDA_SEG ? KDA_SEG : 1;
 }
 
-template <int K, int V, bool EXACT>
+template <int K, int V, int MODE>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     PrepArgs a;
     a.sq = kda_seq(p, w);
-    a.H = p->H; a.NC = w.NC; a.gate_mode = p->gate_mode;
+    a.H = p->H; a.NC = w.NC;
     a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
     a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
     a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
     size_t smem = sizeof(PrepSmem<K, V>);
-    cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, EXACT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     long long blocks = (long long)w.NC * p->H;
     if (blocks == 0) return cudaSuccess;
-    kda_prep_kernel<K, V, EXACT><<<(unsigned)blocks, PREP_THREADS, smem, p->stream>>>(a);
+    kda_prep_kernel<K, V, MODE><<<(unsigned)blocks, PREP_THREADS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
@@ -904,11 +917,13 @@ static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bo
 
 // the chunk products, and the 64-token steps' merged W~, U~ when the scans take them
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w) {
-    bool exact = p->exact || p->gate_mode == 1;
+    const int mode = kda_mode(p);
     cudaError_t e = cudaErrorInvalidValue;
 #define PREP_CASE(KK, VV)                                                                     \
     if (p->K == KK && p->V == VV)                                                           \
-        e = exact ? launch_prep<KK, VV, true>(p, w) : launch_prep<KK, VV, false>(p, w);
+        e = mode == KDA_UNBOUNDED       ? launch_prep<KK, VV, KDA_UNBOUNDED>(p, w)            \
+            : mode == KDA_BOUNDED_EXACT ? launch_prep<KK, VV, KDA_BOUNDED_EXACT>(p, w)        \
+                                        : launch_prep<KK, VV, KDA_BOUNDED>(p, w);
     PREP_CASE(64, 64) PREP_CASE(64, 128) PREP_CASE(128, 64) PREP_CASE(128, 128)
 #undef PREP_CASE
     if (e != cudaSuccess) return e;
