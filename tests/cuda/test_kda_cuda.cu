@@ -514,6 +514,32 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     for (float *b : bufs) g->free(b);
 }
 
+// bad parameters are refused before any launch: a misaligned q, k or v (the chunk kernels load
+// rows as vectors), K outside {64, 128}; the output buffer stays as it was
+static void test_bad_params() {
+    Prob P;
+    make_prob(P, {40}, 2, 128, 128, 0, 0, 99);
+    Dev D;
+    dev_setup(D, P, 1, 0);
+    const size_t nv = (size_t)P.Ttot * P.H * P.V;
+    CU(cudaMemset(D.o.p, 0x5A, nv * sizeof(bf16)));
+    kda_params p = D.p;
+    const bf16 *q0 = p.q;
+    p.q = q0 + 1;   // 2 bytes off
+    check("bad params: misaligned q, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
+    check("bad params: misaligned q, backward refused (error code)", kda_bwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
+    p.q = q0;
+    p.K = 96;
+    check("bad params: K = 96 refused (error code)", kda_fwd(&p) == cudaErrorInvalidValue ? 0 : 1, 0);
+    CU(cudaDeviceSynchronize());
+    check("bad params: no sticky CUDA error", cudaGetLastError() == cudaSuccess ? 0 : 1, 0);
+    std::vector<bf16> o(nv);
+    CU(cudaMemcpy(o.data(), D.o.p, nv * sizeof(bf16), cudaMemcpyDeviceToHost));
+    size_t changed = 0;
+    for (size_t i = 0; i < nv; i++) changed += __bfloat16_as_ushort(o[i]) != 0x5A5A;
+    check("bad params: output untouched (elements changed)", (double)changed, 0);
+}
+
 int main(int argc, char **argv) {
     bool small = argc > 1 && !strcmp(argv[1], "--small");
     cudaDeviceProp prop;
@@ -697,6 +723,7 @@ int main(int argc, char **argv) {
         test_decode(64, 64, 2, 128, 128, 0, 83);
         test_decode(6, 9, 3, 128, 64, 1, 84);
         test_decode(6, 9, 3, 64, 128, 0, 85);
+        test_bad_params();
         test_decode_after_prefill(37, 4, 128, 0);
         test_decode_after_prefill(64, 4, 128, 1);
         test_conv_decode(8, 12, 3 * 4096, 4);
