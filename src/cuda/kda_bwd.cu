@@ -969,15 +969,13 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
 }
 
 extern "C" cudaError_t kda_bwd(const kda_params *p) {
-    if (!p || !p->ws || !((p->K == 64 || p->K == 128) && (p->V == 64 || p->V == 128)) || p->H <= 0 || p->N < 0 ||
-        p->T < 0 || (p->gate_mode != 0 && p->gate_mode != 1) ||
-        (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) || !p->dq || !p->dk || !p->dv || !p->df ||
-        !p->dbeta || !p->dA_log || !p->ddt_bias)
+    // the backward's own needs first (ws itself, every gradient output), then the common checks
+    if (!p || !p->ws || !p->dq || !p->dk || !p->dv || !p->df || !p->dbeta || !p->dA_log || !p->ddt_bias)
         return cudaErrorInvalidValue;
-    if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v) % 16) return cudaErrorMisalignedAddress;
-    KWs w = kda_ws_layout(p, p->ws, 1);
-    cudaError_t e = kda_offsets(p, w);
+    cudaError_t e = kda_check_params(p);
     if (e != cudaSuccess) return e;
+    KWs w = kda_ws_layout(p, p->ws, 1);
+    if ((e = kda_offsets(p, w)) != cudaSuccess) return e;
     if (p->N == 0) {
         if ((e = cudaMemsetAsync(p->dA_log, 0, p->H * sizeof(float), p->stream)) != cudaSuccess) return e;
         return cudaMemsetAsync(p->ddt_bias, 0, (size_t)p->H * p->K * sizeof(float), p->stream);

@@ -271,6 +271,9 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward);
 KSeq kda_seq(const kda_params *p, const KWs &w);
 cudaError_t kda_offsets(const kda_params *p, const KWs &w);
 int kda_num_sms(void);
+// the parameters every entry point needs (kda_fwd.cu): cudaErrorInvalidValue for a shape, gate or
+// workspace the kernels do not take, cudaErrorMisalignedAddress for q, k or v not 16-byte aligned
+cudaError_t kda_check_params(const kda_params *p);
 // pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
 int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
 // time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan

@@ -718,7 +718,7 @@ cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
 // ---------------------------------------------------------------------------------------
 // host side
 
-static cudaError_t check_params(const kda_params *p) {
+cudaError_t kda_check_params(const kda_params *p) {
     if (!p || p->N < 0 || p->T < 0 || p->H <= 0) return cudaErrorInvalidValue;
     if (!((p->K == 64 || p->K == 128) && (p->V == 64 || p->V == 128))) return cudaErrorInvalidValue;
     if (p->gate_mode != 0 && p->gate_mode != 1) return cudaErrorInvalidValue;
@@ -935,7 +935,7 @@ cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ck
 }
 
 extern "C" cudaError_t kda_fwd_prep(const kda_params *p) {
-    cudaError_t e = check_params(p);
+    cudaError_t e = kda_check_params(p);
     if (e != cudaSuccess) return e;
     KWs w = kda_ws_layout(p, p->ws, 0);
     if ((e = kda_offsets(p, w)) != cudaSuccess) return e;
@@ -943,7 +943,7 @@ extern "C" cudaError_t kda_fwd_prep(const kda_params *p) {
 }
 
 extern "C" cudaError_t kda_fwd_scan(const kda_params *p) {
-    cudaError_t e = check_params(p);
+    cudaError_t e = kda_check_params(p);
     if (e != cudaSuccess) return e;
     KWs w = kda_ws_layout(p, p->ws, 0);
     return kda_launch_scan(p, w, true, p->save != 0);
