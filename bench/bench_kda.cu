@@ -39,6 +39,14 @@ __global__ void scale_in_place(float4 *x, size_t n4, float a) {
         x[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
     }
 }
+// the out-of-place floor: read one pool, write another (as a ping-pong decode does)
+__global__ void scale_copy(const float4 *x, float4 *y, size_t n4, float a) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n4) {
+        float4 v = x[i];
+        y[i] = make_float4(v.x * a, v.y * a, v.z * a, v.w * a);
+    }
+}
 __global__ void fill_f32(float *x, size_t n, uint32_t seed, float sd, float mean) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = mean + sd * hnorm(i, seed);
@@ -53,6 +61,27 @@ static double median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     size_t n = v.size();
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+// steady state: events around n back-to-back calls (as a decode loop issues them), median / n
+template <typename F> static double time_ms_n(F fn, int warm, int reps, int n) {
+    cudaEvent_t a, b;
+    CU(cudaEventCreate(&a));
+    CU(cudaEventCreate(&b));
+    for (int i = 0; i < warm; i++) fn();
+    CU(cudaDeviceSynchronize());
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        CU(cudaEventRecord(a));
+        for (int j = 0; j < n; j++) fn();
+        CU(cudaEventRecord(b));
+        CU(cudaEventSynchronize(b));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms / n);
+    }
+    CU(cudaEventDestroy(a));
+    CU(cudaEventDestroy(b));
+    return median(t);
 }
 template <typename F> static double time_ms(F fn, int warm, int reps) {
     cudaEvent_t a, b;
@@ -251,7 +280,7 @@ int main(int argc, char **argv) {
     {   // decode: 64 sequences × 32 heads, 128×128 fp32 states in a pool of 64 slots (reversed order)
         int B = 64, H = 32;
         size_t nst = (size_t)B * H * K * V;
-        float *st = dalloc<float>(nst), *A = dalloc<float>(H), *db = dalloc<float>((size_t)H * K);
+        float *st = dalloc<float>(nst), *st2 = dalloc<float>(nst), *A = dalloc<float>(H), *db = dalloc<float>((size_t)H * K);
         bf16 *q = dalloc<bf16>((size_t)B * H * K), *k = dalloc<bf16>((size_t)B * H * K), *f = dalloc<bf16>((size_t)B * H * K);
         bf16 *v = dalloc<bf16>((size_t)B * H * V), *bl = dalloc<bf16>((size_t)B * H), *o = dalloc<bf16>((size_t)B * H * V);
         int *slots = dalloc<int>(B);
@@ -275,6 +304,15 @@ int main(int argc, char **argv) {
             printf("decode floor: the pool read and written in place %8.1f us  (%.0f GB/s)\n", ms * 1e3,
                    2.0 * nst * sizeof(float) / (ms * 1e6));
             printf("RESULT decode.floor.us %.2f\n", ms * 1e3);
+            ms = time_ms([&] { scale_copy<<<(unsigned)((n4 + 255) / 256), 256>>>((const float4 *)st, (float4 *)st2, n4, 1.0f); },
+                         10, 200);
+            printf("decode floor: one pool read, another written %8.1f us  (%.0f GB/s)\n", ms * 1e3,
+                   2.0 * nst * sizeof(float) / (ms * 1e6));
+            printf("RESULT decode.floor_copy.us %.2f\n", ms * 1e3);
+            ms = time_ms([&] { CU(cudaMemcpyAsync(st2, st, nst * sizeof(float), cudaMemcpyDeviceToDevice, 0)); }, 10, 200);
+            printf("decode floor: cudaMemcpyAsync of the pool %8.1f us  (%.0f GB/s)\n", ms * 1e3,
+                   2.0 * nst * sizeof(float) / (ms * 1e6));
+            printf("RESULT decode.floor_memcpy.us %.2f\n", ms * 1e3);
         }
         const char *kern[] = {"1", "2", "4"};   // KDA_DECODE_SPLIT: blocks per item
         for (int ki = 0; ki < 3; ki++)
@@ -289,6 +327,40 @@ int main(int argc, char **argv) {
                 printf("RESULT decode.split%s.%s.us %.2f\n", kern[ki], gate ? "unbounded" : "bounded", ms * 1e3);
             }
         unsetenv("KDA_DECODE_SPLIT");
+        // out of place (kda_decode_to; two pools, alternating each step), the default split
+        for (int gate = 0; gate < 2; gate++) {
+            int par = 0;
+            double ms = time_ms([&] {
+                float *src = par ? st2 : st, *dst = par ? st : st2;
+                par ^= 1;
+                CU(kda_decode_to(B, H, K, V, gate, -5.f, 1.f / sqrtf((float)K), q, k, v, f, bl, A, db, src, slots, dst,
+                                 slots, o, 0));
+            }, dwarm, dreps);
+            printf("decode 64x32 K=V=128 out of place (two pools) %-9s %8.1f us  (%.0f GB/s state traffic)\n",
+                   gate ? "unbounded" : "bounded", ms * 1e3, 2.0 * nst * sizeof(float) / (ms * 1e6));
+            printf("RESULT decode.pingpong.%s.us %.2f\n", gate ? "unbounded" : "bounded", ms * 1e3);
+        }
+        {   // steady state: 20 back-to-back steps between two events
+            size_t n4 = nst / 4;
+            double fl = time_ms_n([&] { scale_in_place<<<(unsigned)((n4 + 255) / 256), 256>>>((float4 *)st, n4, 1.0f); },
+                                  10, 50, 20);
+            double fc = time_ms_n([&] { scale_copy<<<(unsigned)((n4 + 255) / 256), 256>>>((const float4 *)st, (float4 *)st2, n4, 1.0f); },
+                                  10, 50, 20);
+            double di = time_ms_n([&] {
+                CU(kda_decode(B, H, K, V, 0, -5.f, 1.f / sqrtf((float)K), q, k, v, f, bl, A, db, st, slots, o, 0));
+            }, 10, 50, 20);
+            int par = 0;
+            double dp = time_ms_n([&] {
+                float *src = par ? st2 : st, *dst = par ? st : st2;
+                par ^= 1;
+                CU(kda_decode_to(B, H, K, V, 0, -5.f, 1.f / sqrtf((float)K), q, k, v, f, bl, A, db, src, slots, dst,
+                                 slots, o, 0));
+            }, 10, 50, 20);
+            printf("decode steady state (20 back-to-back steps per event pair): floor in place %.1f us, floor copy %.1f us, "
+                   "decode in place %.1f us (%.0f GB/s), ping-pong %.1f us (%.0f GB/s)\n", fl * 1e3, fc * 1e3, di * 1e3,
+                   2.0 * nst * sizeof(float) / (di * 1e6), dp * 1e3, 2.0 * nst * sizeof(float) / (dp * 1e6));
+            printf("RESULT decode.steady.inplace.us %.2f\nRESULT decode.steady.pingpong.us %.2f\n", di * 1e3, dp * 1e3);
+        }
         {   // short-conv decode of q, k, v (C = 3·32·128) for the same 64 sequences
             int C = 3 * H * K, W = 4;
             bf16 *x = dalloc<bf16>((size_t)B * C), *y = dalloc<bf16>((size_t)B * C), *cache = dalloc<bf16>((size_t)B * (W - 1) * C);

@@ -75,6 +75,14 @@ cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, float lb, floa
                        const __nv_bfloat16 *f, const __nv_bfloat16 *beta, const float *A_log,
                        const float *dt_bias, float *state, const int *slots, __nv_bfloat16 *o,
                        cudaStream_t stream);
+// The same step out of place: reads slot slots_in[b] of state_in, writes slot slots_out[b] of
+// state_out (either slots array NULL: b). state_out may equal state_in with equal slots (the
+// in-place kda_decode); otherwise the read and written states must not overlap.
+cudaError_t kda_decode_to(int B, int H, int K, int V, int gate_mode, float lb, float scale,
+                          const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                          const __nv_bfloat16 *f, const __nv_bfloat16 *beta, const float *A_log,
+                          const float *dt_bias, const float *state_in, const int *slots_in, float *state_out,
+                          const int *slots_out, __nv_bfloat16 *o, cudaStream_t stream);
 // Short-conv decode step (width W ≤ 8, no bias, SiLU) for B sequences of C channels:
 // x [B,C] pre-conv input, w [C,W] fp32 (w[c][W-1] multiplies x), cache [n_slots,W-1,C]
 // holding the W-1 previous inputs of slot slots[b] (b when NULL), rolled in place;

@@ -261,16 +261,8 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
         float vp[2][4];
         scan_vprime<K, SPLIT>(s, bW, bU, ldv, v0, lane, vp);
         bf16 *Si = sS + (size_t)i * K * ldv, *Vi = sVp + (size_t)i * 16 * ldv;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                Vi[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(vp[nt][e]);
-#pragma unroll
-        for (int nt = 0; nt < K / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                Si[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(s[nt][e]);
+        store_acc_rows<2>(Vi, ldv, v0, vp, lane);
+        store_acc_rows<K / 8>(Si, ldv, v0, s, lane);
         uint32_t av[4];
         tok_afrag(vp, av, 1.f);
         scan_update<K>(s, av, bK, bg, lane);
@@ -280,7 +272,6 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     // backwards through the segment
     float (*ds)[4] = s;   // reuse the registers
     frag_load_vk<K>(ds, a.dckpt + ckoff, v0, lane);
-    int CPW = K / NW, cw0 = CPW * warp;
     for (int i = nsg - 1; i >= 0; i--) {
         int c = cf + i, len = min(16, len_n - 16 * c);
         size_t hc = (size_t)h * a.NC + gcf + i;
@@ -304,55 +295,50 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-#pragma unroll
-        for (int nt = 0; nt < K / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sdS[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(ds[nt][e]);
+        store_acc_rows<K / 8>(sdS, ldv, v0, ds, lane);
         float dvp[2][4];
         uint32_t aO[4];
         rscan_dvp<K, SPLIT>(ds, sdO, ldv, v0, sM, sKrT, lane, dvp, aO);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                sdVp[(8 * nt + 2 * t + (e & 1)) * ldv + v0 + g + 8 * (e >> 1)] = __float2bfloat16(dvp[nt][e]);
+        store_acc_rows<2>(sdVp, ldv, v0, dvp, lane);
         rscan_update<K>(ds, dvp, aO, sQg, sW, sgl, lane);
         __syncthreads();
 
         const bf16 *Si = sS + (size_t)i * K * ldv, *Vi = sVp + (size_t)i * 16 * ldv;
-        for (int n8 = 0; n8 < CPW / 8; n8++) {
-            int n0 = cw0 + 8 * n8;
-            float aq[4] = {}, aw[4] = {}, ak[4] = {};
+        // per group of 16 channels n0 .. n0 + 15 (warps take groups in turn): dQg, dWg, dKr, and
+        // dgl[ch] = Σ_v S[ch][v]·dS'[ch][v] as the diagonal of S·dS'ᵀ over the group (one more
+        // tensor-core product per step instead of a scalar loop over V)
+        for (int grp = warp; grp < K / 16; grp += NW) {
+            int n0 = 16 * grp;
+            float aq[2][4] = {}, aw[2][4] = {}, ak[2][4] = {}, ag[2][4] = {};
             for (int j = 0; j < V / 16; j++) {
-                uint32_t fO[4], fD[4], fV[4], bS[2], bD[2];
-                lda_row(fO, sdO, ldv, 16 * j, lane);
-                lda_row(fD, sdVp, ldv, 16 * j, lane);
-                lda_row(fV, Vi, ldv, 16 * j, lane);
-                ldb_nk(bS, Si, ldv, n0, 16 * j, lane);
-                ldb_nk(bD, sdS, ldv, n0, 16 * j, lane);
-                mma16816(aq, fO, bS);
-                mma16816(aw, fD, bS);
-                mma16816(ak, fV, bD);
+                uint32_t fO[4], fD[4], fV[4], fS[4], bS[4], bD[4];
+                lda_row_sm(fO, sdO, ldv, 16 * j, lane);
+                lda_row_sm(fD, sdVp, ldv, 16 * j, lane);
+                lda_row_sm(fV, Vi, ldv, 16 * j, lane);
+                lda_row_sm(fS, Si + n0 * ldv, ldv, 16 * j, lane);
+                ldb_nk2_sm(bS, Si, ldv, n0, 16 * j, lane);
+                ldb_nk2_sm(bD, sdS, ldv, n0, 16 * j, lane);
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    mma16816(aq[h2], fO, bS + 2 * h2);
+                    mma16816(aw[h2], fD, bS + 2 * h2);
+                    mma16816(ak[h2], fV, bD + 2 * h2);
+                    mma16816(ag[h2], fS, bD + 2 * h2);
+                }
             }
-            size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 2 * t, o1 = o0 + 8 * K;
-            *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[0], aq[1]);
-            *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[2], aq[3]);
-            *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[0], -aw[1]);
-            *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[2], -aw[3]);
-            *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[0], ak[1]);
-            *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[2], ak[3]);
-        }
-        {   // dgl[ch] = Σ_v S[ch][v]·dS'[ch][v]
-            int lpc = 32 / CPW, ch = cw0 + lane % CPW, part = lane / CPW;
-            float sum = 0.f;
-            for (int v = 2 * part; v < V; v += 2 * lpc) {
-                float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Si + ch * ldv + v));
-                float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(sdS + ch * ldv + v));
-                sum = fmaf(x.x, y.x, fmaf(x.y, y.y, sum));
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
+                *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
+                *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
+                *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
+                *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
+                *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
+                *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
+                // S·dS'ᵀ of tile h2: rows n0 + g (+8), columns n0 + 8·h2 + 2t (+1); the diagonal
+                // is row 8·h2 + g = column 8·h2 + 2t + (e & 1), i.e. e = 2·h2 + (g & 1), g >> 1 == t
+                if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = ag[h2][2 * h2 + (g & 1)];
             }
-            for (int o = CPW; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (part == 0) a.dgl[hc * K + ch] = sum;
         }
         if (warp == NW - 1) {   // dM = dO V'ᵀ (inclusive lower triangle)
 #pragma unroll

@@ -98,6 +98,37 @@ __device__ __forceinline__ void ldb_kn(uint32_t b[2], const bf16 *B, int ld, int
     b[1] = pack_raw(p[8 * ld], p[9 * ld]);
 }
 
+// ldmatrix / stmatrix (shared memory; every row address 16-byte aligned)
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+// lda_row by one ldmatrix: lanes 0–7 / 8–15 give rows 0–7 / 8–15 at k0, lanes 16–31 the same at k0 + 8
+__device__ __forceinline__ void lda_row_sm(uint32_t a[4], const bf16 *A, int ld, int k0, int lane) {
+    ldsm_x4(a, A + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + k0 + 8 * (lane >> 4));
+}
+// ldb_nk for two n-tiles (n0 and n0 + 8) by one ldmatrix: b[0..1] of n0, b[2..3] of n0 + 8
+__device__ __forceinline__ void ldb_nk2_sm(uint32_t b[4], const bf16 *Bt, int ld, int n0, int k0, int lane) {
+    ldsm_x4(b, Bt + (n0 + (lane & 7) + 8 * (lane >> 4)) * ld + k0 + 8 * ((lane >> 3) & 1));
+}
+// An fp32 accumulator Xᵀ [m = v0 + 0..15][n = 0..8·NT−1] (m16n8 fragments f[NT][4]) rounded to
+// bf16 and stored as rows X[n][v0 .. v0 + 15] (row stride ld): four 8×8 tiles per stmatrix.trans,
+// instead of a 2-byte store per element (adjacent elements of a fragment sit in adjacent rows)
+template <int NT>
+__device__ __forceinline__ void store_acc_rows(bf16 *X, int ld, int v0, const float (*f)[4], int lane) {
+    static_assert(NT % 2 == 0, "n-tiles go in pairs");
+    const int j = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2) {
+        unsigned s = (unsigned)__cvta_generic_to_shared(X + (8 * (nt + (j >> 1)) + r) * ld + v0 + 8 * (j & 1));
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(s),
+                     "r"(pack_bf16(f[nt][0], f[nt][1])), "r"(pack_bf16(f[nt][2], f[nt][3])),
+                     "r"(pack_bf16(f[nt + 1][0], f[nt + 1][1])), "r"(pack_bf16(f[nt + 1][2], f[nt + 1][3]))
+                     : "memory");
+    }
+}
+
 // fp32 operands as bf16 hi + lo (x = hi + lo to ~16 bits); mma3: C += Ah·Bh + Ah·Bl + Al·Bh
 __device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t bh[2],
                                      const uint32_t bl[2]) {

@@ -14,6 +14,11 @@
 // VT = 32 79.2 µs; ~71% of DRAM peak. A persistent kernel with the states streamed through
 // a shared-memory ring by the bulk-copy engine (one block per SM, with plain or bulk
 // stores) was slower: 77.7 / 73.8 µs — its eight warps per SM waited at barriers.
+// Session 11 (bench_kda --decode, CUDA events): out of place (kda_decode_to into a second pool)
+// 73.6 µs per call, 70.3 µs per step back to back, against 75.8 / 71.6 in place; a copy-only
+// kernel does 69.1 / 65.6 (in place 77.3 / 66.3). Not the kernel's win: a warp per 16 columns
+// with no block barriers (74.9), launch bounds for 4 or 6 blocks per SM (75.6 / 133 µs, spills)
+// and streaming (.cs) loads and stores (±0.5 µs) were no faster.
 #include "kda_common.cuh"
 #include <stdlib.h>
 
@@ -25,8 +30,9 @@ struct DecArgs {
     float lb, scale;
     const bf16 *q, *k, *v, *f, *beta;
     const float *A_log, *dt_bias;
-    float *state;
-    const int *slots;
+    const float *state_in;   // may equal state_out (in place)
+    float *state_out;
+    const int *slots_in, *slots_out;
     bf16 *o;
 };
 
@@ -44,13 +50,16 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
     const int item = blockIdx.x / (V / VT), c0 = (blockIdx.x % (V / VT)) * VT;
     const int b = item / a.H, h = item % a.H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int cg = tid % VG, rg = tid / VG;
-    const int slot = a.slots ? a.slots[b] : b;
-    float *S = a.state + ((size_t)slot * a.H + h) * K * V + c0;   // row stride V
+    const int sin = a.slots_in ? a.slots_in[b] : b, sout = a.slots_out ? a.slots_out[b] : b;
+    const float *Si = a.state_in + ((size_t)sin * a.H + h) * K * V + c0;   // row stride V
+    float *So = a.state_out + ((size_t)sout * a.H + h) * K * V + c0;
     const size_t bh = (size_t)item;
 
     float4 x[KR];
 #pragma unroll
-    for (int i = 0; i < KR; i++) x[i] = *reinterpret_cast<const float4 *>(S + (size_t)(rg * KR + i) * V + 4 * cg);
+    for (int i = 0; i < KR; i++) {
+        x[i] = *reinterpret_cast<const float4 *>(Si + (size_t)(rg * KR + i) * V + 4 * cg);
+    }
     const float vt = tid < VT ? bf(a.v[bh * V + c0 + tid]) : 0.f;
 
     float q2 = 0.f, k2 = 0.f;
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
         oo.x = fmaf(qn, x[i].x, oo.x); oo.y = fmaf(qn, x[i].y, oo.y);
         oo.z = fmaf(qn, x[i].z, oo.z); oo.w = fmaf(qn, x[i].w, oo.w);
         // one 16-byte store: written as a plain float4 assignment it became four (and 1.6× slower)
-        __stwb(reinterpret_cast<float4 *>(S + (size_t)kk * V + 4 * cg), x[i]);
+        __stwb(reinterpret_cast<float4 *>(So + (size_t)kk * V + 4 * cg), x[i]);
     }
     *reinterpret_cast<float4 *>(&sm.red[rg][4 * cg]) = oo;   // every read of red above precedes the last barrier
     __syncthreads();
@@ -142,20 +151,28 @@ static cudaError_t launch_decode(const DecArgs &a, int B, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
-                                  const bf16 *k, const bf16 *v, const bf16 *f, const bf16 *beta, const float *A_log,
-                                  const float *dt_bias, float *state, const int *slots, bf16 *o, cudaStream_t stream) {
-    if (B < 0 || H <= 0 || (gate_mode != 0 && gate_mode != 1)) return cudaErrorInvalidValue;
+extern "C" cudaError_t kda_decode_to(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
+                                     const bf16 *k, const bf16 *v, const bf16 *f, const bf16 *beta, const float *A_log,
+                                     const float *dt_bias, const float *state_in, const int *slots_in, float *state_out,
+                                     const int *slots_out, bf16 *o, cudaStream_t stream) {
+    if (B < 0 || H <= 0 || (gate_mode != 0 && gate_mode != 1) || !state_in || !state_out) return cudaErrorInvalidValue;
     if (B == 0) return cudaSuccess;
     DecArgs a;
     a.H = H; a.gate_mode = gate_mode; a.lb = lb; a.scale = scale;
     a.q = q; a.k = k; a.v = v; a.f = f; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias;
-    a.state = state; a.slots = slots; a.o = o;
+    a.state_in = state_in; a.state_out = state_out; a.slots_in = slots_in; a.slots_out = slots_out; a.o = o;
     if (K == 128 && V == 128) return launch_decode<128, 128>(a, B, stream);
     if (K == 64 && V == 64) return launch_decode<64, 64>(a, B, stream);
     if (K == 128 && V == 64) return launch_decode<128, 64>(a, B, stream);
     if (K == 64 && V == 128) return launch_decode<64, 128>(a, B, stream);
     return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
+                                  const bf16 *k, const bf16 *v, const bf16 *f, const bf16 *beta, const float *A_log,
+                                  const float *dt_bias, float *state, const int *slots, bf16 *o, cudaStream_t stream) {
+    return kda_decode_to(B, H, K, V, gate_mode, lb, scale, q, k, v, f, beta, A_log, dt_bias, state, slots, state, slots,
+                         o, stream);
 }
 
 // one thread per (sequence, channel): reads its W-1 cached inputs, writes the rolled cache

@@ -54,6 +54,8 @@ static double rel_rms(const float *a, const float *b, size_t n) {
     if (den == 0) return num == 0 ? 0 : INFINITY;
     return sqrt(num / den);
 }
+// the larger of two errors, NaN if either is (fmax would drop a NaN)
+static double worst(double a, double b) { return (a != a || a > b) ? a : b; }
 static double max_abs(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) {
@@ -280,8 +282,8 @@ static void test_saved_and_determinism(const Prob &P) {
     std::vector<float> a2 = down_bf16(D.dk), b2 = down_f32(D.ddb), c2 = down_f32(D.dS0), d2 = down_bf16(D.df);
     char s[200], w[300];
     desc(s, sizeof s, P, "bwd");
-    double m = fmax(fmax(max_abs(a1.data(), a2.data(), a1.size()), max_abs(b1.data(), b2.data(), b1.size())),
-                    fmax(max_abs(c1.data(), c2.data(), c1.size()), max_abs(d1.data(), d2.data(), d1.size())));
+    double m = worst(worst(max_abs(a1.data(), a2.data(), a1.size()), max_abs(b1.data(), b2.data(), b1.size())),
+                    worst(max_abs(c1.data(), c2.data(), c1.size()), max_abs(d1.data(), d2.data(), d1.size())));
     snprintf(w, sizeof w, "%s: saved fwd == recompute, two runs (max abs)", s);
     check(w, m, 0);
     // the forward's part in a separate home (ws_fwd, kda_saved_size bytes), ws only the rest:
@@ -306,9 +308,9 @@ static void test_saved_and_determinism(const Prob &P) {
     CU(cudaDeviceSynchronize());
     std::vector<float> a3 = down_bf16(D.dk), b3 = down_f32(D.ddb), c3 = down_f32(D.dS0), d3 = down_bf16(D.df);
     std::vector<float> o3 = down_bf16(D.o);
-    m = fmax(fmax(max_abs(a1.data(), a3.data(), a1.size()), max_abs(b1.data(), b3.data(), b1.size())),
-             fmax(max_abs(c1.data(), c3.data(), c1.size()), max_abs(d1.data(), d3.data(), d1.size())));
-    m = fmax(m, max_abs(o1.data(), o3.data(), o1.size()));
+    m = worst(worst(max_abs(a1.data(), a3.data(), a1.size()), max_abs(b1.data(), b3.data(), b1.size())),
+             worst(max_abs(c1.data(), c3.data(), c1.size()), max_abs(d1.data(), d3.data(), d1.size())));
+    m = worst(m, max_abs(o1.data(), o3.data(), o1.size()));
     snprintf(w, sizeof w, "%s: separate saved home == shared workspace (max abs)", s);
     check(w, m, 0);
 }
@@ -355,12 +357,35 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
         for (int b = 0; b < B; b++) u |= slots[b] == s;
         const float *x = pg.data() + (size_t)s * H * KV, *y = pref.data() + (size_t)s * H * KV;
         if (u) { used.insert(used.end(), x, x + H * KV); usedr.insert(usedr.end(), y, y + H * KV); }
-        else untouched = fmax(untouched, max_abs(x, y, H * KV));
+        else untouched = worst(untouched, max_abs(x, y, H * KV));
     }
     snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d H=%d K=%d V=%d %s: states", kern, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
     check(w, rel_rms(used.data(), usedr.data(), used.size()), 5e-3);
     snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: untouched slots (max abs)", kern, B, nslots);
     check(w, untouched, 0);
+
+    // out of place from the original pool into a second one, slots written in reverse order:
+    // the same states and outputs as in place (same arithmetic, bit for bit), the source unchanged
+    dbuf<float> src, dst;
+    up_f32(src, pool);
+    dst.alloc(npool);
+    std::vector<int> rev(slots.rbegin(), slots.rend());
+    dbuf<int> sl2; sl2.alloc(B);
+    CU(cudaMemcpy(sl2.p, rev.data(), B * sizeof(int), cudaMemcpyHostToDevice));
+    D.o.poison();
+    CU(kda_decode_to(B, H, K, V, gate, P.lb, P.scale, D.q.p, D.k.p, D.v.p, D.f.p, D.bl.p, D.A.p, D.db.p, src.p, sl.p,
+                     dst.p, sl2.p, D.o.p, 0));
+    CU(cudaDeviceSynchronize());
+    std::vector<float> o2 = down_bf16(D.o), s2 = down_f32(src), d2 = down_f32(dst);
+    double m = max_abs(o.data(), o2.data(), o.size());
+    for (int b = 0; b < B; b++) {
+        double e = max_abs(pg.data() + (size_t)slots[b] * H * KV, d2.data() + (size_t)rev[b] * H * KV, H * KV);
+        if (!(e <= m)) m = e;   // NaN propagates
+    }
+    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: out of place == in place (max abs)", kern, B, nslots);
+    check(w, m, 0);
+    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: out of place leaves the source (max abs)", kern, B, nslots);
+    check(w, max_abs(s2.data(), pool.data(), npool), 0);
 }
 
 // chunked prefill of T tokens then one decode step equals a one-shot forward of T+1
@@ -474,10 +499,10 @@ static void test_ops(int B, int T, int H, int K, int gate) {
             g->to_host(hy.data(), y, n * 4);
             return max_abs(hx.data(), hy.data(), n);
         };
-        double m = fmax(fmax(diff(a.dq, s.dq, nqk), diff(a.dk, s.dk, nqk)), diff(a.df, s.df, nqk));
-        m = fmax(m, fmax(diff(a.dv, s.dv, nv), diff(a.o, s.o, nv)));
-        m = fmax(m, fmax(diff(a.ddt_bias, s.ddt_bias, (size_t)H * K), diff(a.dS0, s.dS0, ns)));
-        m = fmax(m, fmax(diff(a.dbeta_logit, s.dbeta_logit, nb), diff(a.dA_log, s.dA_log, H)));
+        double m = worst(worst(diff(a.dq, s.dq, nqk), diff(a.dk, s.dk, nqk)), diff(a.df, s.df, nqk));
+        m = worst(m, worst(diff(a.dv, s.dv, nv), diff(a.o, s.o, nv)));
+        m = worst(m, worst(diff(a.ddt_bias, s.ddt_bias, (size_t)H * K), diff(a.dS0, s.dS0, ns)));
+        m = worst(m, worst(diff(a.dbeta_logit, s.dbeta_logit, nb), diff(a.dA_log, s.dA_log, H)));
         char w[200];
         snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: saved == recompute (%zu B)", B, T, H, K,
                  gate ? "unbounded" : "bounded", sb);
