@@ -104,6 +104,19 @@ __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
 }
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+// lda_trans by one ldmatrix.trans: tile j = lane >> 3 covers k0 + 8·(j >> 1), m0 + 8·(j & 1)
+__device__ __forceinline__ void lda_trans_sm(uint32_t a[4], const bf16 *X, int ld, int m0, int k0, int lane) {
+    ldsm_x4_t(a, X + (k0 + (lane & 7) + 8 * (lane >> 4)) * ld + m0 + 8 * ((lane >> 3) & 1));
+}
+// ldb_kn for two n-tiles (n0 and n0 + 8) by one ldmatrix.trans: b[0..1] of n0, b[2..3] of n0 + 8
+__device__ __forceinline__ void ldb_kn2_sm(uint32_t b[4], const bf16 *B, int ld, int n0, int k0, int lane) {
+    ldsm_x4_t(b, B + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * ld + n0 + 8 * (lane >> 4));
+}
 // lda_row by one ldmatrix: lanes 0–7 / 8–15 give rows 0–7 / 8–15 at k0, lanes 16–31 the same at k0 + 8
 __device__ __forceinline__ void lda_row_sm(uint32_t a[4], const bf16 *A, int ld, int k0, int lane) {
     ldsm_x4(a, A + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + k0 + 8 * (lane >> 4));

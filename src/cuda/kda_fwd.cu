@@ -614,12 +614,7 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
                 int g = lane >> 2, t = lane & 3;
                 if (KS == 1) {
                     scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            sO[(16 * j + 8 * nt + 2 * t + (e & 1)) * (VB + 8) + 16 * vs + g + 8 * (e >> 1)] =
-                                __float2bfloat16(o[nt][e]);
+                    store_acc_rows<2>(sO + 16 * j * (VB + 8), VB + 8, 16 * vs, o, lane);
                 } else {
                     scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, ks == 0, KDA_LDK(K));   // M's term once per slice
                     float *op = sOp + (size_t)ks * 16 * G * (VB + 4);

@@ -18,6 +18,8 @@
 //   dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W (rscan_update)
 // SPLIT: the fp32 state enters the products as bf16 hi + lo (two products), ~16 mantissa
 // bits instead of 8, for the products whose result is a small difference (V' = U − W S).
+// Tiles come from shared memory by ldmatrix (two 8-wide n-tiles or one A fragment per
+// instruction; .trans for the [k][n] tiles), so every tile and row stride is 16-byte aligned.
 #ifndef LM_CUDA_KDA_SCAN_CUH
 #define LM_CUDA_KDA_SCAN_CUH
 #include "kda_common.cuh"
@@ -74,14 +76,14 @@ __device__ __forceinline__ void state_times_tile(const float (*s)[4], const bf16
     float part[3][2][4] = {};
 #pragma unroll
     for (int j = 0; j < K / 16; j++) {
-        uint32_t ah[4], al[4], b[2];
+        uint32_t ah[4], al[4], b[4];
         state_afrag<SPLIT>(s[2 * j], s[2 * j + 1], ah, al);
+        ldb_nk2_sm(b, X, ld, 0, 16 * j, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            ldb_nk(b, X, ld, 8 * nt, 16 * j, lane);
             float *c = (j & 3) ? part[(j & 3) - 1][nt] : acc[nt];
-            mma16816(c, ah, b);
-            if (SPLIT) mma16816(c, al, b);
+            mma16816(c, ah, b + 2 * nt);
+            if (SPLIT) mma16816(c, al, b + 2 * nt);
         }
     }
 #pragma unroll
@@ -101,14 +103,15 @@ __device__ __forceinline__ void state_times_tiles(const float (*s)[4], const bf1
         uint32_t ah[4], al[4];
         state_afrag<SPLIT>(s[2 * j], s[2 * j + 1], ah, al);
 #pragma unroll
-        for (int gi = 0; gi < G; gi++)
+        for (int gi = 0; gi < G; gi++) {
+            uint32_t b[4];
+            ldb_nk2_sm(b, X[gi], ld, 0, 16 * j, lane);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                uint32_t b[2];
-                ldb_nk(b, X[gi], ld, 8 * nt, 16 * j, lane);
-                mma16816(acc[gi][nt], ah, b);
-                if (SPLIT) mma16816(acc[gi][nt], al, b);
+                mma16816(acc[gi][nt], ah, b + 2 * nt);
+                if (SPLIT) mma16816(acc[gi][nt], al, b + 2 * nt);
             }
+        }
     }
 }
 
@@ -119,14 +122,17 @@ __device__ __forceinline__ void state_times_tiles(const float (*s)[4], const bf1
 // the one-warp-per-slice scan 28% slower (H200, B1·T8192·H96, session 8)
 __device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
                                             float vp[2][4], bool zero_u = false) {
-    int g = lane >> 2, t = lane & 3;
+    // U's tile [16 tokens][16 values] by one ldmatrix.trans: word 2·nt + h holds tokens
+    // 8nt + 2t, +1 of value vl0 + 8h + g, i.e. elements e = 2h, 2h + 1 of n-tile nt
+    uint32_t u[4];
+    ldsm_x4_t(u, sU + (8 * (lane >> 4) + (lane & 7)) * ldu + vl0 + 8 * ((lane >> 3) & 1));
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int tok = 8 * nt + 2 * t + (e & 1), vl = vl0 + g + 8 * (e >> 1);
-            const float u = bf(sU[tok * ldu + vl]);
-            vp[nt][e] = (zero_u ? 0.f : u) - p[nt][e];
+            const uint32_t w = u[2 * nt + (e >> 1)];
+            const float uv = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+            vp[nt][e] = (zero_u ? 0.f : uv) - p[nt][e];
         }
 }
 
@@ -157,13 +163,13 @@ __device__ __forceinline__ void scan_out(const float (*s)[4], const bf16 *sQg, c
         for (int e = 0; e < 4; e++) o[nt][e] = 0.f;
     state_times_tile<K, SPLIT>(s, sQg, lane, o, ld);
     if (!with_m) return;
+    uint32_t bh[4], bl[4];
+    ldb_nk2_sm(bh, sM, KDA_LD16, 0, 0, lane);
+    ldb_nk2_sm(bl, sM + 16 * KDA_LD16, KDA_LD16, 0, 0, lane);
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
-        uint32_t b[2];
-        ldb_nk(b, sM, KDA_LD16, 8 * nt, 0, lane);
-        mma16816(o[nt], av, b);
-        ldb_nk(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
-        mma16816(o[nt], av, b);
+        mma16816(o[nt], av, bh + 2 * nt);
+        mma16816(o[nt], av, bl + 2 * nt);
     }
 }
 
@@ -173,12 +179,15 @@ __device__ __forceinline__ void scan_update(float (*s)[4], const uint32_t av[4],
                                             int lane) {
     int t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < K / 8; nt++) {
-        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
-        s[nt][0] *= g0; s[nt][1] *= g1; s[nt][2] *= g0; s[nt][3] *= g1;
-        uint32_t b[2];
-        ldb_nk(b, sKrT, KDA_LD16, 8 * nt, 0, lane);
-        mma16816(s[nt], av, b);
+    for (int nt = 0; nt < K / 8; nt += 2) {
+        uint32_t b[4];
+        ldb_nk2_sm(b, sKrT, KDA_LD16, 8 * nt, 0, lane);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float g0 = sgl[8 * (nt + u) + 2 * t], g1 = sgl[8 * (nt + u) + 2 * t + 1];
+            s[nt + u][0] *= g0; s[nt + u][1] *= g1; s[nt + u][2] *= g0; s[nt + u][3] *= g1;
+            mma16816(s[nt + u], av, b + 2 * u);
+        }
     }
 }
 
@@ -192,25 +201,27 @@ __device__ __forceinline__ void rscan_dvp(const float (*ds)[4], const bf16 *sdO,
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dvp[nt][e] = 0.f;
-    lda_trans(aO, sdO, ldo, vl0, 0, lane);
+    lda_trans_sm(aO, sdO, ldo, vl0, 0, lane);
+    {
+        uint32_t bh[4], bl[4];
+        ldb_kn2_sm(bh, sM, KDA_LD16, 0, 0, lane);
+        ldb_kn2_sm(bl, sM + 16 * KDA_LD16, KDA_LD16, 0, 0, lane);
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
-        uint32_t b[2];
-        ldb_kn(b, sM, KDA_LD16, 8 * nt, 0, lane);
-        mma16816(dvp[nt], aO, b);
-        ldb_kn(b, sM + 16 * KDA_LD16, KDA_LD16, 8 * nt, 0, lane);
-        mma16816(dvp[nt], aO, b);
+        for (int nt = 0; nt < 2; nt++) {
+            mma16816(dvp[nt], aO, bh + 2 * nt);
+            mma16816(dvp[nt], aO, bl + 2 * nt);
+        }
     }
 #pragma unroll
     for (int j = 0; j < K / 16; j++) {
-        uint32_t ah[4], al[4], b[2];
+        uint32_t ah[4], al[4], b[4];
         state_afrag<SPLIT>(ds[2 * j], ds[2 * j + 1], ah, al);
+        ldb_kn2_sm(b, sKrT, KDA_LD16, 0, 16 * j, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            ldb_kn(b, sKrT, KDA_LD16, 8 * nt, 16 * j, lane);
             float *c = (j & 1) ? odd[nt] : dvp[nt];
-            mma16816(c, ah, b);
-            if (SPLIT) mma16816(c, al, b);
+            mma16816(c, ah, b + 2 * nt);
+            if (SPLIT) mma16816(c, al, b + 2 * nt);
         }
     }
 #pragma unroll
@@ -226,12 +237,15 @@ __device__ __forceinline__ void rscan_decay_out(float (*ds)[4], const uint32_t a
                                                 int lane) {
     int t = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < K / 8; nt++) {
-        float g0 = sgl[8 * nt + 2 * t], g1 = sgl[8 * nt + 2 * t + 1];
-        ds[nt][0] *= g0; ds[nt][1] *= g1; ds[nt][2] *= g0; ds[nt][3] *= g1;
-        uint32_t b[2];
-        ldb_kn(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
-        mma16816(ds[nt], aO, b);
+    for (int nt = 0; nt < K / 8; nt += 2) {
+        uint32_t b[4];
+        ldb_kn2_sm(b, sQg, KDA_LDK(K), 8 * nt, 0, lane);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float g0 = sgl[8 * (nt + u) + 2 * t], g1 = sgl[8 * (nt + u) + 2 * t + 1];
+            ds[nt + u][0] *= g0; ds[nt + u][1] *= g1; ds[nt + u][2] *= g0; ds[nt + u][3] *= g1;
+            mma16816(ds[nt + u], aO, b + 2 * u);
+        }
     }
 }
 // dSᵀ −= dV'ᵀ W
@@ -240,10 +254,11 @@ __device__ __forceinline__ void rscan_minus_w(float (*ds)[4], const float dvp[2]
     uint32_t am[4];
     tok_afrag(dvp, am, -1.f);
 #pragma unroll
-    for (int nt = 0; nt < K / 8; nt++) {
-        uint32_t b[2];
-        ldb_kn(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
+    for (int nt = 0; nt < K / 8; nt += 2) {
+        uint32_t b[4];
+        ldb_kn2_sm(b, sW, KDA_LDK(K), 8 * nt, 0, lane);
         mma16816(ds[nt], am, b);
+        mma16816(ds[nt + 1], am, b + 2);
     }
 }
 // dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W (per element in that order: the same arithmetic as
