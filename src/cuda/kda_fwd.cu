@@ -192,6 +192,7 @@ struct PrepSmem {
         // on the tensor cores)
         struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
         TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
+        struct { bf16 q[16][K], k[16][K], f[16][K], v[16][V]; } in;   // the chunk's rows, first
         struct { bf16 W[16][K + 8], U[16][V + 8], Qg[16][K + 8]; } out;   // output staging, after L and M
     } u;
 };
@@ -210,31 +211,54 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (PREP_THREADS / 32);
 
-    // every global load of the block first (16 rows per channel thread; 4 rows per warp)
+    // the chunk's rows of q, k, f, v into shared memory by 16-byte copies (rows past the end
+    // zero-filled), read from there by channel and by row: one copy per 16 bytes instead of a
+    // 2-byte load per element with its own 64-bit address
+    {
+        const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
+#pragma unroll
+        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
+            const int r = i / (K / 8), pc = i % (K / 8);
+            const bool ok = r < len;
+            const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
+            cp_async16(&S.u.in.q[r][pc * 8], a.q + off, ok ? 16 : 0);
+            cp_async16(&S.u.in.k[r][pc * 8], a.k + off, ok ? 16 : 0);
+            cp_async16(&S.u.in.f[r][pc * 8], a.f + off, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
+            const int r = i / (V / 8), pc = i % (V / 8);
+            const bool ok = r < len;
+            cp_async16(&S.u.in.v[r][pc * 8], a.v + (ok ? (row0 + r * rs) * V + pc * 8 : 0), ok ? 16 : 0);
+        }
+        cp_async_commit();
+    }
+    float rbl[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (PREP_THREADS / 32);
+        rbl[i] = r < len ? bf(a.beta[((size_t)t0 + r) * a.H + h]) : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
     const int cch = tid;
     float fr[16], qr[16], kr[16];
     if (cch < K) {
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
-            bool ok = r < len;
-            fr[r] = ok ? bf(a.f[idx]) : 0.f;
-            qr[r] = ok ? bf(a.q[idx]) : 0.f;
-            kr[r] = ok ? bf(a.k[idx]) : 0.f;
+            fr[r] = bf(S.u.in.f[r][cch]);
+            qr[r] = bf(S.u.in.q[r][cch]);
+            kr[r] = bf(S.u.in.k[r][cch]);
         }
     }
     // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
     uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2];
-    float rbl[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (PREP_THREADS / 32);
-        bool ok = r < len;
-        size_t row = (size_t)(t0 + r) * a.H + h;
-        ld_bf16x<CPL>(rqx[i], a.q + row * K + lane * CPL, ok);
-        ld_bf16x<CPL>(rkx[i], a.k + row * K + lane * CPL, ok);
-        ld_bf16x<VPL>(rvx[i], a.v + row * V + lane * VPL, ok);
-        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+        ld_bf16x<CPL>(rqx[i], &S.u.in.q[r][lane * CPL], true);
+        ld_bf16x<CPL>(rkx[i], &S.u.in.k[r][lane * CPL], true);
+        ld_bf16x<VPL>(rvx[i], &S.u.in.v[r][lane * VPL], true);
     }
     for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
         (&S.L[0][0])[e] = 0.f;
@@ -719,7 +743,7 @@ cudaError_t kda_check_params(const kda_params *p) {
     if (p->gate_mode != 0 && p->gate_mode != 1) return cudaErrorInvalidValue;
     if (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) return cudaErrorInvalidValue;
     if (!p->ws && !p->ws_fwd) return cudaErrorInvalidValue;
-    if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v) % 16) return cudaErrorMisalignedAddress;
+    if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->f) % 16) return cudaErrorMisalignedAddress;
     return cudaSuccess;
 }
 

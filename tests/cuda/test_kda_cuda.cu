@@ -539,7 +539,7 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     for (float *b : bufs) g->free(b);
 }
 
-// bad parameters are refused before any launch: a misaligned q, k or v (the chunk kernels load
+// bad parameters are refused before any launch: a misaligned q, k, v or f (the chunk kernels load
 // rows as vectors), K outside {64, 128}; the output buffer stays as it was
 static void test_bad_params() {
     Prob P;
@@ -554,6 +554,10 @@ static void test_bad_params() {
     check("bad params: misaligned q, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
     check("bad params: misaligned q, backward refused (error code)", kda_bwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
     p.q = q0;
+    const bf16 *f0 = p.f;
+    p.f = f0 + 4;   // 8 bytes off
+    check("bad params: misaligned f, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
+    p.f = f0;
     p.K = 96;
     check("bad params: K = 96 refused (error code)", kda_fwd(&p) == cudaErrorInvalidValue ? 0 : 1, 0);
     CU(cudaDeviceSynchronize());
