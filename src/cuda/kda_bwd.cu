@@ -457,36 +457,63 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     size_t hc = (size_t)h * a.NC + gc;
-    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (BWD_THREADS / 32);
+    constexpr int CPL = K / 32, RPW = 16 / (BWD_THREADS / 32);
     const float c0 = a.c0, p2c0 = ex2f_(a.c0);
 
-    // every global load first: 16 rows of this thread's channel; 4 rows per warp
-    const int cch = tid;
-    float fr[16], qx[16], kx[16], dWr[16];
-    if (cch < K) {
+    // every global load first, by 16-byte cp.async: the chunk's rows of q, k (staged in F0) and f
+    // (in F1), read from there by channel and by row before F0 and F1 are written; v and dU
+    // straight into their tiles; dW into F3 (rows past the end zero-filled, dU whole)
+    bf16 *stq = reinterpret_cast<bf16 *>(&S.F0[0][0]), *stk = stq + 16 * K, *stf = reinterpret_cast<bf16 *>(&S.F1[0][0]);
+    static_assert(2 * 16 * K * sizeof(bf16) <= sizeof(S.F0), "q and k rows fit in F0");
+    {
+        const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
 #pragma unroll
-        for (int r = 0; r < 16; r++) {
-            size_t idx = ((size_t)(t0 + r) * a.H + h) * K + cch;
-            bool ok = r < len;
-            fr[r] = ok ? bf(a.f[idx]) : 0.f;
-            qx[r] = ok ? bf(a.q[idx]) : 0.f;
-            kx[r] = ok ? bf(a.k[idx]) : 0.f;
-            dWr[r] = a.dWg[hc * 16 * K + r * K + cch];
+        for (int i = tid; i < 16 * K / 8; i += BWD_THREADS) {
+            const int r = i / (K / 8), pc = i % (K / 8);
+            const bool ok = r < len;
+            const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
+            cp_async16(stq + r * K + pc * 8, a.q + off, ok ? 16 : 0);
+            cp_async16(stk + r * K + pc * 8, a.k + off, ok ? 16 : 0);
+            cp_async16(stf + r * K + pc * 8, a.f + off, ok ? 16 : 0);
         }
+#pragma unroll
+        for (int i = tid; i < 16 * K / 4; i += BWD_THREADS) {
+            const int r = i / (K / 4), pc = i % (K / 4);
+            cp_async16(&S.F3[r][pc * 4], a.dWg + hc * 16 * K + r * K + pc * 4);
+        }
+#pragma unroll
+        for (int i = tid; i < 16 * V / 8; i += BWD_THREADS) {
+            const int r = i / (V / 8), pc = i % (V / 8);
+            const bool ok = r < len;
+            cp_async16(&S.v[r][pc * 8], a.v + (ok ? (row0 + r * rs) * V + pc * 8 : 0), ok ? 16 : 0);
+            cp_async16(&S.dU[r][pc * 8], a.dU + hc * 16 * V + (size_t)r * V + pc * 8);
+        }
+        cp_async_commit();
     }
-    // the rows' q, k, v, dU as packed bf16 pairs (one vector load per row and tensor)
-    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2], rdu[RPW][VPL / 2];
     float rbl[RPW];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (BWD_THREADS / 32);
-        bool ok = r < len;
-        size_t row = (size_t)(t0 + r) * a.H + h;
-        ld_bf16x<CPL>(rqx[i], a.q + row * K + lane * CPL, ok);
-        ld_bf16x<CPL>(rkx[i], a.k + row * K + lane * CPL, ok);
-        ld_bf16x<VPL>(rvx[i], a.v + row * V + lane * VPL, ok);
-        ld_bf16x<VPL>(rdu[i], a.dU + hc * 16 * V + (size_t)r * V + lane * VPL, true);
-        rbl[i] = ok ? bf(a.beta[row]) : 0.f;
+        rbl[i] = r < len ? bf(a.beta[((size_t)t0 + r) * a.H + h]) : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    const int cch = tid;
+    float fr[16], qx[16], kx[16];
+    if (cch < K) {
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            fr[r] = bf(stf[r * K + cch]);
+            qx[r] = bf(stq[r * K + cch]);
+            kx[r] = bf(stk[r * K + cch]);
+        }
+    }
+    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (BWD_THREADS / 32);
+        ld_bf16x<CPL>(rqx[i], stq + r * K + lane * CPL, true);
+        ld_bf16x<CPL>(rkx[i], stk + r * K + lane * CPL, true);
     }
     for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
         (&S.Lraw[0][0])[e] = 0.f;
@@ -511,11 +538,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         for (int o = 16; o > 0; o >>= 1) {
             sq += __shfl_xor_sync(0xffffffffu, sq, o);
             sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
-#pragma unroll
-        for (int e = 0; e < VPL / 2; e++) {   // VPL consecutive bf16: whole words
-            *reinterpret_cast<uint32_t *>(&S.v[r][lane * VPL + 2 * e]) = rvx[i][e];
-            *reinterpret_cast<uint32_t *>(&S.dU[r][lane * VPL + 2 * e]) = rdu[i][e];
         }
         if (lane == 0) {
             S.rq[r] = rsqrtf(sq + 1e-6f);
@@ -543,7 +565,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             Gs[r] = G;
             qn[r] = qx[r] * S.rq[r];
             kn[r] = kx[r] * S.rk[r];
-            S.F3[r][cch] = dWr[r];
             if constexpr (EXACT) {
                 S.F2[r][cch] = kn[r] * ex2f_(G);
             } else {
