@@ -272,29 +272,49 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     // backwards through the segment
     float (*ds)[4] = s;   // reuse the registers
     frag_load_vk<K>(ds, a.dckpt + ckoff, v0, lane);
+    // a chunk's backward data (W, Qg, KrT, dO, M, gl): this thread's 16-byte pieces, slot j of
+    // PF (the block has 2V ≥ 128 threads: at most K/64 pieces of each [16][K] tile, one of dO,
+    // one of M and gl)
+    constexpr int PW = K / 64, PF = 3 * PW + 2;
+    auto for_pieces = [&](int i, auto &&op) {
+        const int c = cf + i, len = min(16, len_n - 16 * c);
+        const size_t hc = (size_t)h * a.NC + gcf + i;
+        const long long t0 = bos + 16 * c;
+#pragma unroll
+        for (int u = 0; u < PW; u++) {
+            const int e = tid + u * nthr;
+            if (e < 2 * K) {
+                const int r = e / (K / 8), pc = e % (K / 8);
+                op(3 * u, sW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8, true);
+                op(3 * u + 1, sQg + r * (K + 8) + pc * 8, a.Qg + hc * 16 * K + r * K + pc * 8, true);
+                op(3 * u + 2, sKrT + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + 8 * e, true);
+            }
+        }
+        {
+            const int r = tid / (V / 8), pc = tid % (V / 8);   // 2V pieces, one per thread
+            const bool ok = a.d_o && r < len;
+            op(3 * PW, sdO + r * ldv + pc * 8, ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + pc * 8 : a.W, ok);
+        }
+        if (tid < 64) op(3 * PW + 1, KDA_MTILE(sM, tid), KDA_MSRC(a.M + hc * 512, tid), true);
+        else if (tid < 64 + K / 4) op(3 * PW + 1, sgl + 4 * (tid - 64), a.gl + hc * K + 4 * (tid - 64), true);
+    };
+    // chunk i − 1's pieces are loaded into registers while chunk i is worked on, and stored
+    // to shared memory once it is done (no room for a second buffer: one block fills the SM)
+    uint4 pf[PF];
     for (int i = nsg - 1; i >= 0; i--) {
-        int c = cf + i, len = min(16, len_n - 16 * c);
         size_t hc = (size_t)h * a.NC + gcf + i;
-        long long t0 = bos + 16 * c;
-        for (int e = tid; e < 2 * K; e += nthr) {
-            int r = e / (K / 8), pc = e % (K / 8);
-            cp_async16(sW + r * (K + 8) + pc * 8, a.W + hc * 16 * K + r * K + pc * 8);
-            cp_async16(sQg + r * (K + 8) + pc * 8, a.Qg + hc * 16 * K + r * K + pc * 8);
-            cp_async16(sKrT + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
+        if (i == nsg - 1) {
+            for_pieces(i, [&](int, void *d, const void *src, bool ok) { cp_async16(d, src, ok ? 16 : 0); });
+            cp_async_commit();
+            cp_async_wait<0>();
+        } else {
+            for_pieces(i, [&](int j, void *d, const void *, bool) { *reinterpret_cast<uint4 *>(d) = pf[j]; });
         }
-        for (int e = tid; e < 2 * V; e += nthr) {
-            int r = e / (V / 8), pc = e % (V / 8);
-            bool ok = a.d_o && r < len;
-            const bf16 *src = ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + pc * 8 : a.W;
-            cp_async16(sdO + r * ldv + pc * 8, src, ok ? 16 : 0);
-        }
-        for (int e = tid; e < 64 + K / 4; e += nthr) {
-            if (e < 64) cp_async16(KDA_MTILE(sM, e), KDA_MSRC(a.M + hc * 512, e));
-            else cp_async16(sgl + 4 * (e - 64), a.gl + hc * K + 4 * (e - 64));
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
         __syncthreads();
+        if (i > 0)
+            for_pieces(i - 1, [&](int j, void *, const void *src, bool ok) {
+                pf[j] = ok ? __ldg(reinterpret_cast<const uint4 *>(src)) : make_uint4(0u, 0u, 0u, 0u);
+            });
         store_acc_rows<K / 8>(sdS, ldv, v0, ds, lane);
         float dvp[2][4];
         uint32_t aO[4];
