@@ -14,7 +14,7 @@
 // VT = 32 79.2 µs; ~71% of DRAM peak. A persistent kernel with the states streamed through
 // a shared-memory ring by the bulk-copy engine (one block per SM, with plain or bulk
 // stores) was slower: 77.7 / 73.8 µs — its eight warps per SM waited at barriers.
-// Session 11 (bench_kda --decode, CUDA events): out of place (kda_decode_to into a second pool)
+// Session 11 (bench_kda --decode, CUDA events, one call): out of place (kda_decode_to into a second pool)
 // 73.6 µs per call, 70.3 µs per step back to back, against 75.8 / 71.6 in place; a copy-only
 // kernel does 69.1 / 65.6 (in place 77.3 / 66.3). Not the kernel's win: a warp per 16 columns
 // with no block barriers (74.9), launch bounds for 4 or 6 blocks per SM (75.6 / 133 µs, spills)
