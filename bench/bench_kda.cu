@@ -83,26 +83,8 @@ template <typename F> static double time_ms_n(F fn, int warm, int reps, int n) {
     CU(cudaEventDestroy(b));
     return median(t);
 }
-template <typename F> static double time_ms(F fn, int warm, int reps) {
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
-    for (int i = 0; i < warm; i++) fn();
-    CU(cudaDeviceSynchronize());
-    std::vector<float> t;
-    for (int i = 0; i < reps; i++) {
-        CU(cudaEventRecord(a));
-        fn();
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        float ms;
-        CU(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    CU(cudaEventDestroy(a));
-    CU(cudaEventDestroy(b));
-    return median(t);
-}
+// one call between two events (and a sync) per sample
+template <typename F> static double time_ms(F fn, int warm, int reps) { return time_ms_n(fn, warm, reps, 1); }
 
 struct Shape { int B, T, H; bool bwd; };
 
