@@ -2,6 +2,7 @@
 // the CUDA backend test (tests/cuda/test_cuda_ops.c) links it as well as the cmocka tests.
 #ifndef LM_TEST_COMPARE_H
 #define LM_TEST_COMPARE_H
+#include <math.h>
 #include <stddef.h>
 #include "core/common.h"
 
@@ -9,5 +10,8 @@
 double tu_rel_rms(const real *a, const real *b, size_t n);
 // max |a − b|, ∞ on NaN
 double tu_max_abs_diff(const real *a, const real *b, size_t n);
+// the larger of two errors, ∞ if either is NaN (fmax returns the other one, so a NaN result
+// folded into a running maximum would pass its check)
+static inline double tu_worst(double a, double b) { return (a != a || b != b) ? INFINITY : a > b ? a : b; }
 
 #endif

@@ -65,7 +65,7 @@ static void reference(double *out, double *alpha, const mix *m) {
                 dot += (double)m->gamma[c] * m->w[c] * x[c];
             }
             s[j] = dot / sqrt(ss / m->C + EPS);
-            mx = fmax(mx, s[j]);
+            mx = tu_worst(mx, s[j]);
         }
         for (int j = 0; j < m->n; j++) sum += exp(s[j] - mx);
         for (int j = 0; j < m->n; j++) alpha[(size_t)i * m->n + j] = exp(s[j] - mx) / sum;
@@ -104,16 +104,16 @@ static void test_forward_reference(void **state) {
                     num += d * d;
                     den += mag * mag;
                 }
-                worst_row = fmax(worst_row, sqrt(num / den));
+                worst_row = tu_worst(worst_row, sqrt(num / den));
                 for (int j = 0; j < m.n; j++)
-                    worst_alpha = fmax(worst_alpha, fabs(m.alpha[(size_t)i * m.n + j] - alpha[(size_t)i * m.n + j]));
+                    worst_alpha = tu_worst(worst_alpha, fabs(m.alpha[(size_t)i * m.n + j] - alpha[(size_t)i * m.n + j]));
             }
             double num = 0, den = 0;
             for (size_t k = 0; k < sz; k++) {
                 num += (m.out[k] - out[k]) * (m.out[k] - out[k]);
                 den += out[k] * out[k];
             }
-            worst_out = fmax(worst_out, sqrt(num / den));
+            worst_out = tu_worst(worst_out, sqrt(num / den));
             free(out); free(alpha);
             mix_free(&m);
         }
@@ -135,7 +135,7 @@ static void test_forward_is_sharp(void **state) {
     mix_init(&m, 37, 64, 5, scale, 3, 2.0, &r);
     mix_loss(&m);
     double amax = 0;
-    for (size_t k = 0; k < (size_t)m.N * m.n; k++) amax = fmax(amax, m.alpha[k]);
+    for (size_t k = 0; k < (size_t)m.N * m.n; k++) amax = tu_worst(amax, m.alpha[k]);
     printf("measured [%s] attnres largest alpha with n = 5 = %.3f (must exceed 0.6)\n", LM_REAL_NAME, amax);
     assert_true(amax > 0.6);
     // α rows sum to one
@@ -143,7 +143,7 @@ static void test_forward_is_sharp(void **state) {
     for (int i = 0; i < m.N; i++) {
         double s = 0;
         for (int j = 0; j < m.n; j++) s += m.alpha[(size_t)i * m.n + j];
-        worst = fmax(worst, fabs(s - 1));
+        worst = tu_worst(worst, fabs(s - 1));
     }
     tu_check("attnres alpha rows sum to 1", worst, TOL(1e-15, 1e-6));
     mix_free(&m);
@@ -163,12 +163,12 @@ static void test_zero_query_uniform(void **state) {
         memset(m.w, 0, (size_t)m.C * sizeof(real));
         mix_loss(&m);
         for (size_t k = 0; k < (size_t)m.N * m.n; k++)
-            worst_alpha = fmax(worst_alpha, fabs((double)m.alpha[k] - (double)((real)1 / (real)m.n)));
+            worst_alpha = tu_worst(worst_alpha, fabs((double)m.alpha[k] - (double)((real)1 / (real)m.n)));
         // |out − mean| relative to Σ|u|/n, the size of the rounding of the mean itself
         for (size_t k = 0; k < (size_t)m.N * m.C; k++) {
             double mean = 0, mag = 0;
             for (int j = 0; j < m.n; j++) mean += m.u[j][k], mag += fabs((double)m.u[j][k]);
-            worst_out = fmax(worst_out, fabs(m.out[k] - mean / m.n) / (mag / m.n));
+            worst_out = tu_worst(worst_out, fabs(m.out[k] - mean / m.n) / (mag / m.n));
         }
         mix_free(&m);
     }
@@ -185,7 +185,7 @@ static void test_identity(void **state) {
     mix_init(&m, 11, 40, 1, scale, 1, 4.0, &r);
     mix_loss(&m);
     double da = 0;
-    for (int i = 0; i < m.N; i++) da = fmax(da, fabs(m.alpha[i] - 1));
+    for (int i = 0; i < m.N; i++) da = tu_worst(da, fabs(m.alpha[i] - 1));
     tu_check("attnres n=1: alpha == 1", da, 0);
     tu_check("attnres n=1: out == u_0", tu_max_abs_diff(m.out, m.u[0], (size_t)m.N * m.C), 0);
     // backward: ∂u_0 = g exactly, nothing reaches w or γ
@@ -219,7 +219,7 @@ static void check_grads(int n) {
     double worst = 0, keyshare = 0;
     for (int j = 0; j < n; j++) {
         double e = tu_gradcheck(m.u[j], du[j], sz, mix_loss, &m, TU_H * scale[j % 4], 400, &r);
-        worst = fmax(worst, e);
+        worst = tu_worst(worst, e);
         // size of the key-path part ∂u_j − α_j g relative to ∂u_j: the FD check above
         // would not notice a wrong key path if this part were negligible
         double num = 0, den = 0;
@@ -230,7 +230,7 @@ static void check_grads(int n) {
                 num += v * v;
                 den += (double)du[j][k] * du[j][k];
             }
-        keyshare = fmax(keyshare, sqrt(num / den));
+        keyshare = tu_worst(keyshare, sqrt(num / den));
     }
     snprintf(what, sizeof what, "attnres n=%d d_sources (all %d)", n, n);
     tu_check(what, worst, TOL(1e-6, 2e-2));
@@ -276,7 +276,7 @@ static void test_zero_query_grads(void **state) {
     tu_check("attnres w=0: d_w vs FD", tu_gradcheck(m.w, dw, m.C, mix_loss, &m, TU_H, 400, &r), TOL(1e-6, 2e-2));
     double worst = 0;
     for (int j = 0; j < 3; j++)
-        for (size_t k = 0; k < sz; k++) worst = fmax(worst, fabs(du[j][k] - m.P[k] / 3) / fabs(m.P[k]));
+        for (size_t k = 0; k < sz; k++) worst = tu_worst(worst, fabs(du[j][k] - m.P[k] / 3) / fabs(m.P[k]));
     tu_check("attnres w=0: d_source == dout / n (rel)", worst, TOL(1e-15, 1e-6));
     for (int j = 0; j < 3; j++) free(du[j]);
     free(dw); free(dg); free(zero);

@@ -104,7 +104,7 @@ static void test_dynamics(void **state) {
     print_traj("quartile step=1e-3", quart, DYN_STEPS);
     print_traj("qb, 4096 tok/step (info)", small, DYN_STEPS);
     double qb_worst = 0, none_best = INFINITY;
-    for (int t = DYN_SETTLE; t < DYN_STEPS; t++) qb_worst = fmax(qb_worst, qb[t]);
+    for (int t = DYN_SETTLE; t < DYN_STEPS; t++) qb_worst = tu_worst(qb_worst, qb[t]);
     for (int t = 0; t < DYN_STEPS; t++) none_best = fmin(none_best, none[t]);
     tu_check("qb max MaxVio after 5 updates (steps 5..19)", qb_worst, 0.1);
     tu_check("none: 1 / (min MaxVio over all steps), below 1 iff MaxVio stayed > 1", 1 / none_best, 1);
@@ -155,7 +155,7 @@ static void check_hist_quantile(int nbins) {
         exact[j] = col[target - 1];   // the lower quantile: the target-th smallest margin
         emean += exact[j];
         double hq = lm_qb_hist_quantile(hist + (size_t)j * nbins, nbins, lo, w, target);
-        maxd = fmax(maxd, fabs(hq - exact[j]) / w);
+        maxd = tu_worst(maxd, fabs(hq - exact[j]) / w);
     }
     emean /= E;
     char what[128];
@@ -168,7 +168,7 @@ static void check_hist_quantile(int nbins) {
     // the full update: bias = b̂ − mean b̂, within two bin widths of the exact version
     lm_balancer_update(&b, ops, NULL);
     double maxu = 0;
-    for (int j = 0; j < E; j++) maxu = fmax(maxu, fabs(b.bias_host[j] - (exact[j] - emean)) / w);
+    for (int j = 0; j < E; j++) maxu = tu_worst(maxu, fabs(b.bias_host[j] - (exact[j] - emean)) / w);
     snprintf(what, sizeof what, "qb update vs exact centred quantiles, in bin widths (%d bins)", nbins);
     tu_check(what, maxu, 2 + 1e-4);
     free(col); free(hist); free(bias0);
@@ -312,10 +312,10 @@ static void test_qb_mean_zero(void **state) {
         for (int j = 0; j < E; j++) {
             mean += b.bias_host[j];
             mn = fmin(mn, b.bias_host[j]);
-            mx = fmax(mx, b.bias_host[j]);
+            mx = tu_worst(mx, b.bias_host[j]);
         }
         means[t] = mean / E;
-        worst = fmax(worst, fabs(means[t]));
+        worst = tu_worst(worst, fabs(means[t]));
         spread = fmin(spread, mx - mn);
     }
     tu_check("qb |mean(bias)| after each update", worst, TOL(1e-15, 1e-7));

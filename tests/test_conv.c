@@ -18,7 +18,7 @@ static void test_conv_exact_shifts(void **state) {
     for (int c = 0; c < C; c++) w[c * W + W - 1] = 1;
     ops->conv_silu_fwd(out, x, w, cache, B, T, C, W);
     double md = 0;
-    for (int i = 0; i < B * T * C; i++) md = fmax(md, fabs((double)out[i] - (double)lm_silu(x[i])));
+    for (int i = 0; i < B * T * C; i++) md = tu_worst(md, fabs((double)out[i] - (double)lm_silu(x[i])));
     tu_check("conv identity tap = silu(x) (max abs)", md, 0);
     memset(w, 0, sizeof w);
     for (int c = 0; c < C; c++) w[c * W] = 1;
@@ -29,7 +29,7 @@ static void test_conv_exact_shifts(void **state) {
             for (int c = 0; c < C; c++) {
                 int p = t - (W - 1);
                 real src = p >= 0 ? x[(b * T + p) * C + c] : cache[(b * (W - 1) + W - 1 + p) * C + c];
-                md = fmax(md, fabs((double)out[(b * T + t) * C + c] - (double)lm_silu(src)));
+                md = tu_worst(md, fabs((double)out[(b * T + t) * C + c] - (double)lm_silu(src)));
             }
     tu_check("conv oldest tap = silu(x[t-3]) incl. cache (max abs)", md, 0);
     // without a cache the first W-1 outputs of the shifted conv are silu(0) = 0
@@ -37,7 +37,7 @@ static void test_conv_exact_shifts(void **state) {
     md = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < W - 1; t++)
-            for (int c = 0; c < C; c++) md = fmax(md, fabs((double)out[(b * T + t) * C + c]));
+            for (int c = 0; c < C; c++) md = tu_worst(md, fabs((double)out[(b * T + t) * C + c]));
     tu_check("conv no cache = zero left padding (max abs)", md, 0);
     free(x); free(cache); free(out);
 }
@@ -117,7 +117,7 @@ static void check_split(const int *pieces, int np, int with_cache0) {
     for (int b = 0; b < B; b++)
         for (int i = 0; i < W - 1; i++)
             for (int c = 0; c < C; c++)
-                md = fmax(md, fabs((double)cache[(b * (W - 1) + i) * C + c] - x[((size_t)b * T + T - (W - 1) + i) * C + c]));
+                md = tu_worst(md, fabs((double)cache[(b * (W - 1) + i) * C + c] - x[((size_t)b * T + T - (W - 1) + i) * C + c]));
     tu_check("conv cache = last W-1 inputs (max abs)", md, 0);
     free(x); free(w); free(cache0); free(full); free(part); free(cfull); free(cache);
 }

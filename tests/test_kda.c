@@ -86,7 +86,7 @@ static void test_kda_forms_agree(void **state) {
                 snprintf(what, sizeof what, "kda %s vs NAIVE, %s gate, T=%d K=V=%d H=%d chunk=%d: S_out",
                          form_name[form], gate_name[gate], c->T, c->K, c->H, c->chunk);
                 tu_check(what, es, TOL(1e-12, 1e-5));
-                worst[form] = fmax(worst[form], fmax(eo, es));
+                worst[form] = tu_worst(worst[form], tu_worst(eo, es));
                 free(o); free(S);
             }
             free(o_ref); free(S_ref);
@@ -109,7 +109,7 @@ static void test_kda_auto_and_nulls(void **state) {
         char what[128];
         snprintf(what, sizeof what, "kda AUTO == %s for %s gate (max abs)",
                  gate == LM_GATE_BOUNDED ? "FACTORED" : "EXACT", gate_name[gate]);
-        tu_check(what, fmax(tu_max_abs_diff(o_auto, o_form, p.nv), tu_max_abs_diff(S_auto, S_form, p.ns)), 0);
+        tu_check(what, tu_worst(tu_max_abs_diff(o_auto, o_form, p.nv), tu_max_abs_diff(S_auto, S_form, p.ns)), 0);
         // S0 = NULL equals an explicit zero state; S_out = NULL leaves o unchanged
         for (int form = LM_KDA_AUTO; form <= LM_KDA_CHUNK_EXACT; form++) {
             real *z = tu_alloc(p.ns), *o0, *S0r;
@@ -172,7 +172,7 @@ static void test_kda_bound_pinned(void **state) {
                         size_t i = (((size_t)b * T + t) * H + h) * K + c;
                         p.f[i] = 60;
                         real g = p.a.lb * lm_sigmoid(exp(p.A[h]) * (p.f[i] + p.db[h * K + c]));
-                        gdev = fmax(gdev, fabs((double)g - (double)p.a.lb));
+                        gdev = tu_worst(gdev, fabs((double)g - (double)p.a.lb));
                     }
         tu_check("kda pinned gate: |g - lb| on the pinned tokens", gdev, 0);
         real *o_ref, *S_ref, *o, *S;
@@ -259,13 +259,13 @@ static void run_bwd(kp *p, const grads *g, const real *d_o, const real *dS) {
 static double grads_max_rel(const grads *x, const grads *y, const kp *p) {
     int HK = p->a.H * p->a.K;
     double e = tu_rel_rms(x->dq, y->dq, p->nqk);
-    e = fmax(e, tu_rel_rms(x->dk, y->dk, p->nqk));
-    e = fmax(e, tu_rel_rms(x->dv, y->dv, p->nv));
-    e = fmax(e, tu_rel_rms(x->df, y->df, p->nqk));
-    e = fmax(e, tu_rel_rms(x->dbl, y->dbl, p->nb));
-    e = fmax(e, tu_rel_rms(x->dA, y->dA, p->a.H));
-    e = fmax(e, tu_rel_rms(x->ddb, y->ddb, HK));
-    return fmax(e, tu_rel_rms(x->dS0, y->dS0, p->ns));
+    e = tu_worst(e, tu_rel_rms(x->dk, y->dk, p->nqk));
+    e = tu_worst(e, tu_rel_rms(x->dv, y->dv, p->nv));
+    e = tu_worst(e, tu_rel_rms(x->df, y->df, p->nqk));
+    e = tu_worst(e, tu_rel_rms(x->dbl, y->dbl, p->nb));
+    e = tu_worst(e, tu_rel_rms(x->dA, y->dA, p->a.H));
+    e = tu_worst(e, tu_rel_rms(x->ddb, y->ddb, HK));
+    return tu_worst(e, tu_rel_rms(x->dS0, y->dS0, p->ns));
 }
 
 static void check_grads(int gate, int B, int T, int H, int K, int chunk, int max_checks, int extra) {
@@ -309,7 +309,7 @@ static void check_grads(int gate, int B, int T, int H, int K, int chunk, int max
         a.d_o = c.Po; a.dS_out = c.PS; a.dv = g4.dv; a.dA_log = g4.dA;
         ops->kda_bwd(&a);
         tu_check("kda bwd with only dv, dA_log requested",
-                 fmax(tu_rel_rms(g4.dv, g.dv, p.nv), tu_rel_rms(g4.dA, g.dA, H)), 0);
+                 tu_worst(tu_rel_rms(g4.dv, g.dv, p.nv), tu_rel_rms(g4.dA, g.dA, H)), 0);
         // the backward checkpoints with the forward's form; NAIVE (chunk 0) and EXACT give
         // the same gradients up to rounding
         grads g5, g6;
@@ -401,7 +401,7 @@ static void test_kda_inplace(void **state) {
         kp_run(&p, form, &o2, &S2);
         char what[128];
         snprintf(what, sizeof what, "kda %s: two runs differ (max abs)", form_name[form]);
-        tu_check(what, fmax(tu_max_abs_diff(o2, o_ref, p.nv), tu_max_abs_diff(S2, S_ref, p.ns)), 0);
+        tu_check(what, tu_worst(tu_max_abs_diff(o2, o_ref, p.nv), tu_max_abs_diff(S2, S_ref, p.ns)), 0);
         real *Sio = tu_copy(p.S0, p.ns);
         p.a.S0 = Sio; p.a.S_out = Sio;
         ops->kda_fwd(&p.a);
@@ -442,7 +442,7 @@ static void test_kda_prefix(void **state) {
             kp_run(&pre, form, &op, &Sp);
             double md = 0;
             for (int b = 0; b < 2; b++)
-                md = fmax(md, tu_max_abs_diff(op + (size_t)b * P * 2 * 16, of + (size_t)b * T * 2 * 16, (size_t)P * 2 * 16));
+                md = tu_worst(md, tu_max_abs_diff(op + (size_t)b * P * 2 * 16, of + (size_t)b * T * 2 * 16, (size_t)P * 2 * 16));
             char what[128];
             snprintf(what, sizeof what, "kda %s, %s gate: first %d outputs of T=%d vs T=%d (max abs)", form_name[form],
                      gate_name[gate], P, T, P);

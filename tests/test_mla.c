@@ -24,7 +24,7 @@ static void ref_attn(double *o, double *lse, const real *q, const real *k, const
                     double d = 0;
                     for (int c = 0; c < Dqk; c++) d += (double)qt[c] * ks[c];
                     sc[s] = scale * d;
-                    mx = fmax(mx, sc[s]);
+                    mx = tu_worst(mx, sc[s]);
                 }
                 double l = 0;
                 for (int s = 0; s <= t; s++) l += exp(sc[s] - mx);
@@ -59,7 +59,7 @@ static void ref_attn_bwd(double *dq, double *dk, double *dv, const real *d_o, co
                     double d = 0;
                     for (int c = 0; c < Dqk; c++) d += (double)q[it * Dqk + c] * k[is * Dqk + c];
                     P[s] = scale * d;
-                    mx = fmax(mx, P[s]);
+                    mx = tu_worst(mx, P[s]);
                 }
                 double l = 0, corr = 0;
                 for (int s = 0; s <= t; s++) l += (P[s] = exp(P[s] - mx));
@@ -90,8 +90,8 @@ static double max_abs_vs_ref(const real *x, const double *ref, size_t n, double 
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)x[i] - ref[i]);
         if (d != d) return INFINITY;
-        m = fmax(m, d);
-        mr = fmax(mr, fabs(ref[i]));
+        m = tu_worst(m, d);
+        mr = tu_worst(mr, fabs(ref[i]));
     }
     if (max_ref) *max_ref = mr;
     return m;
@@ -127,8 +127,8 @@ static void test_attn_fwd_vs_reference(void **state) {
         double mo = 0, ml = 0;
         double eo = max_abs_vs_ref(o, oref, nv, &mo), el = max_abs_vs_ref(lse, lref, nl, &ml);
         // f64: absolute; f32: relative to the largest reference value
-        worst_o = fmax(worst_o, eo / TOL(1, mo));
-        worst_lse = fmax(worst_lse, el / TOL(1, ml));
+        worst_o = tu_worst(worst_o, eo / TOL(1, mo));
+        worst_lse = tu_worst(worst_lse, el / TOL(1, ml));
         if (T == 1) {
             // one key: softmax weight exactly 1, o = v bit for bit
             tu_check("attn T=1: o == v (exact)", tu_max_abs_diff(o, v, nv), 0);
@@ -160,11 +160,11 @@ static void test_attn_equal_keys(void **state) {
             for (int c = 0; c < Dv; c++) {
                 double m = 0;
                 for (int s = 0; s <= t; s++) m += v[((size_t)s * H + h) * Dv + c];
-                eo = fmax(eo, fabs(m / (t + 1) - o[((size_t)t * H + h) * Dv + c]));
+                eo = tu_worst(eo, fabs(m / (t + 1) - o[((size_t)t * H + h) * Dv + c]));
             }
             double d = 0;
             for (int c = 0; c < Dqk; c++) d += (double)q[((size_t)t * H + h) * Dqk + c] * kh[h * Dqk + c];
-            el = fmax(el, fabs(scale * d + log(t + 1.0) - lse[(size_t)h * T + t]));
+            el = tu_worst(el, fabs(scale * d + log(t + 1.0) - lse[(size_t)h * T + t]));
         }
     tu_check("attn equal keys: o = prefix mean of v, max abs diff", eo, TOL(1e-13, 2e-6));
     tu_check("attn equal keys: lse = s + log(t+1), max abs diff", el, TOL(1e-13, 2e-6));
@@ -189,7 +189,7 @@ static void test_attn_prefix(void **state) {
     ops->attn_prefix_fwd(oc, qc, k, v, B, T, P, H, Dqk, Dv, scale);
     double d = 0;
     for (int b = 0; b < B; b++)
-        d = fmax(d, tu_max_abs_diff(oc + (size_t)b * T * H * Dv, o + ((size_t)b * L + P) * H * Dv, (size_t)T * H * Dv));
+        d = tu_worst(d, tu_max_abs_diff(oc + (size_t)b * T * H * Dv, o + ((size_t)b * L + P) * H * Dv, (size_t)T * H * Dv));
     tu_check("attn prefix (P 83, T 70) == last T rows of attn over P + T (max abs)", d, 0);
     free(q); free(k); free(v); free(o); free(lse); free(qc); free(oc);
 }
@@ -218,9 +218,9 @@ static void test_attn_causal(void **state) {
         for (int t = 0; t < T; t++) {
             size_t at = ((size_t)b * T + t) * H * Dv;
             double d = tu_max_abs_diff(o1 + at, o2 + at, (size_t)H * Dv);
-            for (int h = 0; h < H; h++) d = fmax(d, fabs(l1[((size_t)b * H + h) * T + t] - l2[((size_t)b * H + h) * T + t]));
-            if (t <= t0) before = fmax(before, d);
-            else after = fmax(after, d);
+            for (int h = 0; h < H; h++) d = tu_worst(d, fabs(l1[((size_t)b * H + h) * T + t] - l2[((size_t)b * H + h) * T + t]));
+            if (t <= t0) before = tu_worst(before, d);
+            else after = tu_worst(after, d);
         }
     tu_check("attn causality: max change of o, lse at t <= t0 (bit-exact)", before, 0);
     // and the perturbation was real: the later outputs did move
@@ -242,7 +242,7 @@ static void test_attn_large_scores(void **state) {
     ops->attn_fwd(o, lse, q, k, v, B, T, H, Dqk, Dv, scale);
     ref_attn(oref, lref, q, k, v, B, T, H, Dqk, Dv, scale);
     double smax = 0;   // the largest |score| the test reached
-    for (size_t i = 0; i < nl; i++) smax = fmax(smax, fabs(lref[i]));
+    for (size_t i = 0; i < nl; i++) smax = tu_worst(smax, fabs(lref[i]));
     printf("measured [%s] large scores: max |lse| = %.1f (scores beyond fp32 exp range)\n", LM_REAL_NAME, smax);
     assert_true(smax > 90);
     assert_true(ops->all_finite(o, nv) && ops->all_finite(lse, nl));
@@ -317,9 +317,9 @@ static void test_attn_thread_determinism(void **state) {
         ops->attn_bwd(dq[run], dk[run], dv[run], g, q, k, v, o[run], l[run], B, T, H, Dqk, Dv, scale);
     }
     omp_set_num_threads(keep);
-    double d = fmax(tu_max_abs_diff(o[0], o[1], nv), tu_max_abs_diff(l[0], l[1], nl));
-    d = fmax(d, fmax(tu_max_abs_diff(dq[0], dq[1], nq), tu_max_abs_diff(dk[0], dk[1], nq)));
-    d = fmax(d, tu_max_abs_diff(dv[0], dv[1], nv));
+    double d = tu_worst(tu_max_abs_diff(o[0], o[1], nv), tu_max_abs_diff(l[0], l[1], nl));
+    d = tu_worst(d, tu_worst(tu_max_abs_diff(dq[0], dq[1], nq), tu_max_abs_diff(dk[0], dk[1], nq)));
+    d = tu_worst(d, tu_max_abs_diff(dv[0], dv[1], nv));
     tu_check("attn fwd+bwd 1 thread vs 2 threads: max abs diff (bit-exact)", d, 0);
     for (int run = 0; run < 2; run++) { free(o[run]); free(l[run]); free(dq[run]); free(dk[run]); free(dv[run]); }
     free(q); free(k); free(v); free(g);
@@ -357,9 +357,9 @@ static void test_mla_split(void **state) {
         for (int h = 0; h < c.H; h++) {
             const real *src = c.kv + ((size_t)n * c.H + h) * (c.Dn + c.Dv);
             const real *kr = c.k + ((size_t)n * c.H + h) * Dk, *vr = c.v + ((size_t)n * c.H + h) * c.Dv;
-            for (int i = 0; i < c.Dn; i++) d = fmax(d, fabs(kr[i] - src[i]));
-            for (int i = 0; i < c.De; i++) d = fmax(d, fabs(kr[c.Dn + i] - c.kpe[(size_t)n * c.De + i]));
-            for (int i = 0; i < c.Dv; i++) d = fmax(d, fabs(vr[i] - src[c.Dn + i]));
+            for (int i = 0; i < c.Dn; i++) d = tu_worst(d, fabs(kr[i] - src[i]));
+            for (int i = 0; i < c.De; i++) d = tu_worst(d, fabs(kr[c.Dn + i] - c.kpe[(size_t)n * c.De + i]));
+            for (int i = 0; i < c.Dv; i++) d = tu_worst(d, fabs(vr[i] - src[c.Dn + i]));
         }
     tu_check("mla_split values (exact)", d, 0);
 
@@ -403,7 +403,7 @@ static void test_head_matmul(void **state) {
                         double w = tr ? W[h * stride + (long)i * OC + o] : W[h * stride + (long)o * C + i];
                         s += (double)inp[((size_t)n * H + h) * C + i] * w;
                     }
-                    d = fmax(d, fabs(s - out[((size_t)n * H + h) * OC + o]));
+                    d = tu_worst(d, fabs(s - out[((size_t)n * H + h) * OC + o]));
                 }
         tu_check(tr ? "head_matmul transpose=1 (out = inp W) max abs diff"
                     : "head_matmul transpose=0 (out = inp W^T) max abs diff", d, TOL(1e-13, 1e-5));
@@ -458,10 +458,10 @@ static void test_mla_decode_absorbed(void **state) {
         ops->attn_fwd(o, lse, qall + (size_t)b * Tmax * H * Dk, k, v, 1, T, H, Dk, Dv, scale);
         const real *last = o + (size_t)(T - 1) * H * Dv, *ab = oabs + (size_t)b * H * Dv;
         double m = 0;
-        for (int i = 0; i < H * Dv; i++) m = fmax(m, fabs(last[i]));
+        for (int i = 0; i < H * Dv; i++) m = tu_worst(m, fabs(last[i]));
         double d = tu_max_abs_diff(ab, last, (size_t)H * Dv) / TOL(1, m);
         printf("measured [%s]   len %d: %.3e\n", LM_REAL_NAME, T, d);
-        worst = fmax(worst, d);
+        worst = tu_worst(worst, d);
         free(kv); free(k); free(v); free(o); free(lse);
     }
     tu_check(TOL("mla absorbed decode vs split+attn (lens 1, 37, 80): max abs diff",

@@ -146,7 +146,7 @@ static void test_route_values(void **state) {
             for (int t = 0; t < k; t++)
                 for (int u = 0; u < k; u++)
                     if (idx[i * k + t] == idx0[i * k + u])
-                        reordered_maxd = fmax(reordered_maxd, fabs(gate[i * k + t] - gate0[i * k + u]));
+                        reordered_maxd = tu_worst(reordered_maxd, fabs(gate[i * k + t] - gate0[i * k + u]));
         }
     }
     tu_check("route s == sigmoid(z) (mismatches)", bad_s, 0);
@@ -374,7 +374,7 @@ static void test_grouped_matmul(void **state) {
             for (int o = 0; o < OC; o++) {
                 double acc = 0;
                 for (int q = 0; q < C; q++) acc += (double)c.inp[rr * C + q] * c.W[((size_t)e * OC + o) * C + q];
-                maxd = fmax(maxd, fabs(acc - c.out[rr * OC + o]));
+                maxd = tu_worst(maxd, fabs(acc - c.out[rr * OC + o]));
             }
     tu_check("grouped_matmul fwd vs direct loop (max abs)", maxd, TOL(1e-12, 1e-5));
     int untouched = 0;
@@ -424,7 +424,7 @@ static void test_combine(void **state) {
             double acc = res[i * C + q];
             for (int t = 0; t < k; t++)
                 if (p.slot_row[i * k + t] >= 0) acc += (double)c.gate[i * k + t] * c.yp[p.slot_row[i * k + t] * C + q];
-            maxd = fmax(maxd, fabs(acc - c.y[i * C + q]));
+            maxd = tu_worst(maxd, fabs(acc - c.y[i * C + q]));
         }
     tu_check("combine fwd (+= into residual, dropped skipped) vs loop", maxd, TOL(1e-12, 1e-5));
     tu_check("combine test has dropped slots (1 = none)", ndrop > 0 ? 0 : 1, 0);
@@ -587,7 +587,7 @@ static double ffn_direct_maxdiff(const ffn_ctx *c) {
                 for (int f = 0; f < F; f++) o += (double)c->W2[((size_t)e * C + q) * F + f] * hh[f];
                 acc += (double)c->gate[i * k + t] * o;
             }
-            maxd = fmax(maxd, fabs(acc - c->y[(size_t)i * C + q]) / (1 + fabs(acc)));
+            maxd = tu_worst(maxd, fabs(acc - c->y[(size_t)i * C + q]) / (1 + fabs(acc)));
         }
     }
     free(hh);

@@ -24,7 +24,7 @@ static void test_adamw_formula(void **state) {
         double gi = gs * g[i];
         double mm = b1 * m0[i] + (1 - b1) * gi, vv = b2 * v0[i] + (1 - b2) * gi * gi;
         double want = p0[i] - lr * ((mm / bc1) / (sqrt(vv / bc2) + eps) + wd * p0[i]);
-        worst = fmax(worst, fabs(want - p[i]));
+        worst = tu_worst(worst, fabs(want - p[i]));
     }
     tu_check("adamw vs formula (max abs)", worst, TOL(1e-14, 1e-6));
     free(p); free(g); free(m); free(v); free(p0); free(m0); free(v0);
@@ -47,8 +47,8 @@ static void test_muon_orthogonalises(void **state) {
             double s = 0;
             for (int k = 0; k < cols; k++) s += (double)p[i * cols + k] * p[j * cols + k];
             s /= sc * sc;
-            if (i == j) { diag_lo = fmin(diag_lo, s); diag_hi = fmax(diag_hi, s); }
-            else off = fmax(off, fabs(s));
+            if (i == j) { diag_lo = fmin(diag_lo, s); diag_hi = tu_worst(diag_hi, s); }
+            else off = tu_worst(off, fabs(s));
         }
     printf("measured muon: diag(OOᵀ) in [%.3f, %.3f], max |offdiag| %.3f\n", diag_lo, diag_hi, off);
     assert_true(diag_lo > 0.5 && diag_hi < 1.5 && off < 0.3);

@@ -115,11 +115,11 @@ static void kda_file(const char *file, double *worst_out, double *worst_grad) {
         char what[200];
         const char *fname = FORM_NAME[runs[r][0]];
         double e = tu_rel_rms(o, ref_o, no);
-        *worst_out = fmax(*worst_out, e);
+        *worst_out = tu_worst(*worst_out, e);
         snprintf(what, sizeof what, "%s %s chunk %d vs fla: o", file, fname, runs[r][1]);
         tu_check(what, e, TOL(1e-9, 1e-5));
         e = tu_rel_rms(S, ref_S, ns);
-        *worst_out = fmax(*worst_out, e);
+        *worst_out = tu_worst(*worst_out, e);
         snprintf(what, sizeof what, "%s %s chunk %d vs fla: S_out", file, fname, runs[r][1]);
         tu_check(what, e, TOL(1e-9, 1e-5));
 
@@ -130,7 +130,7 @@ static void kda_file(const char *file, double *worst_out, double *worst_grad) {
         ops->kda_bwd(&a);
         for (int i = 0; i < N_KIN; i++) {
             e = tu_rel_rms(g[i], ref_g[i], n[i]);
-            *worst_grad = fmax(*worst_grad, e);
+            *worst_grad = tu_worst(*worst_grad, e);
             snprintf(what, sizeof what, "%s %s chunk %d vs fla autograd: %s", file, fname, runs[r][1], KGRAD_NAME[i]);
             tu_check(what, e, TOL(1e-9, 1e-4));
         }
@@ -163,7 +163,7 @@ static const char *MODEL_FILES[] = {
 static inline double tol32(const cJSON *floors, const char *key, double base) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(floors, key);
     if (!cJSON_IsNumber(x)) fail_msg("fp32_floor lacks '%s'", key);
-    return fmax(base, 4 * x->valuedouble);
+    return tu_worst(base, 4 * x->valuedouble);
 }
 
 static int has_prefix(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }

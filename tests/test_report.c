@@ -61,7 +61,7 @@ static void train_line(FILE *f, truth *t, lm_rng *r, int step, int epoch, int nu
                 double amp = 0.6 * exp(-step / 80.0) + 0.05 + 0.1 * (v == 0);
                 loads[e] = round(512 * (1 + amp * cos(e + 2 * l + t->seed)));
                 sum += loads[e];
-                mx = fmax(mx, loads[e]);
+                mx = tu_worst(mx, loads[e]);
             }
             for (int e = 0; e < N_EXPERTS; e++) ent -= loads[e] / sum * log(loads[e] / sum);
             double mean = sum / N_EXPERTS, mv = (mx - mean) / mean;
@@ -299,8 +299,8 @@ static void test_markdown_numbers(void **state) {
             double pm, ps;
             bold[v][c] = parse_cell(cells[c + 1], &pm, &ps);
             double res = pow(10, -decimals[c]);
-            worst = fmax(worst, fabs(pm - scale[c] * s.mean) / res);
-            worst = fmax(worst, fabs(ps - scale[c] * s.std) / res);
+            worst = tu_worst(worst, fabs(pm - scale[c] * s.mean) / res);
+            worst = tu_worst(worst, fabs(ps - scale[c] * s.std) / res);
         }
     }
     // printed with the column's decimals, so at most half a unit of the last digit apart
@@ -330,7 +330,7 @@ static void test_markdown_numbers(void **state) {
             tstat s = stat_of(acc, ns);
             double pm, ps;
             parse_cell(cells[k], &pm, &ps);
-            worst = fmax(worst, fmax(fabs(pm - 100 * s.mean), fabs(ps - 100 * s.std)) / 0.01);
+            worst = tu_worst(worst, tu_worst(fabs(pm - 100 * s.mean), fabs(ps - 100 * s.std)) / 0.01);
         }
     }
     tu_check("per-task table vs recomputed mean/std (units of 0.01 %)", worst, 0.5 + 1e-6);
@@ -410,7 +410,7 @@ static void test_loader(void **state) {
         for (int k = 0, s = 1; s <= N_STEPS; s++) {
             if (!isfinite(t->loss[s])) continue;
             worst_x += r.loss.x[k] != s;
-            max_diff = fmax(max_diff, fabs(r.loss.y[k] - t->loss[s]));
+            max_diff = tu_worst(max_diff, fabs(r.loss.y[k] - t->loss[s]));
             k++;
         }
         assert_true(max_diff == 0);
