@@ -33,6 +33,7 @@
 // exactly one block, in a fixed order, so the backward is deterministic like the rest of the
 // backend. The price is recomputing S and dP once more (~40% more tensor work than FA2).
 #include "cuda_common.cuh"
+#include "ldmatrix.cuh"
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -65,18 +66,6 @@ __device__ __forceinline__ void fa_mma(float c[4], const uint32_t a[4], uint32_t
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// four 8×8 bf16 matrices; lane l gives the address of row l%8 of matrix l/8
-__device__ __forceinline__ void fa_ldsm4(uint32_t r[4], const fa_bf16 *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-__device__ __forceinline__ void fa_ldsm4_t(uint32_t r[4], const fa_bf16 *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-
 // One warp: acc [16 × 8·NT] += A [16 × 16·KS] · B.
 // A: row-major bf16 in shared memory (A points at the warp's row 0, column 0; row stride lda).
 // B: TRANS = false: stored as Bt[n][k] (k contiguous; e.g. K rows for Q·K^T), B points at n = 0;
@@ -90,12 +79,12 @@ __device__ __forceinline__ void fa_warp_mma(float (*acc)[4], const fa_bf16 *A, i
 #pragma unroll 4   // fully unrolled, the 192-wide Q·K^T of the forward spills at 168 registers
     for (int kk = 0; kk < KS; kk++) {
         uint32_t a[4];
-        fa_ldsm4(a, A + (lane & 15) * lda + kk * 16 + (lane >> 4) * 8);
+        ldsm_x4(a, A + (lane & 15) * lda + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int n = 0; n < NT; n += 2) {
             uint32_t b[4];
-            if (!TRANS) fa_ldsm4(b, B + (8 * n + ((lane >> 4) << 3) + (lane & 7)) * ldb + kk * 16 + ((lane >> 3) & 1) * 8);
-            else fa_ldsm4_t(b, B + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ldb + 8 * n + (lane >> 4) * 8);
+            if (!TRANS) ldsm_x4(b, B + (8 * n + ((lane >> 4) << 3) + (lane & 7)) * ldb + kk * 16 + ((lane >> 3) & 1) * 8);
+            else ldsm_x4_t(b, B + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ldb + 8 * n + (lane >> 4) * 8);
             fa_mma(acc[n], a, b[0], b[1]);
             fa_mma(acc[n + 1], a, b[2], b[3]);
         }
@@ -212,7 +201,7 @@ __global__ static void __launch_bounds__(32 * FA_WF, FA_MINBF)
 #pragma unroll
             for (int n = 0; n < NTV; n += 2) {
                 uint32_t bb[4];
-                fa_ldsm4_t(bb, Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LV + 8 * n + (lane >> 4) * 8);
+                ldsm_x4_t(bb, Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LV + 8 * n + (lane >> 4) * 8);
                 fa_mma(acc[n], a, bb[0], bb[1]);
                 fa_mma(acc[n + 1], a, bb[2], bb[3]);
             }

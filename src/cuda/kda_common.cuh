@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include "kda.cuh"
+#include "ldmatrix.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -98,17 +99,7 @@ __device__ __forceinline__ void ldb_kn(uint32_t b[2], const bf16 *B, int ld, int
     b[1] = pack_raw(p[8 * ld], p[9 * ld]);
 }
 
-// ldmatrix / stmatrix (shared memory; every row address 16-byte aligned)
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
+// fragments by ldmatrix (ldmatrix.cuh) / stmatrix (shared memory; every row address 16-byte aligned)
 // lda_trans by one ldmatrix.trans: tile j = lane >> 3 covers k0 + 8·(j >> 1), m0 + 8·(j & 1)
 __device__ __forceinline__ void lda_trans_sm(uint32_t a[4], const bf16 *X, int ld, int m0, int k0, int lane) {
     ldsm_x4_t(a, X + (k0 + (lane & 7) + 8 * (lane >> 4)) * ld + m0 + 8 * ((lane >> 3) & 1));
