@@ -13,5 +13,7 @@ double tu_max_abs_diff(const real *a, const real *b, size_t n);
 // the larger of two errors, ∞ if either is NaN (fmax returns the other one, so a NaN result
 // folded into a running maximum would pass its check)
 static inline double tu_worst(double a, double b) { return (a != a || b != b) ? INFINITY : a > b ? a : b; }
+// the smaller of two values, NaN if either is (a lower bound checked on a running minimum fails)
+static inline double tu_least(double a, double b) { return (a != a || b != b) ? NAN : a < b ? a : b; }
 
 #endif

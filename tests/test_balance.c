@@ -105,7 +105,7 @@ static void test_dynamics(void **state) {
     print_traj("qb, 4096 tok/step (info)", small, DYN_STEPS);
     double qb_worst = 0, none_best = INFINITY;
     for (int t = DYN_SETTLE; t < DYN_STEPS; t++) qb_worst = tu_worst(qb_worst, qb[t]);
-    for (int t = 0; t < DYN_STEPS; t++) none_best = fmin(none_best, none[t]);
+    for (int t = 0; t < DYN_STEPS; t++) none_best = tu_least(none_best, none[t]);
     tu_check("qb max MaxVio after 5 updates (steps 5..19)", qb_worst, 0.1);
     tu_check("none: 1 / (min MaxVio over all steps), below 1 iff MaxVio stayed > 1", 1 / none_best, 1);
     tu_check("qb step-0 MaxVio equals none's (same tokens, zero bias)", fabs(qb[0] - none[0]), 0);
@@ -311,12 +311,12 @@ static void test_qb_mean_zero(void **state) {
         double mean = 0, mn = INFINITY, mx = -INFINITY;
         for (int j = 0; j < E; j++) {
             mean += b.bias_host[j];
-            mn = fmin(mn, b.bias_host[j]);
+            mn = tu_least(mn, b.bias_host[j]);
             mx = tu_worst(mx, b.bias_host[j]);
         }
         means[t] = mean / E;
         worst = tu_worst(worst, fabs(means[t]));
-        spread = fmin(spread, mx - mn);
+        spread = tu_least(spread, mx - mn);
     }
     tu_check("qb |mean(bias)| after each update", worst, TOL(1e-15, 1e-7));
     tu_check("qb bias is not trivially 0 (1 / min spread < 100)", 1 / spread, 100);

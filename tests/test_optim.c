@@ -47,7 +47,7 @@ static void test_muon_orthogonalises(void **state) {
             double s = 0;
             for (int k = 0; k < cols; k++) s += (double)p[i * cols + k] * p[j * cols + k];
             s /= sc * sc;
-            if (i == j) { diag_lo = fmin(diag_lo, s); diag_hi = tu_worst(diag_hi, s); }
+            if (i == j) { diag_lo = tu_least(diag_lo, s); diag_hi = tu_worst(diag_hi, s); }
             else off = tu_worst(off, fabs(s));
         }
     printf("measured muon: diag(OOᵀ) in [%.3f, %.3f], max |offdiag| %.3f\n", diag_lo, diag_hi, off);
