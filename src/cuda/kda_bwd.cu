@@ -487,15 +487,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     static_assert(2 * 16 * K * sizeof(bf16) <= sizeof(S.F0), "q and k rows fit in F0");
     {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
-#pragma unroll
-        for (int i = tid; i < 16 * K / 8; i += BWD_THREADS) {
-            const int r = i / (K / 8), pc = i % (K / 8);
-            const bool ok = r < len;
-            const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
-            cp_async16(stq + r * K + pc * 8, a.q + off, ok ? 16 : 0);
-            cp_async16(stk + r * K + pc * 8, a.k + off, ok ? 16 : 0);
-            cp_async16(stf + r * K + pc * 8, a.f + off, ok ? 16 : 0);
-        }
+        chunk_qkf_async<K, BWD_THREADS>(stq, stk, stf, a.q, a.k, a.f, row0, rs, len, tid);
 #pragma unroll
         for (int i = tid; i < 16 * K / 4; i += BWD_THREADS) {
             const int r = i / (K / 4), pc = i % (K / 4);
@@ -511,23 +503,12 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         cp_async_commit();
     }
     float rbl[RPW];
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        int r = warp + i * (BWD_THREADS / 32);
-        rbl[i] = r < len ? bf(a.beta[((size_t)t0 + r) * a.H + h]) : 0.f;
-    }
+    chunk_beta_rows<RPW, BWD_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
     cp_async_wait<0>();
     __syncthreads();
     const int cch = tid;
     float fr[16], qx[16], kx[16];
-    if (cch < K) {
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            fr[r] = bf(stf[r * K + cch]);
-            qx[r] = bf(stq[r * K + cch]);
-            kx[r] = bf(stk[r * K + cch]);
-        }
-    }
+    if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
     uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {

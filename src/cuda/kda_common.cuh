@@ -200,6 +200,47 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
     }
 }
 
+// The chunk kernels' inputs (prep, backward chunk). A [16][K] bf16 tile in shared memory is
+// either a flat pointer or a pointer to rows of K; row r of it:
+template <int K> __device__ __forceinline__ bf16 *tile_row(bf16 *p, int r) { return p + r * K; }
+template <int K> __device__ __forceinline__ bf16 *tile_row(bf16 (*p)[K], int r) { return p[r]; }
+// the chunk's 16 token rows of q, k, f for head h (row r at (row0 + r·rs)·K; rows r ≥ len
+// zero-filled) into three such tiles by 16-byte cp.async from NTHR threads (not committed) ...
+template <int K, int NTHR, typename Tile>
+__device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const bf16 *q, const bf16 *k, const bf16 *f,
+                                                size_t row0, size_t rs, int len, int tid) {
+#pragma unroll
+    for (int i = tid; i < 16 * K / 8; i += NTHR) {
+        const int r = i / (K / 8), pc = i % (K / 8);
+        const bool ok = r < len;
+        const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
+        cp_async16(tile_row<K>(sq, r) + pc * 8, q + off, ok ? 16 : 0);
+        cp_async16(tile_row<K>(sk, r) + pc * 8, k + off, ok ? 16 : 0);
+        cp_async16(tile_row<K>(sf, r) + pc * 8, f + off, ok ? 16 : 0);
+    }
+}
+// ... the β logits of a warp's rows warp + i·NTHR/32 (0 past len) while the copies land ...
+template <int RPW, int NTHR>
+__device__ __forceinline__ void chunk_beta_rows(float (&rbl)[RPW], const bf16 *beta, long long t0, int H, int h,
+                                                int len, int warp) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        int r = warp + i * (NTHR / 32);
+        rbl[i] = r < len ? bf(beta[((size_t)t0 + r) * H + h]) : 0.f;
+    }
+}
+// ... and, once they have, channel cch < K of the three tiles as fp32
+template <int K, typename Tile>
+__device__ __forceinline__ void chunk_channel(float (&fr)[16], float (&qr)[16], float (&kr)[16], Tile sq, Tile sk,
+                                              Tile sf, int cch) {
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        fr[r] = bf(tile_row<K>(sf, r)[cch]);
+        qr[r] = bf(tile_row<K>(sq, r)[cch]);
+        kr[r] = bf(tile_row<K>(sk, r)[cch]);
+    }
+}
+
 // ---- exp2 on the special-function unit: ex2.approx.ftz (relative error ~2^-22; a subnormal
 // result flushes to zero). Every exponent here is a decay or a factor in [2^-126, 2^127] or
 // one whose true value is below fp32's normal range anyway. The library exp2f / expf cost

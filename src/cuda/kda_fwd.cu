@@ -216,15 +216,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     // 2-byte load per element with its own 64-bit address
     {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
-#pragma unroll
-        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
-            const int r = i / (K / 8), pc = i % (K / 8);
-            const bool ok = r < len;
-            const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
-            cp_async16(&S.u.in.q[r][pc * 8], a.q + off, ok ? 16 : 0);
-            cp_async16(&S.u.in.k[r][pc * 8], a.k + off, ok ? 16 : 0);
-            cp_async16(&S.u.in.f[r][pc * 8], a.f + off, ok ? 16 : 0);
-        }
+        chunk_qkf_async<K, PREP_THREADS>(S.u.in.q, S.u.in.k, S.u.in.f, a.q, a.k, a.f, row0, rs,
+                                         len, tid);
 #pragma unroll
         for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
             const int r = i / (V / 8), pc = i % (V / 8);
@@ -234,23 +227,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         cp_async_commit();
     }
     float rbl[RPW];
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        int r = warp + i * (PREP_THREADS / 32);
-        rbl[i] = r < len ? bf(a.beta[((size_t)t0 + r) * a.H + h]) : 0.f;
-    }
+    chunk_beta_rows<RPW, PREP_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
     cp_async_wait<0>();
     __syncthreads();
     const int cch = tid;
     float fr[16], qr[16], kr[16];
-    if (cch < K) {
-#pragma unroll
-        for (int r = 0; r < 16; r++) {
-            fr[r] = bf(S.u.in.f[r][cch]);
-            qr[r] = bf(S.u.in.q[r][cch]);
-            kr[r] = bf(S.u.in.k[r][cch]);
-        }
-    }
+    if (cch < K) chunk_channel<K>(fr, qr, kr, S.u.in.q, S.u.in.k, S.u.in.f, cch);
     // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
     uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2];
 #pragma unroll
