@@ -248,6 +248,25 @@ int main(int argc, char **argv) {
         result("experts_fwd_ms", tf); result("experts_fwd_tflops", 3 * gemm1 / tf * 1e-9);
         result("experts_bwd_ms", tb); result("experts_bwd_tflops", 6 * gemm1 / tb * 1e-9);
         result("experts_layer_fwd_ms", tlf); result("experts_layer_bwd_ms", tlb);
+        // its backward's parts: without the weight gradients (combine bwd, dinp products,
+        // GLU bwd, scatter), and per kernel (auto, wg128x2, tma)
+        lm_experts_grads eg0 = eg;
+        eg0.dW1 = eg0.dW3 = eg0.dW2 = NULL;
+        auto op_b0 = [&] { work_zero(); zero(dxn, (size_t)N * d * 4); zero(dgate, NK * 4); cuda_moe_experts_bwd(&ex, &eg0, dxn, dy); };
+        const double tb0 = time_ms(op_b0, WARM, REPS);
+        row("  experts bwd without weight gradients (3 dinp GEMMs)", tb0, 3 * gemm1);
+        row("  so the 3 weight-gradient GEMMs take", tb - tb0, 3 * gemm1);
+        result("experts_bwd_nodw_ms", tb0); result("experts_bwd_dw_tflops", 3 * gemm1 / (tb - tb0) * 1e-9);
+        const int keep = lm_cuda_moe_gemm();
+        for (int kern : {3, 5}) {
+            lm_cuda_set_moe_gemm(kern);
+            op_f(); op_bz();
+            const double f = time_ms(op_f, WARM, REPS), b = time_ms(op_bz, WARM, REPS), b0 = time_ms(op_b0, WARM, REPS);
+            printf("  experts op, kernel %-8s fwd %.3f ms (%.1f TFLOP/s)  bwd %.3f ms (%.1f), of which dW %.3f ms (%.1f)\n",
+                   lm_cuda_moe_gemm_name(kern), f, 3 * gemm1 / f * 1e-9, b, 6 * gemm1 / b * 1e-9, b - b0,
+                   3 * gemm1 / (b - b0) * 1e-9);
+        }
+        lm_cuda_set_moe_gemm(keep);
         for (float *q : {xp2, ea2, eb2, eh2, yp2, dyp2, dxp2, dea2, deb2, deh2}) cudaCheck(cudaFree(q));
     }
 

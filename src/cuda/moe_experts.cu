@@ -11,7 +11,8 @@
 //             gate gradient read them)
 //   backward: the combine's backward writes dyp in bf16 (dgate as before, from fp32 yp);
 //             the GLU backward writes dea, deb in bf16; xp and eh are the forward's bf16;
-//             deh and dxp stay fp32 (the input-gradient kernels add into fp32)
+//             deh and dxp stay fp32 (written by the input-gradient products: the work
+//             buffers are zero on entry, so TMA writes them instead of adding)
 // The bf16 values go into the first half of the fp32 buffers the op is given (xp, eh are the
 // backend's by the op's contract; dyp, dea, deb are work buffers). In the fp32 GEMM modes,
 // or for shapes the wgmma kernels do not take, the op is the finer ops in turn
@@ -116,21 +117,24 @@ __global__ static void combine_bwd_bf16_k(bf16 *dypb, const float *dy, const flo
     }
 }
 
-// The kernels of the bf16 path (forward kf, gradients kb), or 0: the fp32 path. Decided from
-// the modes, the shapes and the tensors both directions share, so that a backward finds xp
-// and eh in the form its forward wrote (the modes must not change in between).
-static int experts_bf16(const lm_experts *ex, int *kf, int *kb) {
+// The kernels of the bf16 path (forward kf, input gradients into the zeroed work buffers
+// ki, weight gradients kw), or 0: the fp32 path. Decided from the modes, the shapes and the
+// tensors both directions share, so that a backward finds xp and eh in the form its forward
+// wrote (the modes must not change in between).
+static int experts_bf16(const lm_experts *ex, int *kf, int *ki, int *kw) {
     const int al = lm_aligned16({ex->W1, ex->W3, ex->W2, ex->xp, ex->ea, ex->eb, ex->eh, ex->yp});
-    *kf = lm_moe_bf16_kernel(ex->C, ex->F, al, 1);   // the same for both products: C, F play the same part
-    *kb = lm_moe_bf16_kernel(ex->C, ex->F, al, 0);
-    return *kf && *kb && ex->E <= 65535;
+    // the same for both products of each kind: C, F play the same part
+    *kf = lm_moe_bf16_kernel(ex->C, ex->F, al, LM_MOE_USE_FWD);
+    *ki = lm_moe_bf16_kernel(ex->C, ex->F, al, LM_MOE_USE_DINP_ZEROED);
+    *kw = lm_moe_bf16_kernel(ex->C, ex->F, al, LM_MOE_USE_DW);
+    return *kf && *ki && *kw && ex->E <= 65535;
 }
 
 static unsigned grid_for(size_t n) { return lm_cuda_blocks(n, 256); }
 
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
-    int kf, kb;
-    if (!experts_bf16(ex, &kf, &kb)) {
+    int kf, ki, kw;
+    if (!experts_bf16(ex, &kf, &ki, &kw)) {
         lm_experts_fwd_by_ops(&lm_cuda_ops, ex, y, x);
         return;
     }
@@ -145,17 +149,17 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
     lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
-    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0);
-    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0);
+    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0);
+    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0);
     glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
     cudaLaunchCheck();
-    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0);
+    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0, 0);
     cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
 }
 
 void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy) {
-    int kf, kb;
-    if (!experts_bf16(ex, &kf, &kb)) {
+    int kf, ki, kw;
+    if (!experts_bf16(ex, &kf, &ki, &kw)) {
         lm_experts_bwd_by_ops(&lm_cuda_ops, ex, g, dx, dy);
         return;
     }
@@ -174,19 +178,20 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
                                                                                 ex->N, ex->k, C, lm_aligned16({dy}));
     cudaLaunchCheck();
     cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
-    // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] += dyp · W2[e]
-    if (g->dW2) lm_moe_bf16_dw(kb, g->dW2, dypb, ehb, ex->offsets, E, C, F);
-    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kb);
-    lm_moe_bf16_rows(kb, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1);
+    // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] = dyp · W2[e] (deh is zero on entry)
+    if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, ehb, ex->offsets, E, C, F);
+    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, ki);
+    lm_moe_bf16_rows(ki, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1, 1);
     glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->act);
     cudaLaunchCheck();
-    // W1, W3: dxp [R, C] += dea · W1[e] + deb · W3[e];  dW1, dW3 [E, F, C] += dea/debᵀ · xp
+    // W1, W3: dxp [R, C] = dea · W1[e] + deb · W3[e] (one product where the kernel takes two
+    // parts: dxp written once);  dW1, dW3 [E, F, C] += dea/debᵀ · xp
     if (dx) {
-        lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kb);
-        lm_moe_bf16_rows(kb, g->dxp, deab, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsC, E, R, C, F, 1);
-        lm_moe_bf16_rows(kb, g->dxp, debb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsC, E, R, C, F, 1);
+        lm_moe_bf16_schedule(tsC, ex->offsets, E, C, ki);
+        lm_moe_bf16_rows2(ki, g->dxp, deab, lm_cuda_weight_bf16(ex->W1, nw), debb, lm_cuda_weight_bf16(ex->W3, nw),
+                          ex->offsets, tsC, E, R, C, F, F, 1);
     }
-    if (g->dW1) lm_moe_bf16_dw(kb, g->dW1, deab, xpb, ex->offsets, E, F, C);
-    if (g->dW3) lm_moe_bf16_dw(kb, g->dW3, debb, xpb, ex->offsets, E, F, C);
+    if (g->dW1) lm_moe_bf16_dw(kw, g->dW1, deab, xpb, ex->offsets, E, F, C);
+    if (g->dW3) lm_moe_bf16_dw(kw, g->dW3, debb, xpb, ex->offsets, E, F, C);
     cuda_moe_gather_bwd(dx, g->dxp, ex->row_token, ex->offsets, E, C, R);   // uses the workspace: last
 }

@@ -395,17 +395,20 @@ void lm_cuda_set_moe_gemm(int mode) {
     g_moe_gemm = mode;
 }
 const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKERNELS ? MOE_GEMM_NAMES[mode] : "?"; }
-// The kernel for these shapes: an LM_WG_* configuration, K_TMA, K_MMA, or K_FP32.
-// auto (bench_moe, H200; TFLOP/s of the three GEMMs at Kimi shapes, 512 rows per expert, and
-// at the small preset's, 205 rows):
+// The kernel for these shapes and this use (LM_MOE_USE_*): an LM_WG_* configuration, K_TMA,
+// K_MMA, or K_FP32. auto (bench_moe, H200; TFLOP/s of the three GEMMs at Kimi shapes, 512
+// rows per expert, and at the small preset's, 205 rows):
 //   forward: TMA (moe_gemm_tma.cu) — Kimi 390–411 vs 310–327 for the best cp.async kernel
 //     (two CTAs of 128 × 128 per SM), small 121–123 vs 120;
-//   input and weight gradients: two CTAs of 128 × 128 per SM (`wg128x2`) — Kimi dinp 225–236
-//     vs 182–189 for TMA and 164–172 for 128 × 256 tiles, dW 169–171 vs 70–91; small 74 / 64
-//     vs 48 / 64: their tiles are short (k = 1024, or an expert's rows) and the second CTA
-//     hides each one's read-modify-write epilogue.
+//   input gradient into a zeroed buffer (the experts op's deh, dxp): TMA, which writes
+//     instead of adding (and takes dxp's two products as one);
+//   input gradient added into fp32 (the grouped_matmul ops) and weight gradients: two CTAs of
+//     128 × 128 per SM (`wg128x2`) — Kimi dinp 225–236 vs 182–189 for TMA and 164–172 for
+//     128 × 256 tiles, dW 169–171 vs 70–91; small 74 / 64 vs 48 / 64: their tiles are short
+//     (k = 1024, or an expert's rows) and the second CTA hides each one's read-modify-write
+//     epilogue.
 enum { K_FP32 = 0, K_MMA = 100, K_TMA = 101 };
-static int moe_kernel(int C, int OC, int aligned, int fwd) {
+static int moe_kernel(int C, int OC, int aligned, int use) {
     if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4 || !aligned) return K_FP32;
     int m = lm_cuda_moe_gemm();
     if (m != MOE_MMA && (C % 8 || OC % 8)) m = MOE_MMA;   // wgmma copies 8-element chunks
@@ -415,7 +418,7 @@ static int moe_kernel(int C, int OC, int aligned, int fwd) {
     case MOE_WG128X2: return LM_WG_PAIR;
     case MOE_MMA: return K_MMA;
     case MOE_TMA: return K_TMA;
-    default: return fwd ? (int)K_TMA : (int)LM_WG_PAIR;
+    default: return use == LM_MOE_USE_FWD || use == LM_MOE_USE_DINP_ZEROED ? (int)K_TMA : (int)LM_WG_PAIR;
     }
 }
 
@@ -423,17 +426,27 @@ static int moe_kernel(int C, int OC, int aligned, int fwd) {
 static int rows_tile_cols(int kern) { return kern == K_TMA ? lm_wt_tile_cols() : lm_wg_tile_cols(kern); }
 
 // ---- the bf16-operand products, for this file's ops and moe_experts.cu (moe_gemm.cuh) ----
-int lm_moe_bf16_kernel(int C, int OC, int aligned, int fwd) {
-    const int kern = moe_kernel(C, OC, aligned, fwd);
+int lm_moe_bf16_kernel(int C, int OC, int aligned, int use) {
+    const int kern = moe_kernel(C, OC, aligned, use);
     return kern == K_FP32 || kern == K_MMA ? 0 : kern;
 }
 void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern) {
     tc_schedule(ts, offsets, E, N, 128, rows_tile_cols(kern));
 }
 void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp) {
-    if (kern == K_TMA) lm_wt_grouped_rows(Out, A, B, offsets, ts, E, R, N, K, dinp);
-    else lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);
+                      const int *ts, int E, int R, int N, int K, int dinp, int zeroed) {
+    if (kern == K_TMA) lm_wt_grouped_rows(Out, A, B, NULL, NULL, offsets, ts, E, R, N, K, 0, dinp, dinp && !zeroed);
+    else lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);   // dinp adds
+}
+void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+                       const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
+                       int zeroed) {
+    if (kern == K_TMA) {
+        lm_wt_grouped_rows(Out, A, B, A2, B2, offsets, ts, E, R, N, K, K2, 1, !zeroed);
+        return;
+    }
+    lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, 1, kern);
+    lm_wg_grouped_rows(Out, A2, B2, offsets, ts, E, N, K2, 1, kern);
 }
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
                     int E, int OC, int C) {
@@ -454,7 +467,7 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
     int aligned = lm_aligned16({inp});
     for (int i = 0; i < n; i++) aligned &= lm_aligned16({out[i], W[i]});
-    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned, 1) : K_FP32;
+    const int kern = C > 0 && R > 0 ? moe_kernel(C, OC, aligned, LM_MOE_USE_FWD) : K_FP32;
     if (kern != K_FP32 && kern != K_MMA) {   // A = inp, B_e = W[e] (n = oc, k = c): both K-major
         const size_t ab = lm_align256((size_t)R * C * 2);
         char *ws = (char *)lm_cuda_scratch(ab + (size_t)(E + 1) * sizeof(int));
@@ -463,7 +476,8 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
         lm_cuda_to_bf16(xb, inp, (size_t)R * C);
         lm_moe_bf16_schedule(ts, offsets, E, OC, kern);
         for (int i = 0; i < n; i++)
-            lm_moe_bf16_rows(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0);
+            lm_moe_bf16_rows(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0,
+                             0);
         return;
     }
     int *ts = NULL;   // the mma kernel's tile list: the same for every product
@@ -495,7 +509,8 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
     }
     if (E <= 0 || OC <= 0 || C <= 0 || (!dinp && !any_dw)) return;
     LM_CHECK(E <= 65535, "cuda grouped_matmul: %d experts exceed the grid", E);
-    const int kern = R > 0 ? moe_kernel(C, OC, aligned, 0) : K_FP32;
+    const int kern = R > 0 ? moe_kernel(C, OC, aligned, LM_MOE_USE_DINP) : K_FP32;
+    const int kdw = R > 0 ? moe_kernel(C, OC, aligned, LM_MOE_USE_DW) : K_FP32;   // the same class as kern
     if (kern != K_FP32 && kern != K_MMA) {
         const size_t db = lm_align256((size_t)R * OC * 2), xb = any_dw ? lm_align256((size_t)R * C * 2) : 0;
         char *ws = (char *)lm_cuda_scratch(n * db + xb + (size_t)(E + 1) * sizeof(int));
@@ -510,10 +525,10 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
             // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
             if (dinp) {
                 const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
-                lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1);
+                lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1, 0);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
-            if (dW[i]) lm_moe_bf16_dw(kern, dW[i], doutb, inpb, offsets, E, OC, C);
+            if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, inpb, offsets, E, OC, C);
         }
         return;
     }

@@ -16,10 +16,13 @@ int lm_wg_tile_cols(int cfg);   // N columns per tile
 void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
                         const int *tile_start, int E, int N, int K, int dinp, int cfg);
 // The same products with TMA copies and a warp-specialized pipeline (moe_gemm_tma.cu):
-// 128 × lm_wt_tile_cols() tiles; R = rows allocated in A (the copies' bounds).
+// 128 × lm_wt_tile_cols() tiles; R = rows allocated in A (the copies' bounds). A second part
+// (A2, B2, depth K2 > 0; dinp only) continues the k range: Out (+)= A·B_e + A2·B2_e.
+// acc 0: Out = (else +=).
 int lm_wt_tile_cols(void);
-void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                        const int *tile_start, int E, int R, int N, int K, int dinp);
+void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+                        const __nv_bfloat16 *B2, const int *offsets, const int *tile_start, int E, int R, int N, int K,
+                        int K2, int dinp, int acc);
 // dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N].
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
@@ -54,13 +57,19 @@ __device__ __forceinline__ GroupedTile grouped_tile(int tile, const int *offsets
 #endif
 // moe_gemm.cu's dispatch of the products above, for ops that hold bf16 operands themselves
 // (moe_experts.cu). lm_moe_bf16_kernel: the kernel for a product of inner width C and OC
-// outputs under the current modes (fwd: the forward; else the gradients), or 0 when such a
-// product takes an fp32-operand kernel. The rest as lm_wg_grouped_rows / lm_wg_grouped_dw,
-// the tile list ts [E+1] made by lm_moe_bf16_schedule for Out's N columns.
-int lm_moe_bf16_kernel(int C, int OC, int aligned, int fwd);
+// outputs under the current modes, for one use (LM_MOE_USE_*), or 0 when such a product takes
+// an fp32-operand kernel. The rest as lm_wg_grouped_rows / lm_wg_grouped_dw, the tile list ts
+// [E+1] made by lm_moe_bf16_schedule for Out's N columns. zeroed: Out holds zeros on entry,
+// so the kernel may write instead of adding. lm_moe_bf16_rows2: Out += A·B_e + A2·B2_e
+// (inner widths K, K2), one product where the kernel takes two parts.
+enum { LM_MOE_USE_FWD, LM_MOE_USE_DINP, LM_MOE_USE_DINP_ZEROED, LM_MOE_USE_DW };
+int lm_moe_bf16_kernel(int C, int OC, int aligned, int use);
 void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern);
 void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp);
+                      const int *ts, int E, int R, int N, int K, int dinp, int zeroed);
+void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+                       const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
+                       int zeroed);
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
                     int E, int OC, int C);
 

@@ -1,42 +1,69 @@
 // moe_gemm_tma.cu — the row-grouped expert GEMMs (forward and input gradient) with TMA copies
-// and a warp-specialized pipeline (sm_90a): the forward's kernel in moe_gemm.cu (auto, or
-// LM_MOE_GEMM=tma, which also takes the input gradient).
+// and a warp-specialized pipeline (sm_90a): auto takes the forward and the input gradients
+// into zeroed work buffers here (LM_MOE_GEMM=tma also the other input gradients):
 //
 //   fwd:  Out [R,N]  = per expert e: rows [offsets[e], offsets[e+1]) of A [R,K] · B_e [N,K]ᵀ
-//   dinp: Out [R,N] += A_rows · B_e with B_e [K,N] (the weights as stored, read MN-major)
+//   dinp: Out [R,N] (+)= Σ_p A_p rows · B_p,e with B_p,e [K_p,N] (the weights as stored, read
+//         MN-major); p < 2 parts of the k range, so dxp = dea·W1 + deb·W3 is one product
+//         written once (not two read-modify-write passes over fp32 dxp)
 //   bf16 operands, fp32 accumulation and output.
 //
 // Why: the cp.async kernels of moe_gemm_wg.cu stall on a CTA-wide barrier per k slice (ncu:
 // tensor pipes active ~50% in the forward). Here one producer thread issues TMA copies of
 // whole tiles (the hardware applies the 128-byte swizzle) and per ring slot two mbarriers
 // replace the barrier: `full` completes when the slot's bytes have landed, `empty` when both
-// consumer warpgroups' multiplies of the slot are done. 288 threads: warps 0–7 are two
-// consumer warpgroups (64 rows each of a 128 × 256 tile, 128 fp32 accumulators per thread),
-// warp 8 is the producer; one CTA per SM, persistent over moe_gemm.cu's tile list, and the
-// producer runs up to STAGES slices ahead — across tiles, so the next tile's copies overlap
-// this tile's epilogue.
+// consumer warpgroups' multiplies of the slot are done. Warps 0–7 are two consumer
+// warpgroups (64 rows each of a 128 × WN tile), warp 8 the producer; persistent CTAs over the
+// tile list, and the producer runs up to STAGES slices ahead — across tiles, so the next
+// tile's copies overlap this tile's epilogue. Two configurations: 128 × 256 tiles, one CTA per
+// SM (BIG), and 128 × 128 tiles, two CTAs per SM (PAIR: one's read-modify-write epilogue
+// overlaps the other's multiplies).
 //
-// Rows past an expert's end and columns past N are read from the neighbouring expert (or
-// zero-filled past the tensor's end) and never stored; k past K is zero-filled in A, so the
-// neighbouring data it meets in B adds nothing — unless that data is Inf or NaN (0 · Inf is
-// NaN): a non-finite weight of expert e+1 can then reach expert e's input gradient (only
-// when K is not a multiple of 64; the cp.async kernels zero-fill both operands).
+// Ragged edges. Rows past an expert's end and columns past N are read from the neighbouring
+// expert (or zero-filled past the tensor's end) and never stored. In fwd / dinp, k past K_p
+// is zero-filled in A, so the neighbouring data it meets in B adds nothing — unless that
+// data is Inf or NaN (0 · Inf is NaN): a non-finite weight of expert e+1 can then reach
+// expert e's input gradient (only when K_p is not a multiple of 64; the cp.async kernels
+// zero-fill both operands).
+//
+// Not here: the weight gradient. A TMA version (its k range an expert's rows, the rows past
+// the expert's end written as zeros by the producer warp) ran at 55–83 TFLOP/s at Kimi
+// shapes against 176 for moe_gemm_wg.cu's two-CTA cp.async kernel, with the same L2 and
+// DRAM bytes (ncu, session 12): its consumers waited on `full` and its producer on `empty`
+// ~20% of the samples each, the copies landing late. Cause not found; it was removed.
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
 #include "wgmma.cuh"
 #include "mbarrier.cuh"
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define WT_M 128
-#define WT_N 256
 #define WT_K 64
-#define WT_STAGES 4
 #define WT_THREADS 288   // 2 consumer warpgroups + 1 producer warp
 #define WT_A_BYTES (WT_M * WT_K * 2)
-#define WT_B_BYTES (WT_N * WT_K * 2)
-#define WT_STAGE (WT_A_BYTES + WT_B_BYTES)
-#define WT_SMEM (WT_STAGES * WT_STAGE + 1024 + 2 * WT_STAGES * 8)
+
+enum { WT_FWD, WT_DINP };
+
+template <int WN_, int STAGES_, int CTAS_> struct WtCfg {
+    static constexpr int WN = WN_, STAGES = STAGES_, CTAS = CTAS_;
+    static constexpr int B_BYTES = WN * WT_K * 2, STAGE = WT_A_BYTES + B_BYTES;
+    // ring (1024-aligned) + full, empty barriers per slot
+    static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
+};
+typedef WtCfg<256, 4, 1> WtBig;    // 192 KB ring, one CTA per SM
+typedef WtCfg<128, 3, 2> WtPair;   // 96 KB ring, two CTAs per SM
+
+// The tensor maps and the problem: parts p < 2 of the k range, slices [0, kt[0]) from a[0],
+// b[0] and [kt[0], kt[0] + kt[1]) from a[1], b[1] (kt[1] = 0: one part).
+struct WtArgs {
+    CUtensorMap a[2], b[2];
+    float *out;
+    const int *offsets, *tile_start;
+    int E, N, kt[2], kdepth[2];   // kdepth: K_p (dinp: the rows of W_e in map b[p])
+};
 
 // ---- TMA (PTX); the mbarriers are in mbarrier.cuh ----
 // 2-D tile copy global → shared: box at (c0 inner, c1 outer) of the tensor map, completion
@@ -47,45 +74,63 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int
            : "memory");
 }
 
-// DINP: B MN-major (map over W as [E·K rows, N]) and Out +=; else B K-major (map over W as
-// [E·N rows, K]) and Out =. mapA over A [R rows, K].
-template <bool DINP>
-__global__ static void __launch_bounds__(WT_THREADS, 1)
-    wt_rows_k(const __grid_constant__ CUtensorMap mapA, const __grid_constant__ CUtensorMap mapB, float *Out,
-              const int *offsets, const int *tile_start, int E, int N, int K) {
+// One output tile: expert e, its rows from o0, the tile at (m0, n0) of the output, KT k
+// slices, C its output origin, M × N valid
+struct WtTile {
+    int e, o0, m0, n0, KT, M, N;
+    float *C;
+};
+template <int WN> __device__ __forceinline__ WtTile wt_tile(const WtArgs &a, int tile) {
+    const GroupedTile g = grouped_tile(tile, a.offsets, a.tile_start, a.E, WT_M, WN);
+    WtTile t;
+    t.e = g.e;
+    t.o0 = g.o0;
+    t.m0 = g.m0;
+    t.n0 = g.n0;
+    t.KT = a.kt[0] + a.kt[1];
+    t.C = a.out + (long)(g.o0 + g.m0) * a.N + g.n0;
+    t.M = g.rows - g.m0;
+    t.N = a.N - g.n0;
+    return t;
+}
+
+// MODE as above; ACC: Out += (else Out =)
+template <class Cfg, int MODE, bool ACC>
+__global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const __grid_constant__ WtArgs args) {
+    constexpr int WN = Cfg::WN, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE;
     extern __shared__ uint8_t wt_raw[];
     const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wt_raw) + 1023u) & ~1023u;
-    const uint32_t full0 = ring + WT_STAGES * WT_STAGE, empty0 = full0 + WT_STAGES * 8;
+    const uint32_t full0 = ring + STAGES * STAGE, empty0 = full0 + STAGES * 8;
     const int tid = threadIdx.x, warp = tid >> 5;
     if (tid == 0) {
-        for (int s = 0; s < WT_STAGES; s++) {
-            mb_init(full0 + 8 * s, 1);    // the producer's expect_tx arrival (+ the bytes)
+        for (int s = 0; s < STAGES; s++) {
+            mb_init(full0 + 8 * s, 1);    // the producer's arrival (+ the bytes)
             mb_init(empty0 + 8 * s, 2);   // one arrival per consumer warpgroup
         }
         mb_init_fence();
     }
     __syncthreads();
-    const int total = tile_start[E], KT = (K + WT_K - 1) / WT_K;
+    const int total = args.tile_start[args.E];
 
     if (warp == 8) {   // producer
         if ((tid & 31) != 0) return;
         int slot = 0, phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-            const GroupedTile t = grouped_tile(tile, offsets, tile_start, E, WT_M, WT_N);
-            const int e = t.e, o0 = t.o0, m0 = t.m0, n0 = t.n0;
-            for (int kt = 0; kt < KT; kt++) {
+            const WtTile t = wt_tile<WN>(args, tile);
+            for (int kt = 0; kt < t.KT; kt++) {
                 mb_wait(empty0 + 8 * slot, phase ^ 1);
-                const uint32_t sa = ring + slot * WT_STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
-                mb_expect_tx(full, WT_STAGE);
-                tma_2d(sa, &mapA, kt * WT_K, o0 + m0, full);
-                if (DINP) {   // four 64-wide n blocks of 64 k rows (8 KB each)
+                const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
+                const int p = kt >= args.kt[0], k0 = (kt - (p ? args.kt[0] : 0)) * WT_K;
+                mb_expect_tx(full, STAGE);
+                tma_2d(sa, &args.a[p], k0, t.o0 + t.m0, full);
+                if (MODE == WT_DINP) {   // WN/64 blocks of 64 n × 64 k rows (8 KB each)
 #pragma unroll
-                    for (int mb = 0; mb < WT_N / 64; mb++)
-                        tma_2d(sb + mb * 8192, &mapB, n0 + 64 * mb, e * K + kt * WT_K, full);
+                    for (int nb = 0; nb < WN / 64; nb++)
+                        tma_2d(sb + nb * 8192, &args.b[p], t.n0 + 64 * nb, t.e * args.kdepth[p] + k0, full);
                 } else {
-                    tma_2d(sb, &mapB, kt * WT_K, e * N + n0, full);
+                    tma_2d(sb, &args.b[p], k0, t.e * args.N + t.n0, full);
                 }
-                if (++slot == WT_STAGES) { slot = 0; phase ^= 1; }
+                if (++slot == STAGES) { slot = 0; phase ^= 1; }
             }
         }
         return;
@@ -95,51 +140,53 @@ __global__ static void __launch_bounds__(WT_THREADS, 1)
     const int wg = warp >> 2;
     const bool leader = (tid & 127) == 0;
     int slot = 0, phase = 0;
-    float acc[WT_N / 2];
+    float acc[WN / 2];
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        const GroupedTile t = grouped_tile(tile, offsets, tile_start, E, WT_M, WT_N);
-        const int o0 = t.o0, rows = t.rows, m0 = t.m0, n0 = t.n0;
+        const WtTile t = wt_tile<WN>(args, tile);
         int prev = -1;
-        for (int kt = 0; kt < KT; kt++) {
+        for (int kt = 0; kt < t.KT; kt++) {
             mb_wait(full0 + 8 * slot, phase);
-            const uint32_t sa = ring + slot * WT_STAGE, sb = sa + WT_A_BYTES;
+            const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES;
             wg_fence();
 #pragma unroll
             for (int j = 0; j < WT_K / 16; j++) {
+                // A K-major: 128-byte rows. B K-major (fwd) likewise; MN-major (dinp): 64-n
+                // blocks 8 KB apart, SBO between 8-row k groups, a k16 step is two of them.
                 const uint64_t da = wb_desc(sa + wg * 64 * 128 + j * 32, 16, 1024);
-                const uint64_t db = DINP ? wb_desc(sb + 2 * j * 1024, 8192, 1024) : wb_desc(sb + j * 32, 16, 1024);
-                wg_mma_n256<0, DINP ? 1 : 0>(acc, da, db, kt > 0 || j > 0);
+                const uint64_t db = MODE == WT_FWD ? wb_desc(sb + j * 32, 16, 1024) : wb_desc(sb + 2 * j * 1024, 8192, 1024);
+                if constexpr (WN == 256) wg_mma_n256<0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
+                else wg_mma_n128<0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
             }
             wg_commit();
             wg_wait<1>();   // the previous slice's multiply is done: its slot can be refilled
             if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
             prev = slot;
-            if (++slot == WT_STAGES) { slot = 0; phase ^= 1; }
+            if (++slot == STAGES) { slot = 0; phase ^= 1; }
         }
         wg_wait<0>();
         if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
-        // epilogue (accumulator layout as in moe_gemm_wg.cu); dinp adds to the fp32 output,
-        // its old values loaded 8 at a time before their stores (182 TFLOP/s at Kimi shapes;
-        // 189 one at a time — both below moe_gemm_wg.cu's two-CTA kernel, which auto uses)
-        const int w = (tid & 127) >> 5, l = tid & 31, M = rows - m0, NN = N - n0;
-        float *C = Out + (long)(o0 + m0) * N + n0;
+        // accumulator layout (per warpgroup, m64 × nWN): register 4i+q of warp w, lane l is row
+        // 16w + l/4 + 8·(q/2), column 8i + 2·(l%4) + q%2. With ACC the old values are loaded 8
+        // at a time before their stores (the compiler cannot move a load past a store that
+        // might alias it)
+        const int w = (tid & 127) >> 5, l = tid & 31;
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             const int m = wg * 64 + w * 16 + (l >> 2) + 8 * hf;
-            if (m >= M) continue;
-            float *crow = C + (long)m * N;
+            if (m >= t.M) continue;
+            float *crow = t.C + (long)m * args.N;
 #pragma unroll
-            for (int i0 = 0; i0 < WT_N / 8; i0 += 8) {
+            for (int i0 = 0; i0 < WN / 8; i0 += 8) {
                 float2 old[8];
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int n = 8 * (i0 + u) + 2 * (l & 3);
-                    old[u] = DINP && n < NN ? *reinterpret_cast<const float2 *>(crow + n) : make_float2(0.0f, 0.0f);
+                    old[u] = ACC && n < t.N ? *reinterpret_cast<const float2 *>(crow + n) : make_float2(0.0f, 0.0f);
                 }
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     const int n = 8 * (i0 + u) + 2 * (l & 3);
-                    if (n >= NN) continue;
+                    if (n >= t.N) continue;
                     const int r = 4 * (i0 + u) + 2 * hf;
                     *reinterpret_cast<float2 *>(crow + n) = make_float2(acc[r] + old[u].x, acc[r + 1] + old[u].y);
                 }
@@ -171,22 +218,60 @@ static CUtensorMap wt_map(const __nv_bfloat16 *base, long inner, long outer, int
     return m;
 }
 
-int lm_wt_tile_cols(void) { return WT_N; }
-
-void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                        const int *tile_start, int E, int R, int N, int K, int dinp) {
-    LM_CHECK(K > 0 && N > 0 && R > 0, "grouped GEMM (TMA): empty operand (R %d, N %d, K %d)", R, N, K);
-    static int ready[2] = {0, 0};
-    const int sms = lm_cuda_num_sms();
-    const CUtensorMap ma = wt_map(A, K, R, WT_K, WT_M);
-    // B: dinp, W as [E·K rows, N] in 64 × 64 boxes (n blocks); fwd, W as [E·N rows, K]
-    const CUtensorMap mb = dinp ? wt_map(B, N, (long)E * K, 64, WT_K) : wt_map(B, K, (long)E * N, WT_K, WT_N);
-    void (*kern)(const CUtensorMap, const CUtensorMap, float *, const int *, const int *, int, int, int) =
-        dinp ? wt_rows_k<true> : wt_rows_k<false>;
-    if (!ready[dinp != 0]) {
-        cudaCheck(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, WT_SMEM));
-        ready[dinp != 0] = 1;
+template <class Cfg, int MODE, bool ACC> static void wt_launch(const WtArgs &a) {
+    static int ready = 0;
+    if (!ready) {
+        cudaCheck(cudaFuncSetAttribute(wt_gemm_k<Cfg, MODE, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Cfg::SMEM));
+        ready = 1;
     }
-    kern<<<sms, WT_THREADS, WT_SMEM, lm_cuda_stream()>>>(ma, mb, Out, offsets, tile_start, E, N, K);
+    wt_gemm_k<Cfg, MODE, ACC><<<Cfg::CTAS * lm_cuda_num_sms(), WT_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(a);
     cudaLaunchCheck();
 }
+
+// LM_MOE_TMA_TILE=256|128 (benchmarks): 128 × 256 tiles, one CTA per SM (the default), or
+// 128 × 128, two CTAs per SM
+int lm_wt_tile_cols(void) {
+    static int v = 0;
+    if (!v) {
+        const char *s = getenv("LM_MOE_TMA_TILE");
+        v = s && *s ? atoi(s) : 256;
+        if (v != 128 && v != 256) lm_die("LM_MOE_TMA_TILE='%s' is not 128 or 256", s);
+    }
+    return v;
+}
+
+void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+                        const __nv_bfloat16 *B2, const int *offsets, const int *tile_start, int E, int R, int N, int K,
+                        int K2, int dinp, int acc) {
+    LM_CHECK(K > 0 && N > 0 && R > 0 && K2 >= 0, "grouped GEMM (TMA): empty operand (R %d, N %d, K %d)", R, N, K);
+    LM_CHECK(dinp || K2 == 0, "grouped GEMM (TMA): a second k part is for the input gradient only");
+    const int wn = lm_wt_tile_cols();
+    WtArgs a;
+    memset(&a, 0, sizeof a);
+    const int np = K2 > 0 ? 2 : 1;
+    const __nv_bfloat16 *As[2] = {A, A2}, *Bs[2] = {B, B2};
+    const int Ks[2] = {K, K2};
+    for (int p = 0; p < np; p++) {
+        a.a[p] = wt_map(As[p], Ks[p], R, WT_K, WT_M);
+        // B: dinp, W as [E·K_p rows, N] in 64 × 64 boxes (n blocks); fwd, W as [E·N rows, K]
+        a.b[p] = dinp ? wt_map(Bs[p], N, (long)E * Ks[p], 64, WT_K) : wt_map(Bs[p], K, (long)E * N, WT_K, wn);
+        a.kt[p] = (Ks[p] + WT_K - 1) / WT_K;
+        a.kdepth[p] = Ks[p];
+    }
+    a.out = Out;
+    a.offsets = offsets;
+    a.tile_start = tile_start;
+    a.E = E;
+    a.N = N;
+    if (wn == 256) {
+        if (!dinp) wt_launch<WtBig, WT_FWD, false>(a);
+        else if (acc) wt_launch<WtBig, WT_DINP, true>(a);
+        else wt_launch<WtBig, WT_DINP, false>(a);
+    } else {
+        if (!dinp) wt_launch<WtPair, WT_FWD, false>(a);
+        else if (acc) wt_launch<WtPair, WT_DINP, true>(a);
+        else wt_launch<WtPair, WT_DINP, false>(a);
+    }
+}
+

@@ -1449,13 +1449,16 @@ int main(int argc, char **argv) {
         t_grouped_weight_cache();
         t_grouped_matmul(700, 8, 2, -1, 300, 260);
         t_grouped_matmul(300, 12, 3, 40, 70, 45);
-        // the experts op: its bf16 path under each rows kernel (mma: the finer ops), widths
-        // the wgmma kernels do not take, SiTU
+        // the experts op: its bf16 path under each rows kernel (mma: the finer ops; auto and
+        // tma write deh and dxp instead of adding), widths the wgmma kernels do not take, SiTU
         for (int kernel = 0; kernel <= 5; kernel++) {
             lm_cuda_set_moe_gemm(kernel);
             t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);
         }
         lm_cuda_set_moe_gemm(0);
+        // F a multiple of the 64-deep slice: dxp's two k parts (dea · W1, deb · W3) meet at a
+        // slice boundary in the TMA kernel (F = 40, 264 above split a slice)
+        t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU);
         t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU);
         t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
