@@ -127,10 +127,13 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     }
     for (int it = 0; it < nsteps; it++) {
         const int i = nsteps - 1 - it, itn = it + NSt - 1;   // i: the step, from the block's start
+        // one block barrier per step: past it, this step's stage has landed for every thread
+        // and every warp is done with the previous step's stage, which the copies issued next
+        // refill
+        cp_async_wait_n(NSt - 2);
+        __syncthreads();
         if (itn < nsteps) load_step(itn % NSt, nsteps - 1 - itn);
         cp_async_commit();
-        cp_async_wait_n(NSt - 1);
-        __syncthreads();
         unsigned char *st = smem_raw + (it % NSt) * SB;
         const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
         if (a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
@@ -161,7 +164,6 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
                 rscan_minus_w<K>(ds, dvp[j], (const bf16 *)(st + j * L.bytes + L.oW), lane);
             }
         }
-        __syncthreads();
     }
     cp_async_wait<0>();
     if (a.mode == RS_LOCAL) frag_store_kv<K>(ds, a.seg_out + (nh * a.nseg + sg) * K * a.V, a.V, v0, lane);

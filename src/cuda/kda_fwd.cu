@@ -561,10 +561,14 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     }
     for (int c = c0; c < nc; c += G) {
         const int step = (c - c0) / G, cn = c + (NSt - 1) * G;
+        // one block barrier per step: past it, this step's stage has landed for every thread
+        // and every warp is done with the previous step's stage, which the copies issued next
+        // refill (and, KS > 1, with the output partials). A KS = 1 warp writes its own output
+        // columns, so no second barrier is needed after the step.
+        cp_async_wait_n(NSt - 2);
+        __syncthreads();
         if (cn < nc) load_step((step + NSt - 1) % NSt, cn);
         cp_async_commit();
-        cp_async_wait_n(NSt - 1);
-        __syncthreads();
         unsigned char *st = smem_raw + (step % NSt) * SB;
         const int nsub = min(G, nc - c);
         if (CKPT && (c % KDA_SEG) == 0)
@@ -633,23 +637,28 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             }
             scan_update<KP>(s, av, sK + kp0 * KDA_LD16, sgl + kp0, lane);
         }
-        __syncthreads();
-        if (OUT && a.o) {
+        if (KS == 1 && OUT && a.o) {   // this warp's 16 value columns of the step's rows: 32 bytes a row
+            __syncwarp();
+            const int len = min(16 * G, len_n - 16 * c);
+            for (int i = lane; i < 2 * len; i += 32) {
+                const int r = i >> 1, hf = i & 1;
+                bf16 *dst = a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + v0 + 8 * hf;
+                *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + 16 * vs + 8 * hf);
+            }
+        }
+        if (KS > 1) __syncthreads();
+        if (KS > 1 && OUT && a.o) {
             int len = min(16 * G, len_n - 16 * c);
             for (int i = tid; i < len * VB / 8; i += blockDim.x) {
                 int r = i / (VB / 8), pc = i % (VB / 8);
                 bf16 *dst = a.o + ((size_t)(bos + 16 * c + r) * a.H + h) * a.V + vb0 + pc * 8;
-                if (KS == 1) {
-                    *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(sO + r * (VB + 8) + pc * 8);
-                } else {
-                    float acc[2][4] = {};
+                float acc[2][4] = {};
 #pragma unroll
-                    for (int j = 0; j < KS; j++) add8(acc, sOp + ((size_t)j * 16 * G + r) * (VB + 4) + pc * 8);
-                    uint4 u;
-                    u.x = pack_bf16(acc[0][0], acc[0][1]); u.y = pack_bf16(acc[0][2], acc[0][3]);
-                    u.z = pack_bf16(acc[1][0], acc[1][1]); u.w = pack_bf16(acc[1][2], acc[1][3]);
-                    *reinterpret_cast<uint4 *>(dst) = u;
-                }
+                for (int j = 0; j < KS; j++) add8(acc, sOp + ((size_t)j * 16 * G + r) * (VB + 4) + pc * 8);
+                uint4 u;
+                u.x = pack_bf16(acc[0][0], acc[0][1]); u.y = pack_bf16(acc[0][2], acc[0][3]);
+                u.z = pack_bf16(acc[1][0], acc[1][1]); u.w = pack_bf16(acc[1][2], acc[1][3]);
+                *reinterpret_cast<uint4 *>(dst) = u;
             }
         }
     }
