@@ -672,53 +672,82 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
 // The two-level scans' carry, serial over a sequence's segments: S_start(0) = S0 (or 0),
 // S_start(σ+1) = A(σ) S_start(σ) + L(σ), written to segS0 [N·H·nseg, K, V]; REV (the
 // backward): from the last segment down, dS_end(last) = dS_out, dS_end(σ−1) = A(σ)ᵀ dS_end(σ)
-// + L(σ). Block: one (sequence, head) and 32 value columns; thread: column tid % 32, rows
-// tid / 32 + 8j. fp32, the sum over A's columns (rows, REV) in order.
+// + L(σ). Block: one (sequence, head) and CARRY_CW value columns; thread: column
+// tid % CARRY_CW, rows tid / CARRY_CW + (256 / CARRY_CW)·j. fp32, the sum over A's columns
+// (rows, REV) in order. The transitions do not depend on the carried state, so the next
+// segment's A is copied into the other of two shared-memory buffers while this one's product
+// runs. (Session 12: it was 32 columns per block with A staged 32 columns at a time, one
+// copy round trip per 32 — at the small preset's B1 step the carries took 4.1 of 80 ms.)
+#define CARRY_CW 8
+template <int K> __host__ __device__ constexpr int carry_lda() { return K + 4; }   // 16-byte rows, no conflicts
+template <int K> constexpr int carry_smem() { return (2 * K * carry_lda<K>() + K * (CARRY_CW + 1)) * 4; }
 template <int K, bool REV>
 __global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, const float *segA, const float *segL,
                                                             float *segS0, int V, int nseg) {
-    // sA: 32 columns of A (rows of A, REV) at a time, so each thread's products read shared
-    // memory (a warp shares its rows: broadcasts), not 2K scattered global loads per step
-    __shared__ float sS[K][33], sA[K][33];
+    extern __shared__ __align__(16) float carry_smem_raw[];
+    constexpr int LDA = carry_lda<K>(), RS = 256 / CARRY_CW, RJ = K / RS;
+    float *sA0 = carry_smem_raw, *sS = carry_smem_raw + 2 * K * LDA;   // sS [K][CARRY_CW + 1]
     const size_t nh = blockIdx.x;
-    const int v0 = 32 * blockIdx.y, tid = threadIdx.x, c = tid & 31, r0 = tid >> 5;
-    constexpr int RJ = K / 8;
-    for (int i = tid; i < K * 32; i += 256) sS[i >> 5][i & 31] = S0 ? S0[nh * K * V + (size_t)(i >> 5) * V + v0 + (i & 31)] : 0.f;
-    __syncthreads();
+    const int v0 = CARRY_CW * blockIdx.y, tid = threadIdx.x, c = tid % CARRY_CW, r0 = tid / CARRY_CW;
+    auto seg_of = [&](int it) { return nh * nseg + (REV ? nseg - 1 - it : it); };
+    // A(σ) as stored, [K][K] in rows of LDA floats, by 16-byte copies
+    auto copy_A = [&](int it) {
+        const float *A = segA + seg_of(it) * K * K;
+        float *dst = sA0 + (it & 1) * K * LDA;
+        for (int i = tid; i < K * K / 4; i += 256) cp_async16(dst + (i / (K / 4)) * LDA + 4 * (i % (K / 4)), A + 4 * i);
+        cp_async_commit();
+    };
+    for (int i = tid; i < K * CARRY_CW; i += 256) {
+        const int r = i / CARRY_CW, cc = i % CARRY_CW;
+        sS[r * (CARRY_CW + 1) + cc] = S0 ? S0[nh * K * V + (size_t)r * V + v0 + cc] : 0.f;
+    }
+    if (nseg > 1) copy_A(0);
     for (int it = 0; it < nseg; it++) {
-        const int sg = REV ? nseg - 1 - it : it;
-        const size_t seg = nh * nseg + sg;
-        for (int i = tid; i < K * 32; i += 256) segS0[seg * K * V + (size_t)(i >> 5) * V + v0 + (i & 31)] = sS[i >> 5][i & 31];
+        const size_t seg = seg_of(it);
+        __syncthreads();   // sS holds S_start of this segment
+        for (int i = tid; i < K * CARRY_CW; i += 256) {
+            const int r = i / CARRY_CW, cc = i % CARRY_CW;
+            segS0[seg * K * V + (size_t)r * V + v0 + cc] = sS[r * (CARRY_CW + 1) + cc];
+        }
         if (it == nseg - 1) break;
-        const float *A = segA + seg * K * K, *Lm = segL + seg * K * V;
+        const float *Lm = segL + seg * K * V;
         float acc[RJ];
 #pragma unroll
-        for (int j = 0; j < RJ; j++) acc[j] = Lm[(size_t)(r0 + 8 * j) * V + v0 + c];
-        for (int m0 = 0; m0 < K; m0 += 32) {
-            // sA[r][mm] = A[r][m0 + mm], or A[m0 + mm][r] (REV: Aᵀ); coalesced either way
-            for (int i = tid; i < K * 32; i += 256) {
-                if (REV) sA[i % K][i / K] = A[(size_t)(m0 + i / K) * K + i % K];
-                else sA[i >> 5][i & 31] = A[(size_t)(i >> 5) * K + m0 + (i & 31)];
-            }
-            __syncthreads();
-#pragma unroll 4
-            for (int mm = 0; mm < 32; mm++) {
-                const float sm = sS[m0 + mm][c];
-#pragma unroll
-                for (int j = 0; j < RJ; j++) acc[j] += sA[r0 + 8 * j][mm] * sm;
-            }
-            __syncthreads();
+        for (int j = 0; j < RJ; j++) acc[j] = Lm[(size_t)(r0 + RS * j) * V + v0 + c];
+        if (it + 1 < nseg - 1) {   // the next product's A, into the other buffer
+            copy_A(it + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads();   // this A has landed for every thread
+        const float *sA = sA0 + (it & 1) * K * LDA;
+#pragma unroll 8
+        for (int m = 0; m < K; m++) {
+            const float sm = sS[m * (CARRY_CW + 1) + c];
 #pragma unroll
-        for (int j = 0; j < RJ; j++) sS[r0 + 8 * j][c] = acc[j];
-        __syncthreads();
+            for (int j = 0; j < RJ; j++) {
+                const int r = r0 + RS * j;
+                acc[j] += (REV ? sA[m * LDA + r] : sA[r * LDA + m]) * sm;
+            }
+        }
+        __syncthreads();   // every thread is done with sS and this A (refilled two segments on)
+#pragma unroll
+        for (int j = 0; j < RJ; j++) sS[(r0 + RS * j) * (CARRY_CW + 1) + c] = acc[j];
     }
 }
 
 cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
-    const dim3 grid((unsigned)(p->N * p->H), p->V / 32);
+    const dim3 grid((unsigned)(p->N * p->H), p->V / CARRY_CW);
     const float *init = rev ? p->dS_out : p->S0;
-#define CARRY(KK, RR) kda_seg_carry_kernel<KK, RR><<<grid, 256, 0, p->stream>>>(init, w.segA, w.segL, w.segS0, p->V, w.nseg)
+#define CARRY(KK, RR)                                                                                                  \
+    do {                                                                                                               \
+        cudaError_t e = cudaFuncSetAttribute(kda_seg_carry_kernel<KK, RR>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                             carry_smem<KK>());                                                        \
+        if (e != cudaSuccess) return e;                                                                                \
+        kda_seg_carry_kernel<KK, RR><<<grid, 256, carry_smem<KK>(), p->stream>>>(init, w.segA, w.segL, w.segS0, p->V, \
+                                                                                 w.nseg);                              \
+    } while (0)
     if (p->K == 64) { if (rev) CARRY(64, true); else CARRY(64, false); }
     else { if (rev) CARRY(128, true); else CARRY(128, false); }
 #undef CARRY
