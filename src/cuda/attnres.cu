@@ -2,7 +2,64 @@
 // derivation). One block per token: the per-source reductions (‖u_j‖², q·u_j, g·u_j) by
 // fixed block trees, the softmax over sources by one thread in source order, then every
 // thread updates its own channels. ∂w, ∂γ through the deterministic column sums.
+//
+// The mixer is pure memory traffic (a few flops per byte), so the common case — at most
+// AR_REG_SOURCES sources, C a multiple of 4 and at most 4096 — keeps each thread's four
+// channels of every source in registers: the forward reads each source once (the general
+// kernel reads it twice), and the backward reads each source once and adds its share of ∂q
+// (Σ_j c_j ρ_j u_j, summed over the block's rows) in the same pass, where the general path
+// reads the sources twice more (once for the reductions' partner loop, once for ∂q's column
+// sums). Both paths reduce in a fixed order, so results are deterministic.
 #include "cuda_common.cuh"
+
+#define AR_REG_SOURCES 8
+static inline int ar_reg_ok(int n, int C) { return n >= 2 && n <= AR_REG_SOURCES && C % 4 == 0 && C <= 4096; }
+static inline int ar_reg_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
+// rows per block of the backward: enough blocks to fill the GPU, few ∂q partial rows
+static inline int ar_bwd_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
+
+// out [N, C] = Σ_j α_j u_j, one row per block, thread t owns channels 4t..4t+3.
+template <int NS>
+__global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources src, const float *w,
+                                         const float *gamma, int C, float eps) {
+    __shared__ float red[32 * 2 * NS], tot[2 * NS];
+    const int n = src.n, c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const size_t row = (size_t)blockIdx.x * C + c;
+    const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
+    const float4 q = make_float4(wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w);
+    float4 u[NS];
+    float part[2 * NS];
+#pragma unroll
+    for (int j = 0; j < NS; j++) {
+        u[j] = ld4(src.p[j < n ? j : 0] + row, on && j < n);
+        part[2 * j] = dot4(u[j], u[j]);
+        part[2 * j + 1] = dot4(q, u[j]);
+    }
+    block_sums<2 * NS>(part, red, tot);   // every source read happens before out (maybe a source) is written
+    if (threadIdx.x == 0) {
+        float sc[NS], m = -INFINITY, sum = 0;
+#pragma unroll
+        for (int j = 0; j < NS; j++)
+            if (j < n) { sc[j] = (1.0f / sqrtf(tot[2 * j] / C + eps)) * tot[2 * j + 1]; m = fmaxf(m, sc[j]); }
+#pragma unroll
+        for (int j = 0; j < NS; j++)
+            if (j < n) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
+#pragma unroll
+        for (int j = 0; j < NS; j++)
+            if (j < n) { tot[j] = sc[j] / sum; alpha[(size_t)blockIdx.x * n + j] = tot[j]; }
+    }
+    __syncthreads();
+    if (!on) return;
+    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int j = 0; j < NS; j++)
+        if (j < n) {
+            const float a = tot[j];
+            y.x += a * u[j].x; y.y += a * u[j].y; y.z += a * u[j].z; y.w += a * u[j].w;
+        }
+    *reinterpret_cast<float4 *>(out + row) = y;
+}
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }
 
@@ -49,7 +106,13 @@ void cuda_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, con
                       real eps) {
     LM_CHECK(src.n >= 1 && src.n <= LM_MAX_SOURCES, "attnres: %d sources", src.n);
     if (N <= 0 || C <= 0) return;
-    attnres_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
+    if (ar_reg_ok(src.n, C)) {
+        const int th = ar_reg_threads(C);
+        if (src.n <= 4) attnres_fwd_reg_k<4><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
+        else attnres_fwd_reg_k<8><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
+    } else {
+        attnres_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
+    }
     cudaLaunchCheck();
 }
 
@@ -101,6 +164,66 @@ __global__ static void attnres_bwd_k(lm_source_grads dsrc, float *cq, const floa
     }
 }
 
+// The backward of rows [rpb·b, rpb·b + rpb) of block b, thread t owning channels 4t..4t+3:
+// ∂u_j += α_j g + k_j q − m_j u_j with k_j = c_j ρ_j, m_j = c_j s_j ρ_j² / C (as attnres_bwd_k),
+// and dq_part [b, C] = Σ_rows Σ_j k_j u_j (NULL: ∂q not wanted).
+template <int NS>
+__global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, const float *dout, lm_sources src,
+                                         const float *alpha, const float *w, const float *gamma, int N, int C,
+                                         float eps, int rpb) {
+    __shared__ float red[32 * 3 * NS], tot[3 * NS];
+    const int n = src.n, c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
+    const float4 q = make_float4(wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w);
+    float4 dq = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
+    for (int i = i0; i < i1; i++) {
+        const size_t row = (size_t)i * C + c;
+        const float4 g = ld4(dout + row, on);
+        float4 u[NS];
+        float part[3 * NS];
+#pragma unroll
+        for (int j = 0; j < NS; j++) {
+            u[j] = ld4(src.p[j < n ? j : 0] + row, on && j < n);
+            part[3 * j] = dot4(u[j], u[j]);
+            part[3 * j + 1] = dot4(q, u[j]);
+            part[3 * j + 2] = dot4(g, u[j]);
+        }
+        block_sums<3 * NS>(part, red, tot);   // all reads of g (maybe a dsrc buffer) are done
+        if (threadIdx.x == 0) {
+            const float *a = alpha + (size_t)i * n;
+            float gout = 0;
+            for (int j = 0; j < n; j++) gout += a[j] * tot[3 * j + 2];
+            for (int j = 0; j < n; j++) {
+                const float rho = 1.0f / sqrtf(tot[3 * j] / C + eps), sj = rho * tot[3 * j + 1];
+                const float cj = a[j] * (tot[3 * j + 2] - gout);
+                tot[3 * j] = a[j];
+                tot[3 * j + 1] = cj * rho;                  // k_j
+                tot[3 * j + 2] = cj * sj * rho * rho / C;   // m_j
+            }
+        }
+        __syncthreads();
+        if (on) {
+#pragma unroll
+            for (int j = 0; j < NS; j++) {
+                if (j >= n) continue;
+                const float aj = tot[3 * j], kj = tot[3 * j + 1], mj = tot[3 * j + 2];
+                dq.x += kj * u[j].x; dq.y += kj * u[j].y; dq.z += kj * u[j].z; dq.w += kj * u[j].w;
+                if (j >= dsrc.n || !dsrc.p[j]) continue;
+                // one entry at a time: a buffer listed twice gets both updates
+                float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row), v = *d;
+                v.x += aj * g.x + kj * q.x - mj * u[j].x;
+                v.y += aj * g.y + kj * q.y - mj * u[j].y;
+                v.z += aj * g.z + kj * q.z - mj * u[j].z;
+                v.w += aj * g.w + kj * q.w - mj * u[j].w;
+                *d = v;
+            }
+        }
+    }
+    if (dq_part && on) *reinterpret_cast<float4 *>(dq_part + (size_t)blockIdx.x * C + c) = dq;
+}
+
 struct attnres_dq_f {   // Σ_j cq[i, j] · u_j[i, c]
     lm_sources src;
     const float *cq;
@@ -120,6 +243,22 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     for (int j = 0; j < dsrc.n; j++) any_dsrc |= dsrc.p[j] != NULL;
     const int want_dq = dw != NULL || dgamma != NULL;
     if (N <= 0 || C <= 0 || (!any_dsrc && !want_dq)) return;
+    if (ar_reg_ok(n, C)) {
+        const int rpb = ar_bwd_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = ar_reg_threads(C);
+        float *part = want_dq ? (float *)lm_cuda_scratch(((size_t)nb + 1) * C * sizeof(float)) : NULL;
+        if (n <= 4)
+            attnres_bwd_reg_k<4><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
+        else
+            attnres_bwd_reg_k<8><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
+        cudaLaunchCheck();
+        if (want_dq) {
+            float *dq = part + (size_t)nb * C;
+            lm_cuda_colsum_final(dq, part, nb, C, 0);
+            lm_cuda_acc_vec(dw, dq, gamma, C);
+            lm_cuda_acc_vec(dgamma, dq, w, C);
+        }
+        return;
+    }
     size_t cqf = want_dq ? lm_align256((size_t)N * n * sizeof(float)) / sizeof(float) : 0;
     size_t wsf = want_dq ? colsum_ws_floats(N, C) : 0;
     float *ws = (float *)lm_cuda_scratch((cqf + wsf) * sizeof(float));

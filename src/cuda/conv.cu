@@ -149,24 +149,6 @@ __global__ static void conv_bwd_run_k(float *dinp, float *part, const float *dou
         }
     }
 }
-// dw [n] += Σ_g part[g][i] over the ng groups: thread row ty sums groups ty, ty + 8, … in
-// order, then the eight sums are added in ty order (a fixed tree: the result never depends
-// on timing). Block: 32 columns × 8 rows.
-__global__ static void conv_dw_sum_k(float *dw, const float *part, int ng, int n) {
-    __shared__ float sh[8][33];
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, i = blockIdx.x * 32 + tx;
-    float s = 0.f;
-    if (i < n)
-        for (int g = ty; g < ng; g += 8) s += part[(size_t)g * n + i];
-    sh[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && i < n) {
-        float t = sh[0][tx];
-        for (int r = 1; r < 8; r++) t += sh[r][tx];
-        dw[i] += t;
-    }
-}
-
 // positions per run: the longest (≤ 64) that still gives ~128 K threads (a thread's loads
 // are serial along its run; the H200 needs many in flight)
 static int conv_run_len(int B, int T, int C) {
@@ -252,8 +234,7 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
                                                                                 C, run, runs, rpb)));
         cudaLaunchCheck();
         if (dw) {
-            conv_dw_sum_k<<<(C * W + 31) / 32, 256, 0, lm_cuda_stream()>>>(dw, part, groups, C * W);
-            cudaLaunchCheck();
+            lm_cuda_colsum_final(dw, part, groups, C * W, 1);
         }
         return;
     }

@@ -100,12 +100,28 @@ void lm_cuda_backend_shutdown(void) {
     lm_cuda_weight_cache_free();
 }
 
-__global__ void colsum_final_k(float *sums, const float *part, int nch, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+// Block: 32 columns × 8 row groups; group g adds parts g, g + 8, … in order, then thread row
+// 0 adds the eight group sums in order (a fixed tree). Many partial rows (a register kernel's
+// blocks, ~1000) are then read by 8 threads per column instead of one.
+__global__ void colsum_final_k(float *sums, const float *part, int nch, int C, int add) {
+    __shared__ float sh[8][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, c = blockIdx.x * 32 + tx;
     float s = 0.0f;
-    for (int j = 0; j < nch; j++) s += part[(size_t)j * C + c];
-    sums[c] = s;
+    if (c < C)
+#pragma unroll 4
+        for (int j = ty; j < nch; j += 8) s += part[(size_t)j * C + c];
+    sh[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float t = sh[0][tx];
+        for (int r = 1; r < 8; r++) t += sh[r][tx];
+        sums[c] = add ? sums[c] + t : t;
+    }
+}
+void lm_cuda_colsum_final(float *sums, const float *part, int nch, int C, int add) {
+    if (C <= 0) return;
+    colsum_final_k<<<(C + 31) / 32, 256, 0, lm_cuda_stream()>>>(sums, part, nch, C, add);
+    cudaLaunchCheck();
 }
 
 __global__ static void acc_vec_k(float *dst, const float *src, const float *mul, int n) {

@@ -78,6 +78,35 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
     float t = lane < nw ? sh[lane] : 0.0f;
     return warp_sum(t);
 }
+// ---- rows held in registers, four channels per thread (attnres.cu, norm.cu) ----
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 ld4(const float *p, bool ok) { return ok ? ld4(p) : make_float4(0.f, 0.f, 0.f, 0.f); }
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
+__device__ __forceinline__ void acc4(float4 &a, float s, float4 b) {   // a += s·b
+    a.x += s * b.x; a.y += s * b.y; a.z += s * b.z; a.w += s * b.w;
+}
+// Sums K per-thread values over the block into tot[0..K): each warp by shuffles, then lane k
+// of warp 0 adds the warps' k-th partials in warp order (a fixed tree). red: [32·K] shared
+// floats; tot is complete for warp 0 on return (the other warps: after a __syncthreads).
+template <int K>
+__device__ __forceinline__ void block_sums(float (&v)[K], float *red, float *tot) {
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++) red[wi * K + k] = v[k];
+    __syncthreads();
+    if (wi == 0) {
+        for (int k = lane; k < K; k += 32) {
+            float s = 0;
+            for (int w2 = 0; w2 < nw; w2++) s += red[w2 * K + k];
+            tot[k] = s;
+        }
+        __syncwarp();
+    }
+}
 __device__ __forceinline__ float block_max(float v, float *sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_max(v);
@@ -121,7 +150,9 @@ __global__ void colsum_partial_k(float *part, int N, int C, int rpc, F f) {
     for (int i = i0; i < i1; i++) s += f(i, c);
     part[(size_t)blockIdx.y * C + c] = s;
 }
-__global__ void colsum_final_k(float *sums, const float *part, int nch, int C);
+// sums [C] = (add ? sums : 0) + Σ_j part [j, C] by a fixed tree, on the op stream (also for
+// kernels that write per-block partial sums of their own rows: attnres.cu, norm.cu, conv.cu)
+void lm_cuda_colsum_final(float *sums, const float *part, int nch, int C, int add);
 // ws: colsum_ws_floats(N, C) floats of device memory; returns the sums array (inside ws)
 template <class F>
 float *colsum(float *ws, int N, int C, F f) {
@@ -135,8 +166,7 @@ float *colsum(float *ws, int N, int C, F f) {
     dim3 grid((C + 127) / 128, nch);
     colsum_partial_k<<<grid, 128, 0, lm_cuda_stream()>>>(ws, N, C, colsum_rows_per_chunk(N), f);
     cudaLaunchCheck();
-    colsum_final_k<<<(C + 127) / 128, 128, 0, lm_cuda_stream()>>>(sums, ws, nch, C);
-    cudaLaunchCheck();
+    lm_cuda_colsum_final(sums, ws, nch, C, 0);
     return sums;
 }
 

@@ -314,8 +314,6 @@ void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q,
 #define DEC_MINROWS 64              // shortest split: its partial (H·R floats) stays ≤ 1/10 of its rows
 static_assert(DEC_NH * DEC_RT == 32, "one score per lane after the reduce-scatter");
 
-__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
-__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 
 // One step of the butterfly reduce-scatter of 32 values over the warp: a lane keeps the
 // half of the indices whose bit HALF matches its lane's and adds its partner's copy of

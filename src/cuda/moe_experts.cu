@@ -35,7 +35,6 @@ __device__ __forceinline__ void store8_bf16(bf16 *dst, float4 a, float4 b) {
     h = __floats2bfloat162_rn(b.z, b.w); v.w = *reinterpret_cast<uint32_t *>(&h);
     *reinterpret_cast<uint4 *>(dst) = v;
 }
-__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 // p[0..7] into a, b: two 16-byte loads, or (vec 0: p not 16-byte aligned) eight 4-byte ones
 __device__ __forceinline__ void ld8(const float *p, int vec, float4 &a, float4 &b) {
     if (vec) {

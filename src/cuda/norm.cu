@@ -1,9 +1,43 @@
 // norm.cu — RMSNorm with gain, and the headwise gated RMSNorm of the KDA output.
-// One block per row; row reductions by a fixed tree (deterministic); parameter
-// gradients by the deterministic column sums of cuda_common.cuh.
+// Row reductions by a fixed tree (deterministic); parameter gradients by deterministic
+// column sums.
+//
+// Both are memory-bound, so rows whose width is a multiple of 4 keep four channels per
+// thread in registers (float4): RMSNorm one block per row (C ≤ 4096), the gated norm one
+// warp per head row (V ≤ 128). Each input is then read once, and the backward adds its
+// rows' share of the gain gradient in the same pass (per-block partial sums, added in
+// a fixed order by lm_cuda_colsum_final) instead of a separate column-sum pass over three tensors.
+// Other widths take the general kernels: one block per row, column sums by colsum().
 #include "cuda_common.cuh"
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }
+static inline int rms_reg_ok(int C) { return C % 4 == 0 && C <= 4096; }
+static inline int rms_reg_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
+static inline int rms_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
+static inline int gated_reg_ok(int V) { return V % 4 == 0 && V <= 128; }
+#define GATED_WARPS 8
+static inline int gated_rows_per_block(int rows) {
+    int r = rows / 512;
+    return r < GATED_WARPS ? GATED_WARPS : r > 256 ? 256 : r;
+}
+
+// out, inp [N,C]; gain [C]; rstd [N]; one row per block, thread t owns channels 4t..4t+3
+__global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *inp, const float *gain, int C,
+                                         float eps) {
+    __shared__ float red[32], tot[1];
+    const int c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const size_t e = (size_t)blockIdx.x * C + c;
+    const float4 x = ld4(inp + e, on);
+    float v[1] = {dot4(x, x)};
+    block_sums<1>(v, red, tot);
+    __syncthreads();
+    const float r = 1.0f / sqrtf(tot[0] / C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    if (!on) return;
+    const float4 g = ld4(gain + c, true);
+    *reinterpret_cast<float4 *>(out + e) = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
+}
 
 // out, inp [N,C]; gain [C]; rstd [N]
 __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *gain, int C, float eps) {
@@ -20,7 +54,10 @@ __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, 
 
 void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
+    if (rms_reg_ok(C))
+        rmsnorm_fwd_reg_k<<<N, rms_reg_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
+    else
+        rmsnorm_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
     cudaLaunchCheck();
 }
 
@@ -38,6 +75,38 @@ __global__ static void rmsnorm_bwd_k(float *dinp, const float *dout, const float
     for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * gain[c] * dy[c] - k * x[c];
 }
 
+// rows [rpb·b, rpb·b + rpb) of block b: dinp += (as rmsnorm_bwd_k; NULL: skipped) and
+// part [b, C] = Σ_rows dy·x·rstd (NULL: dgain not wanted)
+__global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *dout, const float *inp,
+                                         const float *gain, const float *rstd, int N, int C, int rpb) {
+    __shared__ float red[32], tot[1];
+    const int c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const float4 g = ld4(gain + c, on);
+    float4 dg = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
+    for (int i = i0; i < i1; i++) {
+        const size_t e = (size_t)i * C + c;
+        const float4 x = ld4(inp + e, on), dy = ld4(dout + e, on);
+        const float r = rstd[i];
+        acc4(dg, r, mul4(dy, x));
+        if (!dinp) continue;
+        float v[1] = {dot4(mul4(dy, g), x)};
+        block_sums<1>(v, red, tot);
+        __syncthreads();
+        const float k = r * r * r * tot[0] / C;
+        if (on) {
+            float4 *d = reinterpret_cast<float4 *>(dinp + e), o = *d;
+            o.x += r * g.x * dy.x - k * x.x;
+            o.y += r * g.y * dy.y - k * x.y;
+            o.z += r * g.z * dy.z - k * x.z;
+            o.w += r * g.w * dy.w - k * x.w;
+            *d = o;
+        }
+    }
+    if (part && on) *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C + c) = dg;
+}
+
 struct rms_dgain_f {   // dout·x·rstd
     const float *dout, *inp, *rstd;
     int C;
@@ -49,7 +118,16 @@ struct rms_dgain_f {   // dout·x·rstd
 
 void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
                       const real *rstd, int N, int C) {
-    if (N <= 0 || C <= 0) return;
+    if (N <= 0 || C <= 0 || (!dinp && !dgain)) return;
+    if (rms_reg_ok(C)) {
+        const int rpb = rms_rows_per_block(N), nb = (N + rpb - 1) / rpb;
+        float *part = dgain ? (float *)lm_cuda_scratch((size_t)nb * C * sizeof(float)) : NULL;
+        rmsnorm_bwd_reg_k<<<nb, rms_reg_threads(C), 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
+                                                                            rpb);
+        cudaLaunchCheck();
+        if (dgain) lm_cuda_colsum_final(dgain, part, nb, C, 1);
+        return;
+    }
     if (dinp) {
         rmsnorm_bwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(dinp, dout, inp, gain, rstd, C);
         cudaLaunchCheck();
@@ -76,10 +154,32 @@ __global__ static void gated_fwd_k(float *out, float *rstd, const float *x, cons
     for (int c = threadIdx.x; c < V; c += blockDim.x) yr[c] = xr[c] * rs * w[c] * dsigmoid(zr[c]);
 }
 
+// the same, one warp per row (V ≤ 128: lane l owns channels 4l..4l+3)
+__global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x, const float *z, const float *w,
+                                        int rows, int V, float eps) {
+    const int row = blockIdx.x * GATED_WARPS + (threadIdx.x >> 5), c = 4 * (threadIdx.x & 31);
+    if (row >= rows) return;
+    const bool on = c < V;
+    const size_t e = (size_t)row * V + c;
+    const float4 xv = ld4(x + e, on);
+    const float rs = 1.0f / sqrtf(warp_sum(dot4(xv, xv)) / V + eps);
+    if (c == 0) rstd[row] = rs;
+    if (!on) return;
+    const float4 zv = ld4(z + e, true), wv = ld4(w + c, true);
+    *reinterpret_cast<float4 *>(out + e) =
+        make_float4(xv.x * rs * wv.x * dsigmoid(zv.x), xv.y * rs * wv.y * dsigmoid(zv.y),
+                    xv.z * rs * wv.z * dsigmoid(zv.z), xv.w * rs * wv.w * dsigmoid(zv.w));
+}
+
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
                             int N, int H, int V, real eps) {
     if (N <= 0 || H <= 0 || V <= 0) return;
-    gated_fwd_k<<<N * H, row_threads(V), 0, lm_cuda_stream()>>>(out, rstd, x, z, w, V, eps);
+    const int rows = N * H;
+    if (gated_reg_ok(V))
+        gated_fwd_warp_k<<<(rows + GATED_WARPS - 1) / GATED_WARPS, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
+            out, rstd, x, z, w, rows, V, eps);
+    else
+        gated_fwd_k<<<rows, row_threads(V), 0, lm_cuda_stream()>>>(out, rstd, x, z, w, V, eps);
     cudaLaunchCheck();
 }
 
@@ -100,6 +200,55 @@ __global__ static void gated_bwd_k(float *dx, float *dz, const float *dout, cons
     for (int c = threadIdx.x; c < V; c += blockDim.x) dx[row + c] += rs * w[c] * dy[c] * dsigmoid(zr[c]) - k * xr[c];
 }
 
+// rows [rpb·b, rpb·b + rpb) of block b, warp w taking rows w, w + GATED_WARPS, …: dx, dz +=
+// as gated_bwd_k (NULL: skipped), part [b, V] = Σ_rows dy·σ(z)·x·rstd (NULL: dw not wanted)
+__global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const float *dout, const float *x,
+                                        const float *z, const float *w, const float *rstd, int rows, int V, int rpb) {
+    __shared__ float4 wpart[GATED_WARPS][32];
+    const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31, c = 4 * lane;
+    const bool on = c < V;
+    const float4 wv = ld4(w + c, on);
+    float4 dw = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int r0 = blockIdx.x * rpb, r1 = min(rows, r0 + rpb);
+    for (int row = r0 + wi; row < r1; row += GATED_WARPS) {
+        const size_t e = (size_t)row * V + c;
+        const float4 xv = ld4(x + e, on), zv = ld4(z + e, on), dy = ld4(dout + e, on);
+        const float4 sg = make_float4(dsigmoid(zv.x), dsigmoid(zv.y), dsigmoid(zv.z), dsigmoid(zv.w));
+        const float rs = rstd[row];
+        const float4 dys = mul4(dy, sg);   // dy·σ(z)
+        acc4(dw, rs, mul4(dys, xv));
+        if (dz && on) {   // dz += dy·x·rs·w·σ(1−σ)
+            float4 *d = reinterpret_cast<float4 *>(dz + e), o = *d;
+            o.x += dys.x * xv.x * rs * wv.x * (1 - sg.x);
+            o.y += dys.y * xv.y * rs * wv.y * (1 - sg.y);
+            o.z += dys.z * xv.z * rs * wv.z * (1 - sg.z);
+            o.w += dys.w * xv.w * rs * wv.w * (1 - sg.w);
+            *d = o;
+        }
+        if (!dx) continue;
+        const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
+        if (on) {
+            float4 *d = reinterpret_cast<float4 *>(dx + e), o = *d;
+            o.x += rs * wv.x * dys.x - k * xv.x;
+            o.y += rs * wv.y * dys.y - k * xv.y;
+            o.z += rs * wv.z * dys.z - k * xv.z;
+            o.w += rs * wv.w * dys.w - k * xv.w;
+            *d = o;
+        }
+    }
+    if (!part) return;
+    wpart[wi][lane] = dw;
+    __syncthreads();
+    if (wi == 0 && on) {
+        float4 s = wpart[0][lane];
+        for (int k = 1; k < GATED_WARPS; k++) {
+            const float4 t = wpart[k][lane];
+            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
+        }
+        *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * V + c) = s;
+    }
+}
+
 struct gated_dw_f {   // dout·σ(z)·x·rstd over rows r of V
     const float *dout, *z, *x, *rstd;
     int V;
@@ -111,7 +260,17 @@ struct gated_dw_f {   // dout·σ(z)·x·rstd over rows r of V
 
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
                             const real *w, const real *rstd, int N, int H, int V) {
-    if (N <= 0 || H <= 0 || V <= 0) return;
+    if (N <= 0 || H <= 0 || V <= 0 || (!dx && !dz && !dw)) return;
+    const int rows = N * H;
+    if (gated_reg_ok(V)) {
+        const int rpb = gated_rows_per_block(rows), nb = (rows + rpb - 1) / rpb;
+        float *part = dw ? (float *)lm_cuda_scratch((size_t)nb * V * sizeof(float)) : NULL;
+        gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, V,
+                                                                          rpb);
+        cudaLaunchCheck();
+        if (dw) lm_cuda_colsum_final(dw, part, nb, V, 1);
+        return;
+    }
     if (dx || dz) {
         gated_bwd_k<<<N * H, row_threads(V), 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, w, rstd, V);
         cudaLaunchCheck();
