@@ -90,6 +90,21 @@ typedef struct {
     real *dyp, *deh, *dea, *deb, *dxp;
 } lm_experts_grads;
 
+// Linear layers that read the same input (linears_fwd/bwd), e.g. a sublayer's projections
+// of its normalised input: out_i [N, OC_i] = inp [N, C] · W_i [OC_i, C]ᵀ for i < n, no
+// biases. Backward: dinp [N, C] += Σ_i dout_i · W_i, added in list order, and
+// dW_i [OC_i, C] += dout_iᵀ · inp (a NULL dW_i is skipped). out is read by the forward,
+// dout and dW by the backward.
+#define LM_MAX_LINEARS 8
+typedef struct {
+    int n;
+    int OC[LM_MAX_LINEARS];
+    const real *W[LM_MAX_LINEARS];
+    real *out[LM_MAX_LINEARS];
+    const real *dout[LM_MAX_LINEARS];
+    real *dW[LM_MAX_LINEARS];
+} lm_linears;
+
 typedef struct lm_ops {
     const char *name;
 
@@ -122,6 +137,12 @@ typedef struct lm_ops {
     void (*matmul_fwd)(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
     void (*matmul_bwd)(real *dinp, real *dW, real *dbias, const real *dout, const real *inp,
                        const real *W, int N, int C, int OC);
+
+    // the same for several linears of one input (lm_linears above): as a loop of
+    // matmul_fwd / matmul_bwd (dinp may be NULL), but a backend may round inp to its GEMM
+    // precision once for the whole list (the CUDA backend does)
+    void (*linears_fwd)(const lm_linears *L, const real *inp, int N, int C);
+    void (*linears_bwd)(const lm_linears *L, real *dinp, const real *inp, int N, int C);
 
     // ---- RMSNorm with gain: out = inp · rstd · gain, rstd[N] = (mean(inp²) + eps)^-1/2 ----
     void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
@@ -261,6 +282,11 @@ typedef struct lm_ops {
     //   `width` starting at `lo` (values outside go to the end bins)
     void (*qb_hist_accum)(int *hist, const real *s, const real *alpha, real lo, real width,
                           int N, int E, int nbins);
+    // the QB update's search, per expert j: the first bin h of row hist[j] whose cumulative
+    //   count reaches target (≥ 1); sel [E, 3] = (h, count before h, hist[j, h]), or
+    //   (nbins, row total, 0) when the row holds fewer than target. Exact integer arithmetic:
+    //   only these 3·E ints travel to the host, not the histogram
+    void (*qb_hist_select)(int *sel, const int *hist, int E, int nbins, int target);
     // auxiliary balance loss (Switch style) a·E·Σ_j f_j P_j with f_j = counts_j/(N·k),
     //   P_j = mean_i s_ij / Σ_l s_il; returns the loss; bwd: dz += dloss · ∂loss/∂z
     double (*moe_aux_fwd)(const real *s, const int *counts, int N, int E, int k, real coef);

@@ -242,6 +242,62 @@ static void test_pooling(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// the batched update (one download for every layer) against one update per balancer:
+// three kinds side by side with a gap (a dense layer) in the list, two steps (the second
+// reuses the transfer memory), a capacity plan (dropped tokens) on the qb layer
+
+static void test_batched_update(void **state) {
+    (void)state;
+    const int E = 12, k = 2, N = 1024, nl = 4;
+    const lm_balance_kind kinds[4] = {LM_BAL_QB, LM_BAL_SIGN, LM_BAL_NONE, LM_BAL_QUARTILE};
+    lm_balancer one[4], all[4];
+    lm_bal_xfer x = {0};
+    for (int l = 0; l < nl; l++) {
+        lm_balancer_init(&one[l], ops, kinds[l], E, k, 0, 1e-3);
+        lm_balancer_init(&all[l], ops, kinds[l], E, k, 0, 1e-3);
+    }
+    lm_rng r;
+    lm_rng_seed(&r, 77);
+    synth q;
+    synth_init(&q, E, k, N);
+    int bad_bias = 0, bad_metrics = 0;
+    for (int step = 0; step < 2; step++) {
+        for (int u = 0; u < 3; u++)   // micro-batches
+            for (int l = 0; l < nl; l++) {
+                if (l == 2) continue;   // the gap: never observed, skipped by both paths
+                synth_draw(&q, &r);
+                synth_route(&q, &one[l], l == 0 ? N * k / E : -1);
+                lm_balancer_observe(&one[l], ops, q.s, q.alpha, q.counts, l == 0 ? q.offsets : NULL, N);
+                lm_balancer_observe(&all[l], ops, q.s, q.alpha, q.counts, l == 0 ? q.offsets : NULL, N);
+            }
+        lm_moe_metrics m1[4], m2[4];
+        lm_balancer *list[4] = {&all[0], &all[1], NULL, &all[3]};
+        for (int l = 0; l < nl; l++)
+            if (l != 2) lm_balancer_update(&one[l], ops, &m1[l]);
+        lm_balancers_update(list, nl, ops, m2, &x);
+        for (int l = 0; l < nl; l++) {
+            if (l == 2) continue;
+            real b1[12], b2[12];
+            lm_balancer_get_bias(&one[l], b1);
+            lm_balancer_get_bias(&all[l], b2);
+            bad_bias += tu_max_abs_diff(b1, b2, E) != 0;
+            bad_metrics += m1[l].tokens != m2[l].tokens || m1[l].dropped != m2[l].dropped ||
+                           m1[l].maxvio != m2[l].maxvio || m1[l].bias_std != m2[l].bias_std;
+            for (int j = 0; j < E; j++) bad_metrics += m1[l].loads[j] != m2[l].loads[j];
+        }
+        tu_check("batched update: qb layer dropped tokens (> 0 expected)", m2[0].dropped > 0 ? 0 : 1, 0);
+    }
+    tu_check("batched update: biases differing from per-layer updates (layers x steps)", bad_bias, 0);
+    tu_check("batched update: metrics differing from per-layer updates", bad_metrics, 0);
+    lm_bal_xfer_free(&x, ops);
+    synth_free(&q);
+    for (int l = 0; l < nl; l++) {
+        lm_balancer_free(&one[l], ops);
+        lm_balancer_free(&all[l], ops);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // causality: observe never changes the bias, so the selection a batch was routed
 // with is the one computed before its statistics existed; only update moves b
 
@@ -476,7 +532,8 @@ static void test_capacity_schedule(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dynamics),      cmocka_unit_test(test_hist_quantile),
-        cmocka_unit_test(test_pooling),       cmocka_unit_test(test_causality),
+        cmocka_unit_test(test_pooling),       cmocka_unit_test(test_batched_update),
+        cmocka_unit_test(test_causality),
         cmocka_unit_test(test_qb_mean_zero),  cmocka_unit_test(test_rules_and_metrics),
         cmocka_unit_test(test_names),         cmocka_unit_test(test_capacity_schedule),
     };

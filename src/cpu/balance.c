@@ -25,6 +25,20 @@ void cpu_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, rea
     }
 }
 
+// sel [E, 3] = per expert the first bin where the row's cumulative count reaches target
+// (ops.h qb_hist_select)
+void cpu_qb_hist_select(int *sel, const int *hist, int E, int nbins, int target) {
+    LM_CHECK(nbins > 0 && target >= 1, "qb_hist_select: nbins %d, target %d", nbins, target);
+    for (int j = 0; j < E; j++) {
+        const int *row = hist + (size_t)j * nbins;
+        int h = 0, before = 0;
+        while (h < nbins && before + row[h] < target) before += row[h++];
+        sel[3 * j] = h;
+        sel[3 * j + 1] = before;
+        sel[3 * j + 2] = h < nbins ? row[h] : 0;
+    }
+}
+
 // Switch-style balance loss L = coef · E · Σ_j f_j P_j over s [N,E] with
 // f_j = counts_j / (N·k) (a constant: the top-k indicator has no gradient) and
 // P_j = (1/N) Σ_i s_ij / S_i, S_i = Σ_l s_il. Summed token by token in index order.

@@ -20,6 +20,8 @@ void cpu_embed_fwd(real *out, const int *tokens, const real *table, int N, int C
 void cpu_embed_bwd(real *dtable, const int *tokens, const real *dout, int N, int C);
 void cpu_matmul_fwd(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
 void cpu_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const real *inp, const real *W, int N, int C, int OC);
+void cpu_linears_fwd(const lm_linears *L, const real *inp, int N, int C);
+void cpu_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C);
 void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
 void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C);
 void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
@@ -56,6 +58,7 @@ void cpu_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp,
 void cpu_moe_experts_fwd(const lm_experts *ex, real *y, const real *x);
 void cpu_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
 void cpu_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);
+void cpu_qb_hist_select(int *sel, const int *hist, int E, int nbins, int target);
 double cpu_moe_aux_fwd(const real *s, const int *counts, int N, int E, int k, real coef);
 void cpu_moe_aux_bwd(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss);
 double cpu_moe_zloss_fwd(const real *z, int N, int E, real coef);

@@ -25,6 +25,50 @@ void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, re
     cudaLaunchCheck();
 }
 
+// sel [E, 3]: per expert (one block) the first bin where the row's cumulative count reaches
+// target. Thread t sums bins [t·r, t·r + r); an exclusive scan of those sums (warp shuffles,
+// then the warps' totals) gives each run's count before it; the one run containing the
+// crossing walks its bins. All integer: the same answer as the host loop.
+#define SEL_THREADS 256
+__global__ static void qb_select_k(int *sel, const int *hist, int nbins, int target) {
+    __shared__ int warp_tot[SEL_THREADS / 32];
+    const int j = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const int r = (nbins + SEL_THREADS - 1) / SEL_THREADS, h0 = min(nbins, t * r), h1 = min(nbins, h0 + r);
+    const int *row = hist + (size_t)j * nbins;
+    int s = 0;
+    for (int h = h0; h < h1; h++) s += row[h];
+    int incl = s;   // inclusive scan within the warp
+    for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) warp_tot[w] = incl;
+    __syncthreads();
+    int before = incl - s, total = 0;
+    for (int k = 0; k < SEL_THREADS / 32; k++) {
+        if (k < w) before += warp_tot[k];
+        total += warp_tot[k];
+    }
+    if (before < target && before + s >= target) {
+        int h = h0;
+        while (before + row[h] < target) before += row[h++];
+        sel[3 * j] = h;
+        sel[3 * j + 1] = before;
+        sel[3 * j + 2] = row[h];
+    } else if (t == 0 && total < target) {
+        sel[3 * j] = nbins;
+        sel[3 * j + 1] = total;
+        sel[3 * j + 2] = 0;
+    }
+}
+
+void cuda_qb_hist_select(int *sel, const int *hist, int E, int nbins, int target) {
+    if (E <= 0) return;
+    LM_CHECK(nbins > 0 && target >= 1, "qb_hist_select: nbins %d, target %d", nbins, target);
+    qb_select_k<<<E, SEL_THREADS, 0, lm_cuda_stream()>>>(sel, hist, nbins, target);
+    cudaLaunchCheck();
+}
+
 // Σ_i v[i] by one block (each thread a strided partial, then a fixed tree): deterministic
 __global__ static void sum_d_k(double *out, const double *v, int n) {
     __shared__ double sh[32];

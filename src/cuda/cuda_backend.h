@@ -75,6 +75,8 @@ void cuda_embed_fwd(real *out, const int *tokens, const real *table, int N, int 
 void cuda_embed_bwd(real *dtable, const int *tokens, const real *dout, int N, int C);
 void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC);
 void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const real *inp, const real *W, int N, int C, int OC);
+void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C);
+void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C);
 void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
 void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C);
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
@@ -114,6 +116,7 @@ void cuda_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);
+void cuda_qb_hist_select(int *sel, const int *hist, int E, int nbins, int target);
 double cuda_moe_aux_fwd(const real *s, const int *counts, int N, int E, int k, real coef);
 void cuda_moe_aux_bwd(real *dz, const real *s, const int *counts, int N, int E, int k, real coef, real dloss);
 double cuda_moe_zloss_fwd(const real *z, int N, int E, real coef);

@@ -163,43 +163,62 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
     p->stream = lm_cuda_stream();
 }
 // carve the bf16 input copies (and convert them once the carver has memory)
-static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a) {
+static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a, int convert) {
     c->q = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
     c->k = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
     c->v = (__nv_bfloat16 *)carve(cv, c->nv * 2);
     c->f = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
     c->beta = (__nv_bfloat16 *)carve(cv, c->nb * 2);
     if (!cv->base) return;
-    to_bf16(c->q, a->q, c->nqk);
-    to_bf16(c->k, a->k, c->nqk);
-    to_bf16(c->v, a->v, c->nv);
-    to_bf16(c->f, a->f, c->nqk);
-    to_bf16(c->beta, a->beta_logit, c->nb);
+    if (convert) {
+        to_bf16(c->q, a->q, c->nqk);
+        to_bf16(c->k, a->k, c->nqk);
+        to_bf16(c->v, a->v, c->nv);
+        to_bf16(c->f, a->f, c->nqk);
+        to_bf16(c->beta, a->beta_logit, c->nb);
+    }
     kda_params *p = &c->p;
     p->q = c->q; p->k = c->k; p->v = c->v; p->f = c->f; p->beta = c->beta;
 }
 
-// bytes of lm_kda_args.saved: the forward's chunk intermediates and state checkpoints
+// lm_kda_args.saved holds the forward's bf16 input copies (so the backward of the same
+// inputs reads them instead of rounding the fp32 inputs again: 4 of its ~11 passes over
+// [B,T,H,K] activations), then the kernels' saved intermediates (kda_saved_size)
+static size_t kda_saved_inputs_bytes(const kda_call *c) {
+    carver cv = {NULL, 0};
+    kda_call t = *c;
+    kda_call_inputs(&t, &cv, NULL, 0);
+    return cv.used;
+}
+
+// bytes of lm_kda_args.saved
 static size_t cu_kda_saved_bytes(int B, int T, int H, int K, int V) {
-    kda_params p;
-    memset(&p, 0, sizeof p);
-    p.N = B; p.T = T; p.H = H; p.K = K; p.V = V;
-    return kda_saved_size(&p);
+    kda_call c;
+    memset(&c, 0, sizeof c);
+    kda_params *p = &c.p;
+    p->N = B; p->T = T; p->H = H; p->K = K; p->V = V;
+    c.nqk = (size_t)B * T * H * K;
+    c.nv = (size_t)B * T * H * V;
+    c.nb = (size_t)B * T * H;
+    return kda_saved_inputs_bytes(&c) + kda_saved_size(p);
 }
 
 static void cu_kda_fwd(const lm_kda_args *a) {
     kda_call c;
     kda_call_init(&c, a);
     c.p.S_out = a->S_out;
-    if (a->saved) {   // keep the intermediates for the backward in the caller's buffer
+    carver in = {NULL, 0};
+    if (a->saved) {   // inputs and intermediates for the backward go to the caller's buffer
+        in.base = (char *)a->saved;
+        kda_call_inputs(&c, &in, a, 1);
         c.p.save = 1;
-        c.p.ws_fwd = a->saved;
+        c.p.ws_fwd = (char *)a->saved + in.used;
     }
     size_t wsb = kda_workspace_size(&c.p, 0);
     carver cv = {NULL, 0};
     for (int pass = 0; pass < 2; pass++) {   // pass 0 counts, pass 1 carves
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
-        kda_call_inputs(&c, &cv, a);
+        if (!a->saved) kda_call_inputs(&c, &cv, a, 1);
         c.p.o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
         c.p.ws = carve(&cv, wsb);
     }
@@ -214,9 +233,12 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     int K = a->K, H = a->H;
     size_t ns = (size_t)a->B * H * K * a->V;
     p->dS_out = a->dS_out;
-    if (a->saved) {   // the forward of the same inputs left its intermediates there
-        p->saved = 1;
-        p->ws_fwd = a->saved;
+    if (a->saved) p->saved = 1;   // the forward of the same inputs left its intermediates there
+    carver in = {NULL, 0};
+    if (a->saved) {   // the forward of the same inputs left their bf16 copies there
+        in.base = (char *)a->saved;
+        kda_call_inputs(&c, &in, a, 0);
+        p->ws_fwd = (char *)a->saved + in.used;
     }
     size_t wsb = kda_workspace_size(p, 1);
     carver cv = {NULL, 0};
@@ -224,7 +246,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     float *pg = NULL;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
-        kda_call_inputs(&c, &cv, a);
+        if (!a->saved) kda_call_inputs(&c, &cv, a, 1);
         d_o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
         g = (__nv_bfloat16 *)carve(&cv, (3 * c.nqk + c.nv + c.nb) * 2);
         pg = (float *)carve(&cv, ((size_t)H + (size_t)H * K + ns) * sizeof(float));
@@ -254,7 +276,7 @@ static void cu_kda_decode(const lm_kda_args *a) {
     __nv_bfloat16 *o = NULL;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
-        kda_call_inputs(&c, &cv, a);
+        kda_call_inputs(&c, &cv, a, 1);
         o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
     }
     cudaCheck(kda_decode(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, c.q, c.k, c.v, c.f, c.beta,
@@ -281,6 +303,8 @@ extern "C" const lm_ops lm_cuda_ops = {
     .embed_bwd = cuda_embed_bwd,
     .matmul_fwd = cuda_matmul_fwd,
     .matmul_bwd = cuda_matmul_bwd,
+    .linears_fwd = cuda_linears_fwd,
+    .linears_bwd = cuda_linears_bwd,
     .rmsnorm_fwd = cuda_rmsnorm_fwd,
     .rmsnorm_bwd = cuda_rmsnorm_bwd,
     .gated_rmsnorm_fwd = cuda_gated_rmsnorm_fwd,
@@ -318,6 +342,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .moe_experts_fwd = cuda_moe_experts_fwd,
     .moe_experts_bwd = cuda_moe_experts_bwd,
     .qb_hist_accum = cuda_qb_hist_accum,
+    .qb_hist_select = cuda_qb_hist_select,
     .moe_aux_fwd = cuda_moe_aux_fwd,
     .moe_aux_bwd = cuda_moe_aux_bwd,
     .moe_zloss_fwd = cuda_moe_zloss_fwd,

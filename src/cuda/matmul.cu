@@ -33,24 +33,37 @@ __global__ static void add_bias_k(float *out, const float *bias, int N, int OC) 
 // out [N,OC] = inp [N,C] · W [OC,C]ᵀ + bias [OC]
 void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
-    const float one = 1.0f, zero = 0.0f;
-    if (C <= 0) {
-        cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
-    } else {
-        // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
-        if (use_bf16(N)) {
-            const size_t nx = (size_t)N * C;
-            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)OC * C);
-            __nv_bfloat16 *xb = (__nv_bfloat16 *)lm_cuda_scratch(nx * 2);
-            lm_cuda_to_bf16(xb, inp, nx);
-            gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
-        } else {
-            cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &zero, out, OC));
-        }
-    }
+    lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}};
+    cuda_linears_fwd(&L, inp, N, C);
     if (bias) {
         add_bias_k<<<lm_cuda_blocks((size_t)N * OC, 256), 256, 0, lm_cuda_stream()>>>(out, bias, N, OC);
         cudaLaunchCheck();
+    }
+}
+
+// out_i [N,OC_i] = inp [N,C] · W_i [OC_i,C]ᵀ; in the bf16 mode inp is rounded once for the list
+void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
+    if (N <= 0) return;
+    const float one = 1.0f, zero = 0.0f;
+    const __nv_bfloat16 *xb = NULL;
+    for (int i = 0; i < L->n; i++) {
+        const int OC = L->OC[i];
+        float *out = L->out[i];
+        if (OC <= 0) continue;
+        if (C <= 0) {
+            cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
+        } else if (use_bf16(N)) {   // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
+            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(L->W[i], (size_t)OC * C);
+            if (!xb) {
+                __nv_bfloat16 *x = (__nv_bfloat16 *)lm_cuda_scratch((size_t)N * C * 2);
+                lm_cuda_to_bf16(x, inp, (size_t)N * C);
+                xb = x;
+            }
+            gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
+        } else {
+            cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, L->W[i], C, inp, C, &zero,
+                                    out, OC));
+        }
     }
 }
 
@@ -64,30 +77,52 @@ struct col_of_rows {   // f(i, o) = dout[i, o]
 void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const real *inp, const real *W,
                      int N, int C, int OC) {
     if (N <= 0) return;
-    const float one = 1.0f;
-    if (OC > 0 && C > 0 && use_bf16(N)) {
-        const size_t nd = (size_t)N * OC, nx = (size_t)N * C, bd = lm_align256(nd * 2);
-        char *ws = (char *)lm_cuda_scratch(bd + nx * 2);
-        __nv_bfloat16 *db = (__nv_bfloat16 *)ws, *xb = (__nv_bfloat16 *)(ws + bd);
-        lm_cuda_to_bf16(db, dout, nd);
-        if (dinp) {
-            const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W, (size_t)OC * C);
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wb, C, db, OC, 1.0f, dinp, C);
-        }
-        if (dW) {
-            lm_cuda_to_bf16(xb, inp, nx);
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, xb, C, db, OC, 1.0f, dW, C);
-        }
-    } else if (OC > 0 && C > 0) {
-        // dinpᵀ [C,N] += Wᵀ [C,OC] · doutᵀ [OC,N]
-        if (dinp) cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &one, dinp, C));
-        // dWᵀ [C,OC] += inpᵀ [C,N] · dout [N,OC]
-        if (dW) cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
-    }
+    lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}};
+    cuda_linears_bwd(&L, dinp, inp, N, C);
     if (dbias && OC > 0) {
         float *ws = (float *)lm_cuda_scratch(colsum_ws_floats(N, OC) * sizeof(float));
         float *sums = colsum(ws, N, OC, col_of_rows{dout, OC});
         lm_cuda_acc_vec(dbias, sums, NULL, OC);
+    }
+}
+
+// dinp [N,C] += Σ_i dout_i · W_i in list order ; dW_i [OC_i,C] += dout_iᵀ · inp. In the bf16
+// mode inp is rounded once for the list (only if some dW_i is wanted), each dout_i once.
+void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    const float one = 1.0f;
+    if (use_bf16(N)) {
+        int max_oc = 0, any_dw = 0;
+        for (int i = 0; i < L->n; i++) {
+            max_oc = L->OC[i] > max_oc ? L->OC[i] : max_oc;
+            any_dw |= L->dW[i] != NULL && L->OC[i] > 0;
+        }
+        const size_t nx = (size_t)N * C, bx = lm_align256(nx * 2);
+        char *ws = (char *)lm_cuda_scratch(bx + (size_t)N * max_oc * 2);
+        __nv_bfloat16 *xb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bx);
+        if (any_dw) lm_cuda_to_bf16(xb, inp, nx);
+        for (int i = 0; i < L->n; i++) {
+            const int OC = L->OC[i];
+            if (OC <= 0 || (!dinp && !L->dW[i])) continue;
+            lm_cuda_to_bf16(db, L->dout[i], (size_t)N * OC);
+            if (dinp) {   // dinpᵀ [C,N] += Wᵀ [C,OC] · doutᵀ [OC,N]
+                const __nv_bfloat16 *wb = lm_cuda_weight_bf16(L->W[i], (size_t)OC * C);
+                gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wb, C, db, OC, 1.0f, dinp, C);
+            }
+            // dWᵀ [C,OC] += inpᵀ [C,N] · dout [N,OC]
+            if (L->dW[i]) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, xb, C, db, OC, 1.0f, L->dW[i], C);
+        }
+        return;
+    }
+    for (int i = 0; i < L->n; i++) {
+        const int OC = L->OC[i];
+        if (OC <= 0) continue;
+        if (dinp)
+            cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, L->W[i], C, L->dout[i], OC,
+                                    &one, dinp, C));
+        if (L->dW[i])
+            cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, L->dout[i], OC,
+                                    &one, L->dW[i], C));
     }
 }
 

@@ -59,7 +59,8 @@ void lm_balancer_init(lm_balancer *b, const lm_ops *ops, lm_balance_kind kind, i
     b->stage_host = lm_malloc((size_t)LM_BAL_STAGE * (E + 1) * sizeof(int));
     if (kind == LM_BAL_QB) {
         b->hist = ops->alloc((size_t)E * b->nbins * sizeof(int));
-        b->hist_host = lm_malloc((size_t)E * b->nbins * sizeof(int));
+        b->sel = ops->alloc((size_t)E * 3 * sizeof(int));
+        b->sel_host = lm_malloc((size_t)E * 3 * sizeof(int));
     }
     set_range(b);
     reset_step(b, ops);
@@ -68,8 +69,9 @@ void lm_balancer_init(lm_balancer *b, const lm_ops *ops, lm_balance_kind kind, i
 void lm_balancer_free(lm_balancer *b, const lm_ops *ops) {
     if (b->bias && b->own_bias) ops->free(b->bias);
     if (b->hist) ops->free(b->hist);
+    if (b->sel) ops->free(b->sel);
     free(b->bias_host);
-    free(b->hist_host);
+    free(b->sel_host);
     free(b->load);
     free(b->last_load);
     if (b->stage) ops->free(b->stage);
@@ -91,17 +93,36 @@ void lm_balancer_refresh(lm_balancer *b, const lm_ops *ops) {
     set_range(b);
 }
 
-// folds the staged micro-batches into load / dropped (one download)
-static void flush_stage(lm_balancer *b, const lm_ops *ops) {
+static size_t stage_bytes(const lm_balancer *b) { return (size_t)b->nstage * (b->E + 1) * sizeof(int); }
+// the QB bin search's answer when this step's update reads it
+static size_t sel_bytes(const lm_balancer *b) {
+    return b->kind == LM_BAL_QB && b->hist && b->tokens > 0 ? (size_t)b->E * 3 * sizeof(int) : 0;
+}
+// the QB quantile's rank: ceil(k·M/E)
+static int64_t qb_target(const lm_balancer *b) { return (b->k * b->tokens + b->E - 1) / b->E; }
+// searches the histogram on the backend into sel (backend [E, 3])
+static void qb_select(const lm_balancer *b, const lm_ops *ops, int *sel) {
+    const int64_t target = qb_target(b);
+    LM_CHECK(target >= 1 && target <= INT32_MAX, "balancer: qb target %lld out of range", (long long)target);
+    ops->qb_hist_select(sel, b->hist, b->E, b->nbins, (int)target);
+}
+
+// folds the staged micro-batches (host copy `c`, nstage × (E+1)) into load / dropped
+static void fold_stage(lm_balancer *b, const int *c0) {
     const int E = b->E;
-    if (b->nstage == 0) return;
-    ops->to_host(b->stage_host, b->stage, (size_t)b->nstage * (E + 1) * sizeof(int));
     for (int u = 0; u < b->nstage; u++) {
-        const int *c = b->stage_host + (size_t)u * (E + 1);
+        const int *c = c0 + (size_t)u * (E + 1);
         for (int j = 0; j < E; j++) b->load[j] += c[j];
         if (b->stage_rows[u]) b->dropped += (int64_t)b->stage_N[u] * b->k - c[E];
     }
     b->nstage = 0;
+}
+
+// folds the staged micro-batches into load / dropped (one download)
+static void flush_stage(lm_balancer *b, const lm_ops *ops) {
+    if (b->nstage == 0) return;
+    ops->to_host(b->stage_host, b->stage, stage_bytes(b));
+    fold_stage(b, b->stage_host);
 }
 
 void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const real *alpha,
@@ -121,17 +142,18 @@ void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const
     b->tokens += N;
 }
 
+double lm_qb_bin_quantile(int h, int64_t before, int count, int nbins, double lo, double width, int64_t target) {
+    if (h >= nbins) return lo + nbins * width;   // target above the total: the top edge
+    double frac = (double)(target - before) / count;   // count > 0 here as target > before
+    frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
+    return lo + (h + frac) * width;
+}
+
 double lm_qb_hist_quantile(const int *hist, int nbins, double lo, double width, int64_t target) {
     int64_t before = 0;
-    for (int h = 0; h < nbins; h++) {
-        if (before + hist[h] >= target) {
-            double frac = (double)(target - before) / hist[h];   // hist[h] > 0 here as target > before
-            frac = frac < 0 ? 0 : frac > 1 ? 1 : frac;
-            return lo + (h + frac) * width;
-        }
-        before += hist[h];
-    }
-    return lo + nbins * width;   // target above the total: the top edge
+    int h = 0;
+    while (h < nbins && before + hist[h] < target) before += hist[h++];
+    return lm_qb_bin_quantile(h, before, h < nbins ? hist[h] : 0, nbins, lo, width, target);
 }
 
 // p-th percentile (p in [0,1]) of x [n] with linear interpolation between order
@@ -185,14 +207,14 @@ static void fill_metrics(const lm_balancer *b, lm_moe_metrics *m) {
     m->bias_std = sqrt(bss / E);
 }
 
-// qb: one exact dual coordinate step from the pooled margin histograms (moe.md §4.2-4.3)
-static void update_qb(lm_balancer *b, const lm_ops *ops) {
+// qb: one exact dual coordinate step from the pooled margin histograms (moe.md §4.2-4.3);
+// sel: host copy of qb_hist_select's answer [E, 3]
+static void update_qb(lm_balancer *b, const int *sel) {
     const int E = b->E;
-    ops->to_host(b->hist_host, b->hist, (size_t)E * b->nbins * sizeof(int));
-    const int64_t target = (b->k * b->tokens + E - 1) / E;   // ceil(k·M/E)
+    const int64_t target = qb_target(b);
     double *bh = lm_malloc((size_t)E * sizeof(double)), mean = 0;
     for (int j = 0; j < E; j++) {
-        bh[j] = lm_qb_hist_quantile(b->hist_host + (size_t)j * b->nbins, b->nbins, b->lo, b->width, target);
+        bh[j] = lm_qb_bin_quantile(sel[3 * j], sel[3 * j + 1], sel[3 * j + 2], b->nbins, b->lo, b->width, target);
         mean += bh[j];
     }
     mean /= E;
@@ -223,13 +245,21 @@ static void update_quartile(lm_balancer *b) {
     }
 }
 
-void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m) {
-    flush_stage(b, ops);
+// the update once the staged counts are folded in; sel: host copy of the QB search's answer
+// (sel_bytes(b) > 0) or NULL to search and download here
+static void finish_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m, const int *sel) {
     memcpy(b->last_load, b->load, (size_t)b->E * sizeof(int64_t));
     if (m) fill_metrics(b, m);   // before the bias changes: metrics describe the step just run
     if (b->tokens > 0) {
         switch (b->kind) {
-        case LM_BAL_QB: update_qb(b, ops); break;
+        case LM_BAL_QB:
+            if (!sel) {
+                qb_select(b, ops, b->sel);
+                ops->to_host(b->sel_host, b->sel, sel_bytes(b));
+                sel = b->sel_host;
+            }
+            update_qb(b, sel);
+            break;
         case LM_BAL_SIGN: update_sign(b); break;
         case LM_BAL_QUARTILE: update_quartile(b); break;
         case LM_BAL_AUX:
@@ -239,6 +269,48 @@ void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m) {
         set_range(b);
     }
     reset_step(b, ops);
+}
+
+void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m) {
+    flush_stage(b, ops);
+    finish_update(b, ops, m, NULL);
+}
+
+void lm_balancers_update(lm_balancer *const *bs, int n, const lm_ops *ops, lm_moe_metrics *ms, lm_bal_xfer *x) {
+    // layout of the one download: per balancer its staged counts, then its QB search answer
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (bs[i]) total += stage_bytes(bs[i]) + sel_bytes(bs[i]);
+    if (total > x->cap) {
+        if (x->dev) ops->free(x->dev);
+        x->dev = ops->alloc(total);
+        x->host = lm_realloc(x->host, total);
+        x->cap = total;
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (!bs[i]) continue;
+        const size_t sb = stage_bytes(bs[i]), qb = sel_bytes(bs[i]);
+        if (sb) ops->copy((char *)x->dev + at, bs[i]->stage, sb);   // device to device: no wait
+        if (qb) qb_select(bs[i], ops, (int *)((char *)x->dev + at + sb));
+        at += sb + qb;
+    }
+    if (total) ops->to_host(x->host, x->dev, total);
+    at = 0;
+    for (int i = 0; i < n; i++) {
+        lm_balancer *b = bs[i];
+        if (!b) continue;
+        const size_t sb = stage_bytes(b), qb = sel_bytes(b);
+        fold_stage(b, (const int *)((char *)x->host + at));
+        finish_update(b, ops, ms ? &ms[i] : NULL, qb ? (const int *)((char *)x->host + at + sb) : NULL);
+        at += sb + qb;
+    }
+}
+
+void lm_bal_xfer_free(lm_bal_xfer *x, const lm_ops *ops) {
+    if (x->dev) ops->free(x->dev);
+    free(x->host);
+    memset(x, 0, sizeof *x);
 }
 
 void lm_balancer_get_bias(const lm_balancer *b, real *host) {

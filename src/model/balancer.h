@@ -45,7 +45,7 @@ typedef struct {
     int own_bias;               // 0 when attached to memory owned elsewhere (the model's buffer)
     real *bias_host;            // host [E]: always equal to `bias`
     int *hist;                  // backend [E, nbins] int32 QB margin counts (qb only, else NULL)
-    int *hist_host;             // host [E, nbins] download buffer (qb only)
+    int *sel, *sel_host;        // backend / host [E, 3]: qb_hist_select's answer (qb only)
     real lo, width;             // histogram range [lo, lo + nbins·width] = [min b − 1, max b + 1]
     int64_t tokens, dropped;    // accumulated over the step's micro-batches
     int64_t *load;              // host [E] accumulated assignments per expert
@@ -87,6 +87,18 @@ void lm_balancer_observe(lm_balancer *b, const lm_ops *ops, const real *s, const
 //   aux, none: b unchanged (the aux loss is added by the model via moe_aux_fwd/bwd)
 void lm_balancer_update(lm_balancer *b, const lm_ops *ops, lm_moe_metrics *m);
 
+// lm_balancer_update on each of bs[0..n) (NULL entries are skipped; ms[i], if ms is not
+// NULL, gets bs[i]'s metrics) with every balancer's staged counts and histogram fetched in
+// one download: one wait for the backend per step instead of up to two per layer. x is
+// the transfer memory, kept by the caller between steps (zero-initialised at first; freed
+// by lm_bal_xfer_free).
+typedef struct {
+    void *dev, *host;
+    size_t cap;
+} lm_bal_xfer;
+void lm_balancers_update(lm_balancer *const *bs, int n, const lm_ops *ops, lm_moe_metrics *ms, lm_bal_xfer *x);
+void lm_bal_xfer_free(lm_bal_xfer *x, const lm_ops *ops);
+
 // Makes the balancer read and update `bias` (backend [E], e.g. the model's
 // e_score_correction_bias buffer, which checkpoints save) instead of its own copy, and
 // takes its current values. Call lm_balancer_refresh after that memory is overwritten
@@ -112,6 +124,9 @@ const char *lm_balance_name(lm_balance_kind kind);
 // that bin: lo + (h + (target − before)/hist[h])·width. Within one bin width of the
 // exact target-th smallest margin when no margin was clamped into an end bin.
 double lm_qb_hist_quantile(const int *hist, int nbins, double lo, double width, int64_t target);
+// the same value from the search's answer (ops.h qb_hist_select): bin h, the count before
+// it and its count
+double lm_qb_bin_quantile(int h, int64_t before, int count, int nbins, double lo, double width, int64_t target);
 
 // Capacity per expert for a capacity factor relaxed linearly to "no drops":
 //   −1 (dropless) if cf0 ≤ 0 or step ≥ relax_steps; otherwise

@@ -12,8 +12,10 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
-    o->matmul_fwd(a->a, a->xn, p->ffn_w1, NULL, N, d, F);
-    o->matmul_fwd(a->b, a->xn, p->ffn_w3, NULL, N, d, F);
+    lm_linears L = {0};
+    lm_linears_add(&L, p->ffn_w1, F, a->a, NULL, NULL);
+    lm_linears_add(&L, p->ffn_w3, F, a->b, NULL, NULL);
+    o->linears_fwd(&L, a->xn, N, d);
     o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act);
     o->matmul_fwd(out, a->h, p->ffn_w2, NULL, N, F, d);
 }
@@ -25,12 +27,31 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     o->matmul_bwd(da->h, g->ffn_w2, NULL, dout, a->h, p->ffn_w2, N, F, d);
     o->glu_bwd(da->a, da->b, da->h, a->a, a->b, (size_t)N * F, c->expert_act);
-    o->matmul_bwd(da->xn, g->ffn_w1, NULL, da->a, a->xn, p->ffn_w1, N, d, F);
-    o->matmul_bwd(da->xn, g->ffn_w3, NULL, da->b, a->xn, p->ffn_w3, N, d, F);
+    lm_linears L = {0};
+    lm_linears_add(&L, p->ffn_w1, F, NULL, da->a, g->ffn_w1);
+    lm_linears_add(&L, p->ffn_w3, F, NULL, da->b, g->ffn_w3);
+    o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
 }
 
 static int expert_width(const lm_config *c) { return c->moe_latent_dim ? c->moe_latent_dim : c->d_model; }
+
+// The MoE layer's dense projections of xn as one list (see kda_layer.c): the shared
+// experts' two inputs, the latent down projection, the router.
+static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_moe_acts *a, lm_layer_params *g,
+                             const lm_moe_acts *da) {
+    const int Fs = c->n_shared * c->d_ff_expert;
+    lm_linears L = {0};
+#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+    if (c->n_shared > 0) {
+        XN_LINEAR(sh_w1, Fs, sa);
+        XN_LINEAR(sh_w3, Fs, sb);
+    }
+    if (c->moe_latent_dim) XN_LINEAR(lat_down, c->moe_latent_dim, xl);
+    XN_LINEAR(router, c->n_experts, z);
+#undef XN_LINEAR
+    return L;
+}
 
 // the routed experts' op arguments: this layer's plan, weights and saved tensors (the
 // gradient arena's tensors of the same names are the backward's work buffers)
@@ -49,16 +70,14 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
-    // router in fp32; the bias (a buffer updated only between steps) decides selection only
-    o->matmul_fwd(a->z, a->xn, p->router, NULL, N, d, E);
+    const lm_linears L = xn_linears(c, p, a, NULL, NULL);   // router logits z among them
+    o->linears_fwd(&L, a->xn, N, d);
+    // the bias (a buffer updated only between steps) decides selection only
     o->moe_route_fwd(a->idx, a->gate, a->s, a->alpha, a->z, p->route_bias, N, E, k, c->route_scale, 1);
     o->moe_plan(a->counts, a->offsets, a->row_token, a->slot_row, a->idx, a->s, N, E, k, s->capacity);
     if (s->training && bal) lm_balancer_observe(bal, o, a->s, a->alpha, a->counts, a->offsets, N);
     const real *xin = a->xn;
-    if (c->moe_latent_dim) {
-        o->matmul_fwd(a->xl, a->xn, p->lat_down, NULL, N, d, dl);
-        xin = a->xl;
-    }
+    if (c->moe_latent_dim) xin = a->xl;
     const lm_experts ex = routed_experts(s, p, a);
     o->zero(a->y, (size_t)N * dl * sizeof(real));
     o->moe_experts_fwd(&ex, a->y, xin);
@@ -70,8 +89,6 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     }
     if (c->n_shared > 0) {
         const int Fs = c->n_shared * F;
-        o->matmul_fwd(a->sa, a->xn, p->sh_w1, NULL, N, d, Fs);
-        o->matmul_fwd(a->sb, a->xn, p->sh_w3, NULL, N, d, Fs);
         o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
         o->matmul_fwd(a->so, a->sh, p->sh_w2, NULL, N, Fs, d);
         o->add(out, routed, a->so, (size_t)N * d);
@@ -92,8 +109,6 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
         const int Fs = c->n_shared * F;
         o->matmul_bwd(da->sh, g->sh_w2, NULL, dout, a->sh, p->sh_w2, N, Fs, d);
         o->glu_bwd(da->sa, da->sb, da->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
-        o->matmul_bwd(da->xn, g->sh_w1, NULL, da->sa, a->xn, p->sh_w1, N, d, Fs);
-        o->matmul_bwd(da->xn, g->sh_w3, NULL, da->sb, a->xn, p->sh_w3, N, d, Fs);
     }
     const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged
     if (c->moe_latent_dim) {
@@ -104,16 +119,12 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_experts ex = routed_experts(s, p, a);
     const lm_experts_grads eg = {.dgate = da->gate, .dW1 = g->exp_w1, .dW3 = g->exp_w3, .dW2 = g->exp_w2,
                                  .dyp = da->yp, .deh = da->eh, .dea = da->ea, .deb = da->eb, .dxp = da->xp};
-    if (c->moe_latent_dim) {
-        o->moe_experts_bwd(&ex, &eg, da->xl, dy);
-        o->matmul_bwd(da->xn, g->lat_down, NULL, da->xl, a->xn, p->lat_down, N, d, dl);
-    } else {
-        o->moe_experts_bwd(&ex, &eg, da->xn, dy);
-    }
+    o->moe_experts_bwd(&ex, &eg, c->moe_latent_dim ? da->xl : da->xn, dy);
     o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
         o->moe_aux_bwd(da->z, a->s, a->counts, N, E, k, c->aux_coef, s->aux_dloss);
     if (c->zloss_coef > 0) o->moe_zloss_bwd(da->z, a->z, N, E, c->zloss_coef, s->aux_dloss);
-    o->matmul_bwd(da->xn, g->router, NULL, da->z, a->xn, p->router, N, d, E);
+    const lm_linears L = xn_linears(c, p, NULL, g, da);
+    o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
 }

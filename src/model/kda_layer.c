@@ -16,14 +16,32 @@ static lm_kda_args kda_args(const lm_step_ctx *s, const lm_layer_params *p, cons
     return k;
 }
 
+// The projections of xn as one list: the forward's outputs from a, the backward's output
+// and weight gradients from da and g (each NULL when not wanted). The backward adds into
+// ∂xn in this order.
+static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_kda_acts *a, lm_layer_params *g,
+                             const lm_kda_acts *da) {
+    const int H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
+    lm_linears L = {0};
+#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+    if (c->kda_full_rank_gate) XN_LINEAR(g_proj, HK, gz);
+    else XN_LINEAR(g_a, K, ga);
+    XN_LINEAR(b_proj, H, bl);
+    XN_LINEAR(f_a, K, fa);
+    XN_LINEAR(q_proj, HK, qp);
+    XN_LINEAR(k_proj, HK, kp);
+    XN_LINEAR(v_proj, HK, vp);
+#undef XN_LINEAR
+    return L;
+}
+
 void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps);
-    o->matmul_fwd(a->qp, a->xn, p->q_proj, NULL, N, d, HK);
-    o->matmul_fwd(a->kp, a->xn, p->k_proj, NULL, N, d, HK);
-    o->matmul_fwd(a->vp, a->xn, p->v_proj, NULL, N, d, HK);
+    const lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
+    o->linears_fwd(&L, a->xn, N, d);
     // with a cache the conv sees the previous W−1 inputs and the core starts from the
     // carried state; both are updated for the next chunk
     lm_cache *kc = s->cache;
@@ -35,19 +53,12 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
         o->conv_silu_fwd(post[j], pre[j], w[j], conv && W > 1 ? conv[j] : NULL, s->B, s->T, HK, W);
         if (conv && W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, HK, W);
     }
-    o->matmul_fwd(a->fa, a->xn, p->f_a, NULL, N, d, K);
     o->matmul_fwd(a->f, a->fa, p->f_b, NULL, N, K, HK);
-    o->matmul_fwd(a->bl, a->xn, p->b_proj, NULL, N, d, H);
     lm_kda_args k = kda_args(s, p, a);
     k.o = a->o;
     if (kc) k.S0 = k.S_out = kc->kda_state[s->layer];
     o->kda_fwd(&k);
-    if (c->kda_full_rank_gate) {
-        o->matmul_fwd(a->gz, a->xn, p->g_proj, NULL, N, d, HK);
-    } else {
-        o->matmul_fwd(a->ga, a->xn, p->g_a, NULL, N, d, K);
-        o->matmul_fwd(a->gz, a->ga, p->g_b, NULL, N, K, HK);
-    }
+    if (!c->kda_full_rank_gate) o->matmul_fwd(a->gz, a->ga, p->g_b, NULL, N, K, HK);
     o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps);
     o->matmul_fwd(out, a->on, p->o_proj, NULL, N, HK, d);
 }
@@ -59,25 +70,17 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
     o->matmul_bwd(da->on, g->o_proj, NULL, dout, a->on, p->o_proj, N, HK, d);
     o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K);
-    if (c->kda_full_rank_gate) {
-        o->matmul_bwd(da->xn, g->g_proj, NULL, da->gz, a->xn, p->g_proj, N, d, HK);
-    } else {
-        o->matmul_bwd(da->ga, g->g_b, NULL, da->gz, a->ga, p->g_b, N, K, HK);
-        o->matmul_bwd(da->xn, g->g_a, NULL, da->ga, a->xn, p->g_a, N, d, K);
-    }
+    if (!c->kda_full_rank_gate) o->matmul_bwd(da->ga, g->g_b, NULL, da->gz, a->ga, p->g_b, N, K, HK);
     lm_kda_args k = kda_args(s, p, a);
     k.d_o = da->o;
     k.dq = da->q; k.dk = da->k; k.dv = da->v; k.df = da->f; k.dbeta_logit = da->bl;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
     o->kda_bwd(&k);
-    o->matmul_bwd(da->xn, g->b_proj, NULL, da->bl, a->xn, p->b_proj, N, d, H);
     o->matmul_bwd(da->fa, g->f_b, NULL, da->f, a->fa, p->f_b, N, K, HK);
-    o->matmul_bwd(da->xn, g->f_a, NULL, da->fa, a->xn, p->f_a, N, d, K);
     o->conv_silu_bwd(da->qp, g->q_conv, da->q, a->qp, p->q_conv, NULL, s->B, s->T, HK, W);
     o->conv_silu_bwd(da->kp, g->k_conv, da->k, a->kp, p->k_conv, NULL, s->B, s->T, HK, W);
     o->conv_silu_bwd(da->vp, g->v_conv, da->v, a->vp, p->v_conv, NULL, s->B, s->T, HK, W);
-    o->matmul_bwd(da->xn, g->q_proj, NULL, da->qp, a->xn, p->q_proj, N, d, HK);
-    o->matmul_bwd(da->xn, g->k_proj, NULL, da->kp, a->xn, p->k_proj, N, d, HK);
-    o->matmul_bwd(da->xn, g->v_proj, NULL, da->vp, a->xn, p->v_proj, N, d, HK);
+    const lm_linears L = xn_linears(c, p, NULL, g, da);
+    o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d);
 }

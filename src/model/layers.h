@@ -86,6 +86,18 @@ typedef struct {
 
 void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);
 
+// Appends the linear W [OC, ·] to a list of linears of one input (ops.h lm_linears): its
+// output (forward), output gradient and weight gradient (backward); the unused ones NULL.
+static inline void lm_linears_add(lm_linears *L, const real *W, int OC, real *out, const real *dout, real *dW) {
+    LM_ASSERT(L->n < LM_MAX_LINEARS);
+    const int i = L->n++;
+    L->W[i] = W;
+    L->OC[i] = OC;
+    L->out[i] = out;
+    L->dout[i] = dout;
+    L->dW[i] = dW;
+}
+
 void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out);
 void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_kda_acts *a,
                       lm_kda_acts *da, const real *x, const real *dout, real *dx);

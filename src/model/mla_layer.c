@@ -85,22 +85,35 @@ static void prefill_over_cache(lm_step_ctx *s, const lm_layer_params *p, lm_mla_
     o->attn_prefix_fwd(a->o, a->q, k, v, B, T, P, Hm, Dqk, Dv, mla_scale(c));
 }
 
+// The projections of xn as one list (see kda_layer.c): q (or its low-rank down
+// projection), the latent kv, the decoupled key part, the output gate.
+static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_mla_acts *a, lm_layer_params *g,
+                             const lm_mla_acts *da) {
+    const int Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c), De = c->qk_extra_dim, Dv = c->v_head_dim;
+    lm_linears L = {0};
+#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+    if (c->mla_gated) XN_LINEAR(mo_gate, Hm * Dv, z);
+    if (De > 0) XN_LINEAR(kpe_proj, De, kpe);
+    XN_LINEAR(kv_a, c->kv_lora_rank, craw);
+    if (c->q_lora_rank > 0) XN_LINEAR(mq_a, c->q_lora_rank, qa);
+    else XN_LINEAR(mq_proj, Hm * Dqk, q);
+#undef XN_LINEAR
+    return L;
+}
+
 void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
     const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank, Rq = c->q_lora_rank;
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps);
+    const lm_linears L = xn_linears(c, p, a, NULL, NULL);
+    o->linears_fwd(&L, a->xn, N, d);
     if (Rq > 0) {
-        o->matmul_fwd(a->qa, a->xn, p->mq_a, NULL, N, d, Rq);
         o->rmsnorm_fwd(a->qan, a->qa_rstd, a->qa, p->mq_a_norm, N, Rq, c->norm_eps);
         o->matmul_fwd(a->q, a->qan, p->mq_b, NULL, N, Rq, Hm * Dqk);
-    } else {
-        o->matmul_fwd(a->q, a->xn, p->mq_proj, NULL, N, d, Hm * Dqk);
     }
-    o->matmul_fwd(a->craw, a->xn, p->kv_a, NULL, N, d, R);
     o->rmsnorm_fwd(a->c, a->c_rstd, a->craw, p->kv_norm, N, R, c->norm_eps);
-    if (De > 0) o->matmul_fwd(a->kpe, a->xn, p->kpe_proj, NULL, N, d, De);
     lm_cache *kc = s->cache;
     if (kc) cache_append(s, a);
     if (kc && kc->len > 0 && s->T < PREFIX_MIN_T) {
@@ -113,8 +126,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
         o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
     }
     const real *og = a->o;
-    if (c->mla_gated) {
-        o->matmul_fwd(a->z, a->xn, p->mo_gate, NULL, N, d, Hm * Dv);
+    if (c->mla_gated) {   // z: among the projections of xn above
         o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv);
         og = a->og;
     }
@@ -130,22 +142,18 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     if (c->mla_gated) {
         o->matmul_bwd(da->og, g->o_proj, NULL, dout, a->og, p->o_proj, N, Hm * Dv, d);
         o->sigmoid_gate_bwd(da->o, da->z, da->og, a->o, a->z, (size_t)N * Hm * Dv);
-        o->matmul_bwd(da->xn, g->mo_gate, NULL, da->z, a->xn, p->mo_gate, N, d, Hm * Dv);
     } else {
         o->matmul_bwd(da->o, g->o_proj, NULL, dout, a->o, p->o_proj, N, Hm * Dv, d);
     }
     o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
     o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv);
     o->matmul_bwd(da->c, g->kv_b, NULL, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv));
-    if (De > 0) o->matmul_bwd(da->xn, g->kpe_proj, NULL, da->kpe, a->xn, p->kpe_proj, N, d, De);
     o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R);
-    o->matmul_bwd(da->xn, g->kv_a, NULL, da->craw, a->xn, p->kv_a, N, d, R);
     if (Rq > 0) {
         o->matmul_bwd(da->qan, g->mq_b, NULL, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk);
         o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq);
-        o->matmul_bwd(da->xn, g->mq_a, NULL, da->qa, a->xn, p->mq_a, N, d, Rq);
-    } else {
-        o->matmul_bwd(da->xn, g->mq_proj, NULL, da->q, a->xn, p->mq_proj, N, d, Hm * Dqk);
     }
+    const lm_linears L = xn_linears(c, p, NULL, g, da);
+    o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d);
 }

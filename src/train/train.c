@@ -68,6 +68,16 @@ static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
 }
 
 // sequences per forward/backward in a step of B sequences
+// waits for the device (a 4-byte read of the parameters), returns ms since *t (NULL: none)
+// and restarts *t; for LINMOE_STEP_PHASES
+static double phase_mark(lm_model *m, double *t) {
+    real x;
+    m->ops->to_host(&x, m->params_mem, sizeof x);
+    double now = lm_time_sec(), ms = t ? (now - *t) * 1e3 : now;
+    if (t) *t = now;
+    return ms;
+}
+
 static int micro_of(const lm_train_opts *o, int B) { return o->micro_batch > 0 && o->micro_batch < B ? o->micro_batch : B; }
 
 static const stage *stage_at(const stage *st, int n, long step) {
@@ -243,6 +253,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     int nst = 0;
     lm_model *m = NULL;
     lm_optim opt = {0};
+    lm_bal_xfer bal_xfer = {0};   // the balancers' one download per step
     lm_loader ld = {0}, ev = {0};
     lm_batch *mb = NULL;
     FILE *log = NULL;
@@ -373,6 +384,11 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
                desc, o->opt.kind == LM_OPT_MUON ? "muon" : "adamw", (double)o->opt.lr, lm_num_threads(), o->out_dir);
     }
 
+    // LINMOE_STEP_PHASES=1: wait for the device after each phase of a step and print the
+    // phases' wall times (a diagnostic: the waits expose launch latency the pipelined step hides)
+    const char *phases_env = getenv("LINMOE_STEP_PHASES");
+    const int show_phases = phases_env && phases_env[0] == '1';
+    double ph[6] = {0};
     int consecutive_skips = 0;
     const int use_qk_clip = o->opt.kind == LM_OPT_MUON && o->qk_clip > 0;
     maxlog = lm_malloc((size_t)cfg->n_layers * (cfg->mla_heads > 0 ? cfg->mla_heads : 1) * sizeof(real));
@@ -400,16 +416,20 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (count == 0) FAIL("step %ld: the batch has no target tokens", ts.step);
         const int capacity = lm_moe_capacity(cfg->capacity_factor, cfg->capacity_relax_steps, (int)ts.step,
                                              micro * T, cfg->n_experts, cfg->top_k);
+        double tp = show_phases ? phase_mark(m, 0) : 0;
         lm_model_zero_grads(m);
+        if (show_phases) ph[0] += phase_mark(m, &tp);
         if (use_qk_clip) lm_qk_reset(m, maxlog);
         double ce = 0, aux = 0;
         for (int u = 0; u < n_micro; u++) {
             lm_fwd_opts fo = {.training = 1, .capacity = capacity, .aux_weight = (real)mb[u].B / B};
             lm_model_forward(m, mb[u].tokens, mb[u].targets, mb[u].B, T, fo);
+            if (show_phases) ph[1] += phase_mark(m, &tp);
             ce += m->last_ce_sum;
             aux += m->ctx.aux_loss;
             if (use_qk_clip) lm_qk_observe(m, maxlog);
             lm_model_backward(m, (real)(1.0 / count));
+            if (show_phases) ph[2] += phase_mark(m, &tp);
         }
         double loss = ce / count;
         if (o->nan_steps[0] && parse_step_list(o->nan_steps, ts.step)) {
@@ -421,14 +441,18 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         // of finite floats summed in double cannot overflow; in the fp64 test build a
         // gradient above ~1e154 would also count as non-finite and skip the step)
         double gnorm = lm_grad_norm(m);
+        if (show_phases) ph[3] += phase_mark(m, &tp);
         int skipped = !isfinite(loss) || !isfinite(gnorm);
         int n_clipped = 0;
         lm_moe_metrics met[LM_MAX_LAYERS];
         if (!skipped) {
             lm_optim_step_norm(&opt, m, lr, gnorm);
             if (use_qk_clip) n_clipped = lm_qk_clip(m, maxlog, o->qk_clip);
-            for (int i = 0; i < cfg->n_layers; i++)
-                if (lm_layer_is_moe(cfg, i)) lm_balancer_update(&m->bal[i], ops, &met[i]);
+            if (show_phases) ph[4] += phase_mark(m, &tp);
+            lm_balancer *bals[LM_MAX_LAYERS];
+            for (int i = 0; i < cfg->n_layers; i++) bals[i] = lm_layer_is_moe(cfg, i) ? &m->bal[i] : NULL;
+            lm_balancers_update(bals, cfg->n_layers, ops, met, &bal_xfer);
+            if (show_phases) ph[5] += phase_mark(m, &tp);
             consecutive_skips = 0;
         } else {
             gnorm = NAN;
@@ -441,6 +465,11 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         }
         ts.step++;
         double dt = lm_time_sec() - t0;
+        if (show_phases) {
+            printf("phases ms: zero grads %.2f | forward %.2f | backward %.2f | grad norm %.2f | optimizer %.2f | "
+                   "balancer %.2f | step %.2f\n", ph[0], ph[1], ph[2], ph[3], ph[4], ph[5], dt * 1e3);
+            memset(ph, 0, sizeof ph);
+        }
         if (n_step_s < total_steps) step_s[n_step_s++] = dt;
         double tok_s = (double)B * T / dt;
         ema_tok_s = ema_tok_s == 0 ? tok_s : 0.9 * ema_tok_s + 0.1 * tok_s;
@@ -565,6 +594,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         }
     }
 done:
+    if (bal_xfer.cap) lm_bal_xfer_free(&bal_xfer, ops);
     free(maxlog);
     free(step_s);
     if (log) fclose(log);

@@ -123,6 +123,17 @@ static void cmp_int(const char *op, const char *what, const int *dev, const int 
     record(op, what, (double)bad, 0);
     free(h);
 }
+// two device tensors that must agree bit for bit: the count of differing floats
+static void cmp_dev_exact(const char *op, const char *what, const float *a, const float *b, size_t n) {
+    float *ha = lm_malloc((n ? n : 1) * sizeof(float)), *hb = lm_malloc((n ? n : 1) * sizeof(float));
+    GPU->to_host(ha, a, n * sizeof(float));
+    GPU->to_host(hb, b, n * sizeof(float));
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
+    record(op, what, (double)bad, 0);
+    free(ha);
+    free(hb);
+}
 static void cmp_scalar(const char *op, const char *what, double g, double c, double tol) {
     double e = fabs(g - c) / (fabs(c) > 0 ? fabs(c) : 1);
     record(op, what, e != e ? INFINITY : e, tol);
@@ -226,6 +237,57 @@ static void t_matmul(int N, int C, int OC, int with_bias) {
     if (gb) GPU->free(gb);
     HFREE(x, W, dout, dx, dW, db, out);
     free(bias);
+}
+
+// linears of one input: against the CPU, and bit for bit against the GPU's own matmul
+// ops called one by one (the list only shares the input's rounding); one dW NULL
+static void t_linears(int N, int C) {
+    char op[48];
+    const int mode = lm_cuda_gemm_mode(), n = 3, OC[3] = {96, 17, 130};
+    const double TOLM = mode == LM_GEMM_BF16 ? 1e-2 : TOL;
+    snprintf(op, sizeof op, "linears %dx%d %s", N, C, lm_cuda_gemm_name(mode));
+    const size_t NC = (size_t)N * C;
+    float *x = hrandn(NC, 1), *dx = hrandn(NC, 1), *gx = dfl(x, NC), *gdx = dfl(dx, NC), *gdx1 = dfl(dx, NC);
+    float *W[3], *dout[3], *dW[3], *out[3], *gW[3], *gdout[3], *gdW[3], *gout[3], *gdW1[3], *gout1[3];
+    lm_linears L = {.n = n}, G = {.n = n};
+    for (int i = 0; i < n; i++) {
+        const size_t no = (size_t)N * OC[i], nw = (size_t)OC[i] * C;
+        W[i] = hrandn(nw, 0.2); dout[i] = hrandn(no, 1); dW[i] = hrandn(nw, 1);
+        out[i] = lm_malloc(no * sizeof(float));
+        gW[i] = dfl(W[i], nw); gdout[i] = dfl(dout[i], no); gdW[i] = dfl(dW[i], nw); gdW1[i] = dfl(dW[i], nw);
+        gout[i] = dpoison(no); gout1[i] = dpoison(no);
+        L.OC[i] = G.OC[i] = OC[i];
+        L.W[i] = W[i]; L.out[i] = out[i]; L.dout[i] = dout[i]; L.dW[i] = i == 1 ? NULL : dW[i];
+        G.W[i] = gW[i]; G.out[i] = gout[i]; G.dout[i] = gdout[i]; G.dW[i] = i == 1 ? NULL : gdW[i];
+    }
+    CPU->linears_fwd(&L, x, N, C);
+    GPU->linears_fwd(&G, gx, N, C);
+    CPU->linears_bwd(&L, dx, x, N, C);
+    GPU->linears_bwd(&G, gdx, gx, N, C);
+    for (int i = 0; i < n; i++) {   // the same through the single-linear ops
+        GPU->matmul_fwd(gout1[i], gx, gW[i], NULL, N, C, OC[i]);
+        GPU->matmul_bwd(gdx1, i == 1 ? NULL : gdW1[i], NULL, gdout[i], gx, gW[i], N, C, OC[i]);
+    }
+    char what[48];
+    for (int i = 0; i < n; i++) {
+        const size_t no = (size_t)N * OC[i], nw = (size_t)OC[i] * C;
+        snprintf(what, sizeof what, "fwd out[%d]", i);
+        cmp(op, what, gout[i], out[i], no, TOLM);
+        snprintf(what, sizeof what, "fwd out[%d] == matmul_fwd", i);
+        cmp_dev_exact(op, what, gout[i], gout1[i], no);
+        if (i == 1) continue;
+        snprintf(what, sizeof what, "bwd dW[%d]", i);
+        cmp(op, what, gdW[i], dW[i], nw, TOLM);
+        snprintf(what, sizeof what, "bwd dW[%d] == matmul_bwd", i);
+        cmp_dev_exact(op, what, gdW[i], gdW1[i], nw);
+    }
+    cmp(op, "bwd dinp", gdx, dx, NC, TOLM);
+    cmp_dev_exact(op, "bwd dinp == matmul_bwd in turn", gdx, gdx1, NC);
+    for (int i = 0; i < n; i++) {
+        DFREE(gW[i], gdout[i], gdW[i], gout[i], gdW1[i], gout1[i]);
+        HFREE(W[i], dout[i], dW[i], out[i]);
+    }
+    DFREE(gx, gdx, gdx1); HFREE(x, dx);
 }
 
 static void t_rmsnorm(int N, int C) {
@@ -810,6 +872,31 @@ static void t_grouped_weight_cache(void) {
     free_plan(&p);
 }
 
+// the QB update's bin search, exactly: sparse rows (most bins empty), an empty row, one
+// heavy bin, targets of 1, the rows' typical crossing and above some rows' totals
+static void t_qb_select(int E, int nbins) {
+    char op[48];
+    snprintf(op, sizeof op, "qb_hist_select E%d bins%d", E, nbins);
+    int *hist = lm_malloc((size_t)E * nbins * sizeof(int));
+    for (int j = 0; j < E; j++)
+        for (int h = 0; h < nbins; h++) {
+            int *c = &hist[(size_t)j * nbins + h];
+            *c = j == 1 ? 0 : lm_rng_below(&R, 4) == 0 ? (int)lm_rng_below(&R, 9) : 0;
+            if (j == 2 && h == nbins / 2) *c = 5000;
+        }
+    int *ghist = dint(hist, (size_t)E * nbins), *sel = lm_malloc((size_t)E * 3 * sizeof(int));
+    int *gsel = dpoison_int((size_t)E * 3);
+    const int targets[4] = {1, nbins / 2, nbins, 4 * nbins};
+    for (int t = 0; t < 4; t++) {
+        char what[48];
+        snprintf(what, sizeof what, "sel target %d (exact)", targets[t]);
+        CPU->qb_hist_select(sel, hist, E, nbins, targets[t]);
+        GPU->qb_hist_select(gsel, ghist, E, nbins, targets[t]);
+        cmp_int(op, what, gsel, sel, (size_t)E * 3);
+    }
+    DFREE(ghist, gsel); HFREE(hist, sel);
+}
+
 static void t_balance(void) {
     const int N = 300, E = 12, k = 3, nbins = 16;
     float *z = hrandn((size_t)N * E, 2), *bias = hrandn(E, 0.1);
@@ -843,13 +930,18 @@ static void t_balance(void) {
 // ---------------------------------------------------------------------------
 // AttnRes, loss, optimisers
 
-static void t_attnres(int n, int C) {
-    char op[40];
-    snprintf(op, sizeof op, "attnres n%d C%d", n, C);
-    const int N = 40;
+// n ≤ 8 sources with C a multiple of 4 (≤ 4096) take the register kernels (the backward
+// with several rows per block once N ≥ 1024); the rest the general ones
+// tol: the backward's c_j = α_j (t_j − Σ_l α_l t_l) subtracts dot products over C channels
+// that nearly cancel, so its fp32 rounding (summation orders differ between the backends)
+// grows with C and the sources' scale (0.5 + j here)
+static void t_attnres(int n, int C, int N, double tol) {
+    char op[48];
+    snprintf(op, sizeof op, "attnres n%d C%d N%d", n, C, N);
     const size_t NC = (size_t)N * C;
     float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *dout = hrandn(NC, 1);
-    float *src[8], *gsrc[8], *dsrc[8], *gdsrc[8];
+    float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
+    LM_ASSERT(n <= 12);
     lm_sources hs = {.n = n}, ds = {.n = n};
     for (int j = 0; j < n; j++) {
         src[j] = hrandn(NC, 0.5 + j);
@@ -864,8 +956,8 @@ static void t_attnres(int n, int C) {
     float *gout = dpoison(NC), *galpha = dpoison((size_t)N * n);
     CPU->attnres_fwd(out, alpha, hs, w, gamma, N, C, 1e-5f);
     GPU->attnres_fwd(gout, galpha, ds, gw, ggamma, N, C, 1e-5f);
-    cmp(op, "fwd out", gout, out, NC, TOL);
-    cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, TOL);
+    cmp(op, "fwd out", gout, out, NC, tol);
+    cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, tol);
     // gradients: with n > 2, entry 1 is NULL and the last entry repeats entry 0's buffer
     // (a tensor listed twice); dsrc.n = n
     float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C);
@@ -882,10 +974,10 @@ static void t_attnres(int n, int C) {
         if (!hg.p[j] || (n > 2 && j == n - 1)) continue;
         char what[40];
         snprintf(what, sizeof what, "bwd dsrc[%d]%s", j, n > 2 && j == 0 ? " (listed twice)" : "");
-        cmp(op, what, gdsrc[j], dsrc[j], NC, TOL);
+        cmp(op, what, gdsrc[j], dsrc[j], NC, tol);
     }
-    cmp(op, "bwd dw", gdw, dw, C, TOL);
-    cmp(op, "bwd dgamma", gdgamma, dgamma, C, TOL);
+    cmp(op, "bwd dw", gdw, dw, C, tol);
+    cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
     for (int j = 0; j < n; j++) { GPU->free(gsrc[j]); GPU->free(gdsrc[j]); free(src[j]); free(dsrc[j]); }
     DFREE(gw, ggamma, gdout, gout, galpha, gdw, gdgamma); HFREE(w, gamma, dout, out, alpha, dw, dgamma);
 }
@@ -1350,6 +1442,22 @@ static void t_bench(void) {
     }
     float *g = drand_big((size_t)N * d, 1), *rs = drand_big(N, 1);
     BENCH("rmsnorm_fwd 16384x1024", 0, GPU->rmsnorm_fwd(out, rs, x, g, N, d, 1e-5f), out);
+    {   // the memory-bound row ops of a B4 training step (per call; figures for bench/RESULTS.md)
+        float *u1 = drand_big((size_t)N * d, 1), *u2 = drand_big((size_t)N * d, 1), *u3 = drand_big((size_t)N * d, 1);
+        float *dv = drand_big(d, 1), *dv2 = drand_big(d, 1), *w4 = drand_big((size_t)d * 4, 0.5);
+        float *dw4 = drand_big((size_t)d * 4, 0.5), *al = drand_big((size_t)N * 4, 0.25), *rs8 = drand_big((size_t)N * 8, 1);
+        BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d), out);
+        BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
+              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128), out);
+        BENCH("conv_silu_bwd dinp+dw B4 T4096 C1024 W4", 0,
+              GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4), out);
+        float *d1 = drand_big((size_t)N * d, 1), *d2 = drand_big((size_t)N * d, 1), *d3 = drand_big((size_t)N * d, 1);
+        lm_sources src = {.p = {x, u1, u2, u3}, .n = 4};
+        lm_source_grads dsrc = {.p = {out, d1, d2, d3}, .n = 4};
+        BENCH("attnres_bwd 4 sources 16384x1024", 0,
+              GPU->attnres_bwd(dsrc, dv, dv2, x, src, al, g, w4, N, d, 1e-5f), out);
+        DFREE(u1, u2, u3, dv, dv2, w4, dw4, al, rs8, d1, d2, d3);
+    }
     BENCH("sumsq 16.7M", 0, (void)GPU->sumsq(x, (size_t)N * d), x);
     DFREE(x, W, out, q, kk, v, o, lse, g, rs);
 }
@@ -1391,14 +1499,21 @@ int main(int argc, char **argv) {
         t_embed();
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
+        t_linears(200, 72);
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
         t_matmul(513, 1024, 768, 0);
+        t_linears(200, 72);
+        t_linears(40, 72);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        t_rmsnorm(65, 300);
+        t_rmsnorm(65, 300);   // widths that are multiples of 4 (≤ 4096): the register kernels
         t_rmsnorm(40, 20);
-        t_gated_rmsnorm(33, 3, 40);
+        t_rmsnorm(3000, 1024);   // several rows per backward block
+        t_rmsnorm(30, 302);      // the general kernels
+        t_gated_rmsnorm(33, 3, 40);   // V ≤ 128, a multiple of 4: one warp per row
+        t_gated_rmsnorm(700, 8, 128);
+        t_gated_rmsnorm(20, 2, 130);  // the general kernels
         t_gates();
         t_conv(2, 37, 45, 4, 0);
         t_conv(2, 37, 45, 4, 1);
@@ -1464,8 +1579,16 @@ int main(int argc, char **argv) {
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);   // fp32: the finer ops, exact
         t_balance();
-        t_attnres(1, 64);
-        t_attnres(5, 300);
+        t_qb_select(80, 1024);
+        t_qb_select(7, 1000);
+        t_qb_select(5, 3);
+        t_attnres(1, 64, 40, TOL);
+        t_attnres(5, 300, 40, TOL);
+        t_attnres(3, 256, 40, TOL);
+        t_attnres(6, 1024, 2000, TOL);
+        t_attnres(8, 2304, 700, 3 * TOL);   // measured 1.3e-5 (sources up to 7.5 over 2304 channels)
+        t_attnres(2, 128, 5000, TOL);
+        t_attnres(10, 512, 300, TOL);
         t_xent();
         t_adamw();
         t_muon(3, 20, 33);

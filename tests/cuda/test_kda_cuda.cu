@@ -478,7 +478,7 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     a.dA_log = dA; a.ddt_bias = ddb; a.dS0 = dS0;
     g->kda_fwd(&a);
     g->kda_bwd(&a);
-    // the same through the training path: the forward keeps its intermediates in a->saved
+    // the same through the training path: the forward keeps its bf16 inputs and intermediates in a->saved
     // and the backward reads them instead of recomputing — bit-identical gradients
     {
         const size_t sb = g->kda_saved_bytes(B, T, H, K, K);
