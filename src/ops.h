@@ -83,8 +83,8 @@ typedef struct {
     real *xp, *ea, *eb, *eh, *yp;   // saved by the forward: [R, C], [R, F] ×3, [R, C]
 } lm_experts;
 // Their gradients: dgate, dW1, dW3, dW2 accumulate; dyp [R, C], deh, dea, deb [R, F] and
-// dxp [R, C] are work buffers that must be zero on entry (the model's gradient arena is)
-// and hold nothing defined afterwards.
+// dxp [R, C] are work buffers: their contents on entry do not matter (the model does not
+// zero them) and they hold nothing defined afterwards.
 typedef struct {
     real *dgate, *dW1, *dW3, *dW2;
     real *dyp, *deh, *dea, *deb, *dxp;

@@ -15,10 +15,16 @@ static inline void lm_experts_fwd_by_ops(const lm_ops *o, const lm_experts *ex, 
     o->moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, ex->C);
 }
 
-// the backward of the above, reading the fp32 xp and eh it saved
+// the backward of the above, reading the fp32 xp and eh it saved. The finer ops add into
+// the work buffers, which may hold anything on entry: zeroed first.
 static inline void lm_experts_bwd_by_ops(const lm_ops *o, const lm_experts *ex, const lm_experts_grads *g, real *dx,
                                          const real *dy) {
-    const size_t n = (size_t)ex->R * ex->F;
+    const size_t n = (size_t)ex->R * ex->F, nc = (size_t)ex->R * ex->C;
+    o->zero(g->dyp, nc * sizeof(real));
+    o->zero(g->deh, n * sizeof(real));
+    o->zero(g->dea, n * sizeof(real));
+    o->zero(g->deb, n * sizeof(real));
+    o->zero(g->dxp, nc * sizeof(real));
     o->moe_combine_bwd(g->dyp, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, ex->C);
     o->grouped_matmul_bwd(g->deh, g->dW2, g->dyp, ex->eh, ex->W2, ex->offsets, ex->E, ex->F, ex->C, ex->R);
     o->glu_bwd(g->dea, g->deb, g->deh, ex->ea, ex->eb, n, ex->act);

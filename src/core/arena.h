@@ -18,6 +18,8 @@ enum {
     LM_T_EMBED   = 1u << 3,  // input embedding table: a lookup, not counted as active compute
     LM_T_BUFFER  = 1u << 4,  // state, not a trained parameter (router balancing bias)
     LM_T_INT     = 1u << 5,  // int32 elements (index tensors among activations)
+    LM_T_NO_GRAD_ZERO = 1u << 6,  // activations: the backward needs no zeros in its gradient slot
+                                  // (never used there, or an op's work buffer the op fills itself)
 };
 
 typedef struct {

@@ -189,7 +189,8 @@ __device__ __forceinline__ void axpy(float &a, float g, float v) { a += g * v; }
 __device__ __forceinline__ void axpy(float4 &a, float g, float4 v) {
     a.x += g * v.x; a.y += g * v.y; a.z += g * v.z; a.w += g * v.w;
 }
-// y [N, C] += Σ_slot gate · yp[slot_row] in slot order; T = float (Cv = C), or float4: four
+// y [N, C] += Σ_slot gate · yp[slot_row] in slot order (gate NULL: 1; the experts op's
+// backward sums dx += Σ_slot dxp[slot_row] so); T = float (Cv = C), or float4: four
 // channels per thread, 16-byte loads and stores (Cv = C / 4; the same additions in the same order)
 template <typename T>
 __global__ static void combine_fwd_k(T *y, const T *yp, const float *gate, const int *slot_row, int N, int k, int Cv) {
@@ -200,7 +201,7 @@ __global__ static void combine_fwd_k(T *y, const T *yp, const float *gate, const
         for (int t = 0; t < k; t++) {
             int r = slot_row[i * k + t];
             if (r < 0) continue;
-            axpy(acc, gate[i * k + t], yp[(size_t)r * Cv + c]);
+            axpy(acc, gate ? gate[i * k + t] : 1.0f, yp[(size_t)r * Cv + c]);
         }
         y[e] = acc;
     }

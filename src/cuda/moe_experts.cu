@@ -11,8 +11,10 @@
 //             gate gradient read them)
 //   backward: the combine's backward writes dyp in bf16 (dgate as before, from fp32 yp);
 //             the GLU backward writes dea, deb in bf16; xp and eh are the forward's bf16;
-//             deh and dxp stay fp32 (written by the input-gradient products: the work
-//             buffers are zero on entry, so TMA writes them instead of adding)
+//             deh and dxp stay fp32 (written by the input-gradient products, which
+//             overwrite the work buffers: TMA writes them instead of adding); dx gathers
+//             each token's dxp rows by slot_row (the combine's pattern) where the separate
+//             op scatters by row_token after a sort
 // The bf16 values go into the first half of the fp32 buffers the op is given (xp, eh are the
 // backend's by the op's contract; dyp, dea, deb are work buffers). In the fp32 GEMM modes,
 // or for shapes the wgmma kernels do not take, the op is the finer ops in turn
@@ -78,8 +80,12 @@ __global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size
 
 // dgb, dub [n] (bf16) = the GLU's gradients (the work buffers are zero on entry, so the
 // ops' "+=" is this "="); n % 8 == 0
+// rows past *rows_used (the plan's offsets[E]: rows no assignment uses) are skipped: their dh
+// was never written
 __global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const float *dh, const float *g, const float *u, size_t n,
-                                      int act) {
+                                      const int *rows_used, int F, int act) {
+    const size_t used = (size_t)*rows_used * F;
+    n = used < n ? used : n;
     for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
         __align__(16) float gv[8], uv[8], hv[8];
         float dg[8], du[8];
@@ -177,11 +183,12 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
                                                                                 ex->N, ex->k, C, lm_aligned16({dy}));
     cudaLaunchCheck();
     cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
-    // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] = dyp · W2[e] (deh is zero on entry)
+    // W2: dW2 [E, C, F] += dypᵀ · eh;  deh [R, F] = dyp · W2[e] (overwritten)
     if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, ehb, ex->offsets, E, C, F);
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, ki);
     lm_moe_bf16_rows(ki, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1, 1);
-    glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->act);
+    glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->offsets + E, F,
+                                                    ex->act);
     cudaLaunchCheck();
     // W1, W3: dxp [R, C] = dea · W1[e] + deb · W3[e] (one product where the kernel takes two
     // parts: dxp written once);  dW1, dW3 [E, F, C] += dea/debᵀ · xp
@@ -192,5 +199,8 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     }
     if (g->dW1) lm_moe_bf16_dw(kw, g->dW1, deab, xpb, ex->offsets, E, F, C);
     if (g->dW3) lm_moe_bf16_dw(kw, g->dW3, debb, xpb, ex->offsets, E, F, C);
-    cuda_moe_gather_bwd(dx, g->dxp, ex->row_token, ex->offsets, E, C, R);   // uses the workspace: last
+    // dx [N, C] += Σ_slot dxp[slot_row] per token in slot order: a gather by the plan's
+    // slot_row (deterministic, each dx row read and written once) instead of the scatter by
+    // row_token, which needs a sort
+    if (dx) cuda_moe_combine_fwd(dx, g->dxp, NULL, ex->slot_row, ex->N, ex->k, C);
 }

@@ -433,18 +433,27 @@ int lm_moe_bf16_kernel(int C, int OC, int aligned, int use) {
 void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern) {
     tc_schedule(ts, offsets, E, N, 128, rows_tile_cols(kern));
 }
+// the cp.async kernels add input gradients: an overwritten Out starts from zeros
+static void zero_rows(float *Out, int R, int N) {
+    cudaCheck(cudaMemsetAsync(Out, 0, (size_t)R * N * sizeof(float), lm_cuda_stream()));
+}
 void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp, int zeroed) {
-    if (kern == K_TMA) lm_wt_grouped_rows(Out, A, B, NULL, NULL, offsets, ts, E, R, N, K, 0, dinp, dinp && !zeroed);
-    else lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);   // dinp adds
+                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite) {
+    if (kern == K_TMA) {
+        lm_wt_grouped_rows(Out, A, B, NULL, NULL, offsets, ts, E, R, N, K, 0, dinp, dinp && !overwrite);
+        return;
+    }
+    if (dinp && overwrite) zero_rows(Out, R, N);
+    lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);   // dinp adds
 }
 void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
-                       int zeroed) {
+                       int overwrite) {
     if (kern == K_TMA) {
-        lm_wt_grouped_rows(Out, A, B, A2, B2, offsets, ts, E, R, N, K, K2, 1, !zeroed);
+        lm_wt_grouped_rows(Out, A, B, A2, B2, offsets, ts, E, R, N, K, K2, 1, !overwrite);
         return;
     }
+    if (overwrite) zero_rows(Out, R, N);
     lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, 1, kern);
     lm_wg_grouped_rows(Out, A2, B2, offsets, ts, E, N, K2, 1, kern);
 }

@@ -59,17 +59,18 @@ __device__ __forceinline__ GroupedTile grouped_tile(int tile, const int *offsets
 // (moe_experts.cu). lm_moe_bf16_kernel: the kernel for a product of inner width C and OC
 // outputs under the current modes, for one use (LM_MOE_USE_*), or 0 when such a product takes
 // an fp32-operand kernel. The rest as lm_wg_grouped_rows / lm_wg_grouped_dw, the tile list ts
-// [E+1] made by lm_moe_bf16_schedule for Out's N columns. zeroed: Out holds zeros on entry,
-// so the kernel may write instead of adding. lm_moe_bf16_rows2: Out += A·B_e + A2·B2_e
-// (inner widths K, K2), one product where the kernel takes two parts.
+// [E+1] made by lm_moe_bf16_schedule for Out's N columns. overwrite (with dinp): Out's
+// contents on entry do not matter and the product replaces them (the TMA kernel writes; the
+// others add, so Out is zeroed first). lm_moe_bf16_rows2: Out (+)= A·B_e + A2·B2_e (inner
+// widths K, K2), one product where the kernel takes two parts.
 enum { LM_MOE_USE_FWD, LM_MOE_USE_DINP, LM_MOE_USE_DINP_ZEROED, LM_MOE_USE_DW };
 int lm_moe_bf16_kernel(int C, int OC, int aligned, int use);
 void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern);
 void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp, int zeroed);
+                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite);
 void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
-                       int zeroed);
+                       int overwrite);
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
                     int E, int OC, int C);
 

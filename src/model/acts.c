@@ -31,10 +31,12 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         ADD(m->k, 0, N, Hm * Dqk); ADD(m->v, 0, N, Hm * Dv);
         ADD(m->o, 0, N, Hm * Dv); ADD(m->lse, 0, N * Hm);
         if (c->mla_gated) { ADD(m->z, 0, N, Hm * Dv); ADD(m->og, 0, N, Hm * Dv); }
-        ADD(m->q_nope, 0, N, Hm * Dn); if (De > 0) ADD(m->q_pe, 0, N, Hm * De);
-        ADD(m->q_lat, 0, N, Hm * R); ADD(m->o_lat, 0, N, Hm * R);
-        ADD(m->step_q_lat, 0, (int64_t)B * Hm * R); if (De > 0) ADD(m->step_q_pe, 0, (int64_t)B * Hm * De);
-        ADD(m->step_o_lat, 0, (int64_t)B * Hm * R);
+        // the absorbed decode's work tensors (inference only: no backward)
+        const unsigned ng = LM_T_NO_GRAD_ZERO;
+        ADD(m->q_nope, ng, N, Hm * Dn); if (De > 0) ADD(m->q_pe, ng, N, Hm * De);
+        ADD(m->q_lat, ng, N, Hm * R); ADD(m->o_lat, ng, N, Hm * R);
+        ADD(m->step_q_lat, ng, (int64_t)B * Hm * R); if (De > 0) ADD(m->step_q_pe, ng, (int64_t)B * Hm * De);
+        ADD(m->step_o_lat, ng, (int64_t)B * Hm * R);
     }
     if (!lm_layer_is_moe(c, i)) {
         lm_dense_acts *f = &a->dense;
@@ -50,13 +52,17 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         ADD(m->idx, LM_T_INT, N, k); ADD(m->counts, LM_T_INT, E); ADD(m->offsets, LM_T_INT, E + 1);
         ADD(m->row_token, LM_T_INT, N * k); ADD(m->slot_row, LM_T_INT, N * k);
         if (c->moe_latent_dim) ADD(m->xl, 0, N, dl);
-        ADD(m->xp, 0, N * k, dl);
-        ADD(m->ea, 0, N * k, F); ADD(m->eb, 0, N * k, F); ADD(m->eh, 0, N * k, F);
-        ADD(m->yp, 0, N * k, dl); ADD(m->y, 0, N, dl);
-        if (c->moe_latent_dim) { ADD(m->un, 0, N, dl); ADD(m->un_rstd, 0, N); ADD(m->routed, 0, N, d); }
+        // gradient slots the backward does not need zeroed: the experts op's work buffers
+        // (xp, ea, eb, eh, yp), and y, routed, so, whose gradient is dout itself (y without
+        // the latent projection)
+        const unsigned ng = LM_T_NO_GRAD_ZERO;
+        ADD(m->xp, ng, N * k, dl);
+        ADD(m->ea, ng, N * k, F); ADD(m->eb, ng, N * k, F); ADD(m->eh, ng, N * k, F);
+        ADD(m->yp, ng, N * k, dl); ADD(m->y, c->moe_latent_dim ? 0 : ng, N, dl);
+        if (c->moe_latent_dim) { ADD(m->un, 0, N, dl); ADD(m->un_rstd, 0, N); ADD(m->routed, ng, N, d); }
         if (c->n_shared > 0) {
             const int64_t Fs = c->n_shared * F;
-            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs); ADD(m->so, 0, N, d);
+            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs); ADD(m->so, ng, N, d);
         }
     }
 }

@@ -318,13 +318,32 @@ static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
     }
 }
 
+// Zeroes the activation gradients the backward adds into: every tensor of the layout except
+// the index tensors and those flagged LM_T_NO_GRAD_ZERO (at the small preset, B4 × 4096, 14.5
+// of the 35.6 GB), as few contiguous ranges (each tensor up to the next one's start).
+static void zero_dacts(lm_model *m) {
+    const lm_layout *L = &m->alayout;
+    size_t lo = 0, hi = 0;   // the open range [lo, hi) in reals
+    for (int i = 0; i < L->n; i++) {
+        const size_t start = L->t[i].offset, end = i + 1 < L->n ? L->t[i + 1].offset : L->numel;
+        if (L->t[i].flags & (LM_T_INT | LM_T_NO_GRAD_ZERO)) continue;
+        if (hi > lo && start != hi) {
+            m->ops->zero(m->dacts_mem + lo, (hi - lo) * sizeof(real));
+            lo = hi = 0;
+        }
+        if (hi == lo) lo = start;
+        hi = end;
+    }
+    if (hi > lo) m->ops->zero(m->dacts_mem + lo, (hi - lo) * sizeof(real));
+}
+
 void lm_model_backward(lm_model *m, real dloss) {
     const lm_ops *o = m->ops;
     const lm_config *c = &m->cfg;
     const int N = m->ctx.N, d = c->d_model;
     reserve_grads(m);
     lm_acts *a = &m->acts, *da = &m->dacts;
-    o->zero(m->dacts_mem, m->alayout.numel * sizeof(real));
+    zero_dacts(m);
     o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);
     o->matmul_bwd(da->fn, m->grads.lm_head, NULL, da->logits, a->fn, m->params.lm_head, N, d, c->vocab);
     o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],

@@ -754,12 +754,16 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     float *ggate = dfl(gate, NK), *gy = dfl(y, (size_t)N * C), *gdy = dfl(dy, (size_t)N * C);
     float *gdx = dfl(dx, (size_t)N * C), *gdgate = dfl(dgate, NK);
     float *gdW1 = dfl(dW1, nw), *gdW3 = dfl(dW3, nw), *gdW2 = dfl(dW2, nw);
-    // saved tensors and work buffers: [R, C] xp, yp, dyp, dxp; [R, F] ea, eb, eh, dea, deb, deh
+    // saved tensors and work buffers: [R, C] xp, yp, dyp, dxp; [R, F] ea, eb, eh, dea, deb, deh.
+    // The work buffers' contents on entry must not matter: NaN on both sides
     float *hs[10], *ds[10];
     for (int i = 0; i < 10; i++) {
         const size_t n = NK * (i < 4 ? C : F);
+        const int work = i == 2 || i == 3 || i >= 7;
         hs[i] = lm_malloc((n ? n : 1) * sizeof(float));   // zeroed
-        ds[i] = i == 0 || i == 1 || i == 4 || i == 5 || i == 6 ? dpoison(n) : dfl(hs[i], n);
+        if (work)
+            for (size_t j = 0; j < n; j++) hs[i][j] = NAN;
+        ds[i] = i == 0 || i == 1 || i == 4 || i == 5 || i == 6 || work ? dpoison(n) : dfl(hs[i], n);
     }
     lm_experts ex = {.N = N, .E = E, .k = k, .C = C, .F = F, .R = (int)NK, .act = act, .offsets = p.offsets,
                      .row_token = p.row_token, .slot_row = p.slot_row, .gate = gate, .W1 = W1, .W3 = W3, .W2 = W2,
