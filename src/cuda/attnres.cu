@@ -18,6 +18,13 @@ static inline int ar_reg_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
 // rows per block of the backward: enough blocks to fill the GPU, few ∂q partial rows
 static inline int ar_bwd_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
 
+// u[j] = this thread's four channels of source j at element `row` (zeros past n or C)
+template <int NS>
+__device__ __forceinline__ void load_sources(float4 (&u)[NS], const lm_sources &src, size_t row, bool on) {
+#pragma unroll
+    for (int j = 0; j < NS; j++) u[j] = ld4(src.p[j < src.n ? j : 0] + row, on && j < src.n);
+}
+
 // out [N, C] = Σ_j α_j u_j, one row per block, thread t owns channels 4t..4t+3.
 template <int NS>
 __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources src, const float *w,
@@ -29,10 +36,10 @@ __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources sr
     const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
     const float4 q = make_float4(wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w);
     float4 u[NS];
+    load_sources<NS>(u, src, row, on);
     float part[2 * NS];
 #pragma unroll
     for (int j = 0; j < NS; j++) {
-        u[j] = ld4(src.p[j < n ? j : 0] + row, on && j < n);
         part[2 * j] = dot4(u[j], u[j]);
         part[2 * j + 1] = dot4(q, u[j]);
     }
@@ -182,10 +189,10 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
         const size_t row = (size_t)i * C + c;
         const float4 g = ld4(dout + row, on);
         float4 u[NS];
+        load_sources<NS>(u, src, row, on);
         float part[3 * NS];
 #pragma unroll
         for (int j = 0; j < NS; j++) {
-            u[j] = ld4(src.p[j < n ? j : 0] + row, on && j < n);
             part[3 * j] = dot4(u[j], u[j]);
             part[3 * j + 1] = dot4(q, u[j]);
             part[3 * j + 2] = dot4(g, u[j]);

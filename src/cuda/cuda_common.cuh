@@ -86,6 +86,15 @@ __device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(
 __device__ __forceinline__ void acc4(float4 &a, float s, float4 b) {   // a += s·b
     a.x += s * b.x; a.y += s * b.y; a.z += s * b.z; a.w += s * b.w;
 }
+// p[0..3] += a·u − b·v (16-byte aligned): a norm backward's dx update
+__device__ __forceinline__ void add_axmby4(float *p, float a, float4 u, float b, float4 v) {
+    float4 *d = reinterpret_cast<float4 *>(p), o = *d;
+    o.x += a * u.x - b * v.x;
+    o.y += a * u.y - b * v.y;
+    o.z += a * u.z - b * v.z;
+    o.w += a * u.w - b * v.w;
+    *d = o;
+}
 // Sums K per-thread values over the block into tot[0..K): each warp by shuffles, then lane k
 // of warp 0 adds the warps' k-th partials in warp order (a fixed tree). red: [32·K] shared
 // floats; tot is complete for warp 0 on return (the other warps: after a __syncthreads).

@@ -95,14 +95,7 @@ __global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *
         block_sums<1>(v, red, tot);
         __syncthreads();
         const float k = r * r * r * tot[0] / C;
-        if (on) {
-            float4 *d = reinterpret_cast<float4 *>(dinp + e), o = *d;
-            o.x += r * g.x * dy.x - k * x.x;
-            o.y += r * g.y * dy.y - k * x.y;
-            o.z += r * g.z * dy.z - k * x.z;
-            o.w += r * g.w * dy.w - k * x.w;
-            *d = o;
-        }
+        if (on) add_axmby4(dinp + e, r, mul4(g, dy), k, x);
     }
     if (part && on) *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C + c) = dg;
 }
@@ -227,14 +220,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         }
         if (!dx) continue;
         const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
-        if (on) {
-            float4 *d = reinterpret_cast<float4 *>(dx + e), o = *d;
-            o.x += rs * wv.x * dys.x - k * xv.x;
-            o.y += rs * wv.y * dys.y - k * xv.y;
-            o.z += rs * wv.z * dys.z - k * xv.z;
-            o.w += rs * wv.w * dys.w - k * xv.w;
-            *d = o;
-        }
+        if (on) add_axmby4(dx + e, rs, mul4(wv, dys), k, xv);
     }
     if (!part) return;
     wpart[wi][lane] = dw;
