@@ -78,10 +78,9 @@ __global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size
     }
 }
 
-// dgb, dub [n] (bf16) = the GLU's gradients (the work buffers are zero on entry, so the
-// ops' "+=" is this "="); n % 8 == 0
-// rows past *rows_used (the plan's offsets[E]: rows no assignment uses) are skipped: their dh
-// was never written
+// dgb, dub [n] (bf16) = the GLU's gradients, written (the op's work buffers: the finer
+// ops zero them and add, this writes); n % 8 == 0. Rows past *rows_used (the plan's
+// offsets[E]: rows no assignment uses) are skipped: their dh was never written
 __global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const float *dh, const float *g, const float *u, size_t n,
                                       const int *rows_used, int F, int act) {
     const size_t used = (size_t)*rows_used * F;
