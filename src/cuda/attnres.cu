@@ -14,9 +14,6 @@
 
 #define AR_REG_SOURCES 8
 static inline int ar_reg_ok(int n, int C) { return n >= 2 && n <= AR_REG_SOURCES && C % 4 == 0 && C <= 4096; }
-static inline int ar_reg_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
-// rows per block of the backward: enough blocks to fill the GPU, few ∂q partial rows
-static inline int ar_bwd_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
 
 // u[j] = this thread's four channels of source j at element `row` (zeros past n or C)
 template <int NS>
@@ -34,7 +31,7 @@ __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources sr
     const bool on = c < C;
     const size_t row = (size_t)blockIdx.x * C + c;
     const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
-    const float4 q = make_float4(wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w);
+    const float4 q = mul4(wv, gv);
     float4 u[NS];
     load_sources<NS>(u, src, row, on);
     float part[2 * NS];
@@ -61,10 +58,7 @@ __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources sr
     float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < NS; j++)
-        if (j < n) {
-            const float a = tot[j];
-            y.x += a * u[j].x; y.y += a * u[j].y; y.z += a * u[j].z; y.w += a * u[j].w;
-        }
+        if (j < n) axpy(y, tot[j], u[j]);
     *reinterpret_cast<float4 *>(out + row) = y;
 }
 
@@ -114,7 +108,7 @@ void cuda_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, con
     LM_CHECK(src.n >= 1 && src.n <= LM_MAX_SOURCES, "attnres: %d sources", src.n);
     if (N <= 0 || C <= 0) return;
     if (ar_reg_ok(src.n, C)) {
-        const int th = ar_reg_threads(C);
+        const int th = lm_reg_row_threads(C);
         if (src.n <= 4) attnres_fwd_reg_k<4><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
         else attnres_fwd_reg_k<8><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
     } else {
@@ -182,7 +176,7 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
     const int n = src.n, c = 4 * threadIdx.x;
     const bool on = c < C;
     const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
-    const float4 q = make_float4(wv.x * gv.x, wv.y * gv.y, wv.z * gv.z, wv.w * gv.w);
+    const float4 q = mul4(wv, gv);
     float4 dq = make_float4(0.f, 0.f, 0.f, 0.f);
     const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
     for (int i = i0; i < i1; i++) {
@@ -216,7 +210,7 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
             for (int j = 0; j < NS; j++) {
                 if (j >= n) continue;
                 const float aj = tot[3 * j], kj = tot[3 * j + 1], mj = tot[3 * j + 2];
-                dq.x += kj * u[j].x; dq.y += kj * u[j].y; dq.z += kj * u[j].z; dq.w += kj * u[j].w;
+                axpy(dq, kj, u[j]);
                 if (j >= dsrc.n || !dsrc.p[j]) continue;
                 // one entry at a time: a buffer listed twice gets both updates
                 float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row), v = *d;
@@ -251,7 +245,7 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     const int want_dq = dw != NULL || dgamma != NULL;
     if (N <= 0 || C <= 0 || (!any_dsrc && !want_dq)) return;
     if (ar_reg_ok(n, C)) {
-        const int rpb = ar_bwd_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = ar_reg_threads(C);
+        const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = lm_reg_row_threads(C);
         float *part = want_dq ? (float *)lm_cuda_scratch(((size_t)nb + 1) * C * sizeof(float)) : NULL;
         if (n <= 4)
             attnres_bwd_reg_k<4><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);

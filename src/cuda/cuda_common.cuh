@@ -83,7 +83,9 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ float4 ld4(const float *p, bool ok) { return ok ? ld4(p) : make_float4(0.f, 0.f, 0.f, 0.f); }
 __device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
-__device__ __forceinline__ void acc4(float4 &a, float s, float4 b) {   // a += s·b
+// a += s·b, for one value or four (templates over float / float4 call either)
+__device__ __forceinline__ void axpy(float &a, float s, float b) { a += s * b; }
+__device__ __forceinline__ void axpy(float4 &a, float s, float4 b) {
     a.x += s * b.x; a.y += s * b.y; a.z += s * b.z; a.w += s * b.w;
 }
 // p[0..3] += a·u − b·v (16-byte aligned): a norm backward's dx update
@@ -95,6 +97,11 @@ __device__ __forceinline__ void add_axmby4(float *p, float a, float4 u, float b,
     o.w += a * u.w - b * v.w;
     *d = o;
 }
+// the register kernels' launch shape: threads for C/4 float4 lanes (whole warps), and rows
+// per block for kernels that also sum a parameter gradient over their rows (enough blocks
+// to fill the GPU, few partial rows to add afterwards)
+static inline int lm_reg_row_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
+static inline int lm_reg_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
 // Sums K per-thread values over the block into tot[0..K): each warp by shuffles, then lane k
 // of warp 0 adds the warps' k-th partials in warp order (a fixed tree). red: [32·K] shared
 // floats; tot is complete for warp 0 on return (the other warps: after a __syncthreads).

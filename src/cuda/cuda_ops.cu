@@ -233,9 +233,9 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     int K = a->K, H = a->H;
     size_t ns = (size_t)a->B * H * K * a->V;
     p->dS_out = a->dS_out;
-    if (a->saved) p->saved = 1;   // the forward of the same inputs left its intermediates there
     carver in = {NULL, 0};
-    if (a->saved) {   // the forward of the same inputs left their bf16 copies there
+    if (a->saved) {   // the forward of the same inputs left their bf16 copies and its intermediates there
+        p->saved = 1;
         in.base = (char *)a->saved;
         kda_call_inputs(&c, &in, a, 0);
         p->ws_fwd = (char *)a->saved + in.used;

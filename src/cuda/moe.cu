@@ -185,10 +185,6 @@ void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const 
 // ---------------------------------------------------------------------------
 // combine
 
-__device__ __forceinline__ void axpy(float &a, float g, float v) { a += g * v; }
-__device__ __forceinline__ void axpy(float4 &a, float g, float4 v) {
-    a.x += g * v.x; a.y += g * v.y; a.z += g * v.z; a.w += g * v.w;
-}
 // y [N, C] += Σ_slot gate · yp[slot_row] in slot order (gate NULL: 1; the experts op's
 // backward sums dx += Σ_slot dxp[slot_row] so); T = float (Cv = C), or float4: four
 // channels per thread, 16-byte loads and stores (Cv = C / 4; the same additions in the same order)

@@ -12,8 +12,6 @@
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }
 static inline int rms_reg_ok(int C) { return C % 4 == 0 && C <= 4096; }
-static inline int rms_reg_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
-static inline int rms_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
 static inline int gated_reg_ok(int V) { return V % 4 == 0 && V <= 128; }
 #define GATED_WARPS 8
 static inline int gated_rows_per_block(int rows) {
@@ -55,7 +53,7 @@ __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, 
 void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps) {
     if (N <= 0 || C <= 0) return;
     if (rms_reg_ok(C))
-        rmsnorm_fwd_reg_k<<<N, rms_reg_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
+        rmsnorm_fwd_reg_k<<<N, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
     else
         rmsnorm_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
     cudaLaunchCheck();
@@ -89,7 +87,7 @@ __global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *
         const size_t e = (size_t)i * C + c;
         const float4 x = ld4(inp + e, on), dy = ld4(dout + e, on);
         const float r = rstd[i];
-        acc4(dg, r, mul4(dy, x));
+        axpy(dg, r, mul4(dy, x));
         if (!dinp) continue;
         float v[1] = {dot4(mul4(dy, g), x)};
         block_sums<1>(v, red, tot);
@@ -113,9 +111,9 @@ void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp
                       const real *rstd, int N, int C) {
     if (N <= 0 || C <= 0 || (!dinp && !dgain)) return;
     if (rms_reg_ok(C)) {
-        const int rpb = rms_rows_per_block(N), nb = (N + rpb - 1) / rpb;
+        const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb;
         float *part = dgain ? (float *)lm_cuda_scratch((size_t)nb * C * sizeof(float)) : NULL;
-        rmsnorm_bwd_reg_k<<<nb, rms_reg_threads(C), 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
+        rmsnorm_bwd_reg_k<<<nb, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
                                                                             rpb);
         cudaLaunchCheck();
         if (dgain) lm_cuda_colsum_final(dgain, part, nb, C, 1);
@@ -209,7 +207,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         const float4 sg = make_float4(dsigmoid(zv.x), dsigmoid(zv.y), dsigmoid(zv.z), dsigmoid(zv.w));
         const float rs = rstd[row];
         const float4 dys = mul4(dy, sg);   // dy·σ(z)
-        acc4(dw, rs, mul4(dys, xv));
+        axpy(dw, rs, mul4(dys, xv));
         if (dz && on) {   // dz += dy·x·rs·w·σ(1−σ)
             float4 *d = reinterpret_cast<float4 *>(dz + e), o = *d;
             o.x += dys.x * xv.x * rs * wv.x * (1 - sg.x);
@@ -227,10 +225,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
     __syncthreads();
     if (wi == 0 && on) {
         float4 s = wpart[0][lane];
-        for (int k = 1; k < GATED_WARPS; k++) {
-            const float4 t = wpart[k][lane];
-            s.x += t.x; s.y += t.y; s.z += t.z; s.w += t.w;
-        }
+        for (int k = 1; k < GATED_WARPS; k++) axpy(s, 1.0f, wpart[k][lane]);
         *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * V + c) = s;
     }
 }

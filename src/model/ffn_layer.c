@@ -42,7 +42,7 @@ static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_mo
                              const lm_moe_acts *da) {
     const int Fs = c->n_shared * c->d_ff_expert;
     lm_linears L = {0};
-#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+#define XN_LINEAR(w, oc, t) LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t)
     if (c->n_shared > 0) {
         XN_LINEAR(sh_w1, Fs, sa);
         XN_LINEAR(sh_w3, Fs, sb);

@@ -23,7 +23,7 @@ static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_kd
                              const lm_kda_acts *da) {
     const int H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
     lm_linears L = {0};
-#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+#define XN_LINEAR(w, oc, t) LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t)
     if (c->kda_full_rank_gate) XN_LINEAR(g_proj, HK, gz);
     else XN_LINEAR(g_a, K, ga);
     XN_LINEAR(b_proj, H, bl);

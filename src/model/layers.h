@@ -97,6 +97,11 @@ static inline void lm_linears_add(lm_linears *L, const real *W, int OC, real *ou
     L->dout[i] = dout;
     L->dW[i] = dW;
 }
+// The linear p->w of `oc` outputs whose tensor is t: output a->t (forward), output gradient
+// da->t and weight gradient g->w (backward); a, da, g may each be NULL (then NULL is given).
+// For a sublayer's list of the linears of its normalised input (xn_linears).
+#define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \
+    lm_linears_add(&(L), (p)->w, (oc), (a) ? (a)->t : NULL, (da) ? (da)->t : NULL, (g) ? (g)->w : NULL)
 
 void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out);
 void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_kda_acts *a,

@@ -91,7 +91,7 @@ static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_ml
                              const lm_mla_acts *da) {
     const int Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c), De = c->qk_extra_dim, Dv = c->v_head_dim;
     lm_linears L = {0};
-#define XN_LINEAR(w, oc, t) lm_linears_add(&L, p->w, oc, a ? a->t : NULL, da ? da->t : NULL, g ? g->w : NULL)
+#define XN_LINEAR(w, oc, t) LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t)
     if (c->mla_gated) XN_LINEAR(mo_gate, Hm * Dv, z);
     if (De > 0) XN_LINEAR(kpe_proj, De, kpe);
     XN_LINEAR(kv_a, c->kv_lora_rank, craw);

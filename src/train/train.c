@@ -67,17 +67,17 @@ static lm_status parse_stages(const lm_train_opts *o, stage *st, int *n) {
     return LM_OK;
 }
 
-// sequences per forward/backward in a step of B sequences
-// waits for the device (a 4-byte read of the parameters), returns ms since *t (NULL: none)
-// and restarts *t; for LINMOE_STEP_PHASES
+// LINMOE_STEP_PHASES: waits for the device (a 4-byte read of the parameters), returns the ms
+// since *t and sets *t to now
 static double phase_mark(lm_model *m, double *t) {
     real x;
     m->ops->to_host(&x, m->params_mem, sizeof x);
-    double now = lm_time_sec(), ms = t ? (now - *t) * 1e3 : now;
-    if (t) *t = now;
+    const double now = lm_time_sec(), ms = (now - *t) * 1e3;
+    *t = now;
     return ms;
 }
 
+// sequences per forward/backward in a step of B sequences
 static int micro_of(const lm_train_opts *o, int B) { return o->micro_batch > 0 && o->micro_batch < B ? o->micro_batch : B; }
 
 static const stage *stage_at(const stage *st, int n, long step) {
@@ -416,7 +416,8 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         if (count == 0) FAIL("step %ld: the batch has no target tokens", ts.step);
         const int capacity = lm_moe_capacity(cfg->capacity_factor, cfg->capacity_relax_steps, (int)ts.step,
                                              micro * T, cfg->n_experts, cfg->top_k);
-        double tp = show_phases ? phase_mark(m, 0) : 0;
+        double tp = 0;   // the phases' clock, started once the device is idle
+        if (show_phases) phase_mark(m, &tp);
         lm_model_zero_grads(m);
         if (show_phases) ph[0] += phase_mark(m, &tp);
         if (use_qk_clip) lm_qk_reset(m, maxlog);
