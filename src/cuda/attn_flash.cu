@@ -34,6 +34,7 @@
 // backend. The price is recomputing S and dP once more (~40% more tensor work than FA2).
 #include "cuda_common.cuh"
 #include "ldmatrix.cuh"
+#include "attn_flash.cuh"
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -479,6 +480,7 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
     lm_cuda_to_bf16(qb, q, nq);
     lm_cuda_to_bf16(kb, k, nk);
     lm_cuda_to_bf16(vb, v, nv);
+    if (cuda_attn_flash_wg_fwd(o, lse, qb, kb, vb, B, T, P, H, Dqk, Dv, scale)) return 1;
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, P, H, scale);
     FA_DIMS(FA_CASE)

@@ -33,7 +33,7 @@
 // ~20% of the samples each, the copies landing late. Cause not found; it was removed.
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
-#include "wgmma.cuh"
+#include "wgmma_ops.cuh"
 #include "mbarrier.cuh"
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -154,8 +154,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
                 // blocks 8 KB apart, SBO between 8-row k groups, a k16 step is two of them.
                 const uint64_t da = wb_desc(sa + wg * 64 * 128 + j * 32, 16, 1024);
                 const uint64_t db = MODE == WT_FWD ? wb_desc(sb + j * 32, 16, 1024) : wb_desc(sb + 2 * j * 1024, 8192, 1024);
-                if constexpr (WN == 256) wg_mma_n256<0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
-                else wg_mma_n128<0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
+                wg_ss<WN, 0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
             }
             wg_commit();
             wg_wait<1>();   // the previous slice's multiply is done: its slot can be refilled

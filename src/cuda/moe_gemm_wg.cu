@@ -29,7 +29,7 @@
 // expert's rows in order inside one CTA: deterministic, no atomics.
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
-#include "wgmma.cuh"
+#include "wgmma_ops.cuh"
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -52,39 +52,6 @@ template <int WN, int STAGES_, bool OVERLAP_, int CTAS_> struct WbCfg {
 typedef WbCfg<256, 4, true, 1> WbBig;     // 192 KB ring, one CTA per SM
 typedef WbCfg<128, 6, true, 1> WbNarrow;  // 192 KB ring, one CTA per SM
 typedef WbCfg<128, 3, false, 2> WbPair;   // 96 KB ring, two CTAs per SM
-
-__device__ __forceinline__ void wb_cp16(uint32_t s, const void *g, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void wb_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wb_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// K-major tile, ROWS rows × 64 k: element (r, k) at g[r·ld + k]; row r is swizzle row r
-// (atom r/8). Valid r < nr, k < nk (k in whole 8-element chunks); the rest reads as zero.
-template <int ROWS>
-__device__ __forceinline__ void wb_load_kmaj(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
-#pragma unroll
-    for (int it = 0; it < ROWS * 8 / WB_THREADS; it++) {
-        const int l = tid + it * WB_THREADS, r = l >> 3, c = l & 7;
-        const bool v = r < nr && 8 * c < nk;
-        wb_cp16(s + r * 128 + ((c ^ (r & 7)) << 4), v ? g + (long)r * ld + 8 * c : g, v);
-    }
-}
-// MN-major tile, ROWS (m or n) × 64 k: element (r, k) at g[k·ld + r]; k row κ, values
-// 64j..64j+63 form swizzle row κ & 7 of atom (κ/8)·(ROWS/64) + j
-template <int ROWS>
-__device__ __forceinline__ void wb_load_mn(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
-    constexpr int CPR = ROWS / 8;   // 16-byte chunks per k row
-#pragma unroll
-    for (int it = 0; it < ROWS * 8 / WB_THREADS; it++) {
-        const int l = tid + it * WB_THREADS, kr = l / CPR, c = l % CPR;
-        const bool v = kr < nk && 8 * c < nr;
-        const int off = ((kr >> 3) * (ROWS / 64) + (c >> 3)) * 1024 + (kr & 7) * 128 + (((c & 7) ^ (kr & 7)) << 4);
-        wb_cp16(s + off, v ? g + (long)kr * ld + 8 * c : g, v);
-    }
-}
 
 // One output tile: operands at its origin, valid extents M × N, depth K
 struct WbTile {
@@ -143,12 +110,6 @@ template <int WN> struct WbDwSched {
     }
 };
 
-template <int WN, int TA, int TB>
-__device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (WN == 256) wg_mma_n256<TA, TB>(d, da, db, acc);
-    else wg_mma_n128<TA, TB>(d, da, db, acc);
-}
-
 // The persistent GEMM. A_KM / B_KM: operand K-major (else MN-major); ACC: C += (else C =).
 template <class Cfg, bool A_KM, bool B_KM, bool ACC, class Sched>
 __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched sched) {
@@ -169,17 +130,17 @@ __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched 
         if (plive) {
             const uint32_t s = ring + pslot * Cfg::STAGE;
             const int k0 = pk * WB_K;
-            if constexpr (A_KM) wb_load_kmaj<WB_M>(s, P.A + k0, P.lda, P.M, P.K - k0, tid);
-            else wb_load_mn<WB_M>(s, P.A + (long)k0 * P.lda, P.lda, P.M, P.K - k0, tid);
-            if constexpr (B_KM) wb_load_kmaj<WN>(s + Cfg::A_BYTES, P.B + k0, P.ldb, P.N, P.K - k0, tid);
-            else wb_load_mn<WN>(s + Cfg::A_BYTES, P.B + (long)k0 * P.ldb, P.ldb, P.N, P.K - k0, tid);
+            if constexpr (A_KM) wg_load_kmaj<WB_M, WB_THREADS>(s, P.A + k0, P.lda, P.M, P.K - k0, tid);
+            else wg_load_mn<WB_M, WB_THREADS>(s, P.A + (long)k0 * P.lda, P.lda, P.M, P.K - k0, tid);
+            if constexpr (B_KM) wg_load_kmaj<WN, WB_THREADS>(s + Cfg::A_BYTES, P.B + k0, P.ldb, P.N, P.K - k0, tid);
+            else wg_load_mn<WN, WB_THREADS>(s + Cfg::A_BYTES, P.B + (long)k0 * P.ldb, P.ldb, P.N, P.K - k0, tid);
             if (++pk * WB_K >= P.K) {
                 pk = 0;
                 pt += gridDim.x;
                 plive = next_live(pt, P);
             }
         }
-        wb_commit();   // empty groups keep the wait count uniform
+        wg_cp_commit();   // empty groups keep the wait count uniform
         pslot = pslot + 1 == Cfg::STAGES ? 0 : pslot + 1;
     };
 #pragma unroll
@@ -192,7 +153,7 @@ __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched 
     bool clive = next_live(ct, T);
     float acc[WN / 2];
     while (clive) {
-        wb_wait<Cfg::LEAD - 1>();   // this thread's copies of the slice have landed ...
+        wg_cp_wait<Cfg::LEAD - 1>();   // this thread's copies of the slice have landed ...
         wg_fence_proxy();
         __syncthreads();            // ... everyone's; and the slot two slices back is free
         produce();
@@ -204,7 +165,7 @@ __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched 
                                      : wb_desc(s + wg * 1024 + 2 * j * 2048, a_lbo, a_sbo);
             const uint64_t db = B_KM ? wb_desc(sb + j * 32, 16, 1024)
                                      : wb_desc(sb + 2 * j * (WN / 64) * 1024, b_lbo, b_sbo);
-            wg_mma<WN, A_KM ? 0 : 1, B_KM ? 0 : 1>(acc, da, db, ck > 0 || j > 0);
+            wg_ss<WN, A_KM ? 0 : 1, B_KM ? 0 : 1>(acc, da, db, ck > 0 || j > 0);
         }
         wg_commit();
         if constexpr (Cfg::OVERLAP) wg_wait<1>();
@@ -246,7 +207,7 @@ __global__ static void __launch_bounds__(WB_THREADS, Cfg::CTAS) wb_gemm_k(Sched 
         ct += gridDim.x;
         clive = next_live(ct, T);
     }
-    wb_wait<0>();
+    wg_cp_wait<0>();
 }
 
 template <typename K> static void wb_prepare(K kernel, int smem) {

@@ -1,5 +1,6 @@
 // wgmma.cuh — Hopper warpgroup MMA (wgmma.mma_async) on bf16 operands in shared memory with
-// the 128-byte swizzle, shared by the grouped GEMM kernels (moe_gemm_wg.cu, moe_gemm_tma.cu).
+// the 128-byte swizzle, shared by the grouped GEMM kernels (moe_gemm_wg.cu, moe_gemm_tma.cu)
+// and the flash attention (attn_flash_wg.cu).
 //
 // Shared-memory layouts the descriptors below describe (all 1024-byte aligned):
 //   K-major operand, ROWS × 64 k: row r is 128 bytes at r·128, its 16-byte chunk c at
@@ -11,6 +12,7 @@
 //     fails the tests); a k16 step advances the start by 2·SBO.
 #ifndef LM_WGMMA_CUH
 #define LM_WGMMA_CUH
+#include <cuda_bf16.h>
 #include <stdint.h>
 
 // wgmma and its fences exist only in the arch-specific sm_90a target; nvcc 13 also runs a
@@ -34,58 +36,44 @@ __device__ __forceinline__ uint64_t wb_desc(uint32_t saddr, int lbo, int sbo) {
            (1ull << 62);
 }
 
-// d [128] (+)= A (64 × 16, descriptor da) · B (256 × 16, descriptor db)ᵀ, one warpgroup; acc 0: d =
-template <int TA, int TB>
-__device__ __forceinline__ void wg_mma_n256(float d[128], uint64_t da, uint64_t db, int acc) {
-    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-           "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-           "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-           "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-           "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-           "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-           "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-           "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-           "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
-           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-             "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-             "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-             "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-             "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-             "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-             "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-             "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-             "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-             "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-             "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-             "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-             "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-             "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-             "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-             "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-           : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+// ---- cp.async tile copies into those layouts (every thread of the CTA takes part) ----
+__device__ __forceinline__ void wg_cp16(uint32_t s, const void *g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void wg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// waits until at most N of this thread's committed groups are still in flight
+template <int N> __device__ __forceinline__ void wg_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// d [64] (+)= A (64 × 16, descriptor da) · B (128 × 16, descriptor db)ᵀ, one warpgroup; acc 0: d =
-template <int TA, int TB>
-__device__ __forceinline__ void wg_mma_n128(float d[64], uint64_t da, uint64_t db, int acc) {
-    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-           "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-           "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-           "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-           "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-           "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-           "}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-             "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-             "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-             "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-             "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-             "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-             "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-             "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-           : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+// K-major tile, ROWS rows × 64 k: element (r, k) at g[r·ld + k]; row r is swizzle row r
+// (atom r/8). Valid r < nr, k < nk (k in whole 8-element chunks); the rest reads as zero.
+// NTHR threads (tid < NTHR) share the copies.
+template <int ROWS, int NTHR>
+__device__ __forceinline__ void wg_load_kmaj(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
+    static_assert(ROWS * 8 % NTHR == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+    for (int it = 0; it < ROWS * 8 / NTHR; it++) {
+        const int l = tid + it * NTHR, r = l >> 3, c = l & 7;
+        const bool v = r < nr && 8 * c < nk;
+        wg_cp16(s + r * 128 + ((c ^ (r & 7)) << 4), v ? g + (long)r * ld + 8 * c : g, v);
+    }
 }
+// MN-major tile, ROWS (m or n) × 64 k: element (r, k) at g[k·ld + r]; k row κ, values
+// 64j..64j+63 form swizzle row κ & 7 of atom (κ/8)·(ROWS/64) + j
+template <int ROWS, int NTHR>
+__device__ __forceinline__ void wg_load_mn(uint32_t s, const __nv_bfloat16 *g, long ld, int nr, int nk, int tid) {
+    constexpr int CPR = ROWS / 8;   // 16-byte chunks per k row
+    static_assert(ROWS * 8 % NTHR == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+    for (int it = 0; it < ROWS * 8 / NTHR; it++) {
+        const int l = tid + it * NTHR, kr = l / CPR, c = l % CPR;
+        const bool v = kr < nk && 8 * c < nr;
+        const int off = ((kr >> 3) * (ROWS / 64) + (c >> 3)) * 1024 + (kr & 7) * 128 + (((c & 7) ^ (kr & 7)) << 4);
+        wg_cp16(s + off, v ? g + (long)kr * ld + 8 * c : g, v);
+    }
+}
+
+// the multiplies themselves (m64 × N × k16, A from shared memory or registers): wgmma_ops.cuh
 
 #endif

@@ -41,6 +41,9 @@ static int harness_moe_gemm;
 #define lm_cuda_moe_gemm_name(m) \
     ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
 #define lm_cuda_weight_copies_made() 0UL   // the CPU table keeps no copies
+static int harness_fa_wg = 128;
+#define lm_cuda_fa_wg() (harness_fa_wg)
+#define lm_cuda_set_fa_wg(m) ((void)(harness_fa_wg = (m)))
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -461,6 +464,29 @@ static void t_attn_prefix(int B, int T, int P, int H, int Dqk, int Dv, double to
     GPU->attn_prefix_fwd(go, gq, gk, gv, B, T, P, H, Dqk, Dv, scale);
     cmp(op, "fwd o", go, o, no, tol);
     DFREE(gq, gk, gv, go); HFREE(q, k, v, o);
+}
+
+// The flash kernels' head dims under each forward kernel (LM_FA_WG): wgmma with 128- and
+// 64-row key tiles, then attn_flash.cu's mma.sync kernel. T not a multiple of the tiles, T = 1,
+// several tiles, a prefix P that is not either; the backward is the same kernel each time.
+static void t_attn_flash(int quick) {
+    const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
+    for (int i = 0; i < 3; i++) {
+        lm_cuda_set_fa_wg(kernels[i]);
+        printf("  flash forward kernel %s\n", kernels[i] ? (kernels[i] == 128 ? "wgmma, 128-key tiles" : "wgmma, 64-key tiles")
+                                                        : "mma.sync");
+        t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn_prefix(2, 70, 83, 3, 192, 128, ATTN_BF16_FWD);   // chunked prefill: P off the tiles
+        t_attn_prefix(1, 1, 300, 2, 192, 128, ATTN_BF16_FWD);   // one query after 300
+        if (quick) continue;
+        t_attn(1, 300, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(2, 129, 2, 128, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(1, 1000, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn_prefix(2, 300, 200, 2, 128, 128, ATTN_BF16_FWD);
+    }
+    lm_cuda_set_fa_wg(def);
 }
 
 static void t_head_matmul(void) {
@@ -1441,7 +1467,14 @@ static void t_bench(void) {
         char lf[64], lb[64];
         snprintf(lf, sizeof lf, "attn_fwd T=%d H=%d 192/128", T, H);
         snprintf(lb, sizeof lb, "attn_bwd (dq,dk,dv) T=%d H=%d (2.5x fwd FLOPs)", T, H);
-        BENCH(lf, fl, GPU->attn_fwd(o, lse, q, kk, v, 1, T, H, Dqk, Dv, 0.07f), o);
+        const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
+        for (int kk2 = 0; kk2 < 3; kk2++) {   // the forward under each kernel (LM_FA_WG)
+            char lk[80];
+            snprintf(lk, sizeof lk, "%s LM_FA_WG=%d", lf, kernels[kk2]);
+            lm_cuda_set_fa_wg(kernels[kk2]);
+            BENCH(lk, fl, GPU->attn_fwd(o, lse, q, kk, v, 1, T, H, Dqk, Dv, 0.07f), o);
+        }
+        lm_cuda_set_fa_wg(def);
         BENCH(lb, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f), q);
     }
     float *g = drand_big((size_t)N * d, 1), *rs = drand_big(N, 1);
@@ -1484,11 +1517,7 @@ int main(int argc, char **argv) {
         only_ops = 1;
         only_model = 1;
         t_attn(2, 150, 3, 40, 24, TOL, TOL);
-        t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn_prefix(2, 70, 83, 3, 192, 128, ATTN_BF16_FWD);   // flash kernel, P off the tiles
-        t_attn_prefix(1, 1, 300, 2, 192, 128, ATTN_BF16_FWD);   // one query after 300
+        t_attn_flash(1);
         t_attn_prefix(2, 50, 37, 3, 40, 24, TOL);               // fp32 fallback kernel
     }
     if (only_decode) {
@@ -1530,18 +1559,10 @@ int main(int argc, char **argv) {
         t_mla_split(0);
         t_attn(2, 150, 3, 40, 24, TOL, TOL);   // fp32 fallback kernels
         t_attn(1, 70, 2, 40, 136, TOL, TOL);
-        // tensor-core kernels: T not a multiple of the 64-row tiles, T = 1, several tiles
-        t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(1, 300, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(2, 129, 2, 128, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn_prefix(2, 70, 83, 3, 192, 128, ATTN_BF16_FWD);   // chunked prefill: P off the tiles
-        t_attn_prefix(1, 1, 300, 2, 192, 128, ATTN_BF16_FWD);   // one query after 300
+        t_attn_flash(0);   // tensor-core kernels
         t_attn_prefix(2, 50, 37, 3, 40, 24, TOL);               // fp32 fallback kernel
-        t_attn(1, 200, 3, 192, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(1, 200, 3, 192, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);   // flash dims the wgmma forward does not take
         t_attn(1, 64, 1, 64, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
-        t_attn(1, 1000, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_head_matmul();
         t_mla_decode();
         t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});

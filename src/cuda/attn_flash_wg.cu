@@ -1,0 +1,231 @@
+// attn_flash_wg.cu — the causal flash-attention forward on Hopper's warpgroup MMA (sm_90a),
+// for head dims that are multiples of 64 (the MLA shapes: 192/128, 128/128, 64/64). The
+// mma.sync kernels of attn_flash.cu stay for the other dims and as LM_FA_WG=0.
+//
+// Why: attn_flash.cu's forward (mma.sync m16n8k16, 64 query rows per 4-warp block) ran at
+// 151–265 TFLOP/s at T = 4K–16K (head dims 192/128), cuDNN's SDPA at 307–619 (RESULTS,
+// session 2). wgmma multiplies a 64 × N tile per warpgroup from shared memory without
+// per-warp fragment loads.
+//
+// A CTA of two warpgroups owns 128 query rows (64 each) of one (head, sequence). Its Q tile
+// stays in shared memory; key/value tiles of FA_WG_BN rows stream through two stages by
+// cp.async (all 256 threads copy, 16 bytes each, into the 128-byte-swizzle layouts of
+// wgmma.cuh: Q and K K-major, one 64-channel slice after another; V MN-major, i.e. read
+// transposed as the B operand of P·V). Per key tile and warpgroup:
+//   S = Q·Kᵀ        wgmma SS m64 n{BN} k16, DQK/16 steps, fp32 in registers
+//   online softmax  (row max over the 4 lanes of a row, exp2 with the scale folded in)
+//   O += P·V        wgmma RS m64 n{DV} k16: P goes from the S accumulators straight into the
+//                   A registers (the accumulator layout of two adjacent 8-column tiles is the
+//                   A fragment of a 16-deep step, as in FlashAttention-2's P·V)
+// Precision as attn_flash.cu: bf16 operands, fp32 scores, statistics and accumulators; P is
+// rounded to bf16 only as an operand.
+#include "cuda_backend.h"
+#include "cuda_common.cuh"
+#include "wgmma_ops.cuh"
+#include "attn_flash.cuh"
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef __nv_bfloat16 fw_bf16;
+
+#define FW_THREADS 256   // two warpgroups
+#define FW_BM 128        // query rows per CTA
+#define FW_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ float fw_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int DQK, int DV, int BN> struct FwCfg {
+    static constexpr int KS = DQK / 64;                 // 64-channel slices of q and k
+    static constexpr int Q_BYTES = KS * FW_BM * 128, K_BYTES = KS * BN * 128, V_BYTES = BN * DV * 2;
+    static constexpr int STAGE = K_BYTES + V_BYTES;
+    static constexpr int SMEM = 1024 + Q_BYTES + 2 * STAGE;   // + slack to align to 1024 B
+};
+
+// o [B,T,H,DV] fp32, lse [B,H,T] (natural log of Σ exp(scale·q·k); may be NULL); q [B,T,H,DQK],
+// k [B,P+T,H,DQK], v [B,P+T,H,DV] bf16: query t is position P + t and sees keys 0..P+t.
+// grid (⌈T/128⌉, H, B), the heaviest query tiles first.
+template <int DQK, int DV, int BN>
+__global__ static void __launch_bounds__(FW_THREADS, 1)
+    fa_wg_fwd_k(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int T, int P, int H,
+                float scale, float scale_log2) {
+    typedef FwCfg<DQK, DV, BN> C;
+    extern __shared__ uint8_t fw_raw[];
+    const uint32_t sQ = ((uint32_t)__cvta_generic_to_shared(fw_raw) + 1023u) & ~1023u, sKV = sQ + C::Q_BYTES;
+    const int nqb = (T + FW_BM - 1) / FW_BM, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qb * FW_BM, Tk = P + T;
+    const long ldq = (long)H * DQK, ldv = (long)H * DV;
+    const fw_bf16 *qh = q + (size_t)b * T * ldq + (size_t)h * DQK, *kh = k + (size_t)b * Tk * ldq + (size_t)h * DQK;
+    const fw_bf16 *vh = v + (size_t)b * Tk * ldv + (size_t)h * DV;
+    const int tid = threadIdx.x, wg = tid >> 7, w = (tid & 127) >> 5, l = tid & 31;
+    const int r0 = q0 + 64 * wg + 16 * w;   // the warp's first row; this thread holds r0 + l/4 and r0 + l/4 + 8
+    const int nkb = min((P + q0 + FW_BM - 1) / BN + 1, (Tk + BN - 1) / BN);
+
+    auto load_kv = [&](int kb, int st) {
+        const uint32_t s = sKV + st * C::STAGE;
+        const int k0 = kb * BN;
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++)
+            wg_load_kmaj<BN, FW_THREADS>(s + sl * BN * 128, kh + (long)k0 * ldq + 64 * sl, ldq, Tk - k0, 64, tid);
+#pragma unroll
+        for (int hf = 0; hf < BN / 64; hf++)
+            wg_load_mn<DV, FW_THREADS>(s + C::K_BYTES + hf * 64 * DV * 2, vh + (long)(k0 + 64 * hf) * ldv, ldv, DV,
+                                       Tk - k0 - 64 * hf, tid);
+    };
+#pragma unroll
+    for (int sl = 0; sl < C::KS; sl++)
+        wg_load_kmaj<FW_BM, FW_THREADS>(sQ + sl * FW_BM * 128, qh + (long)q0 * ldq + 64 * sl, ldq, T - q0, 64, tid);
+    load_kv(0, 0);
+    wg_cp_commit();
+    if (nkb > 1) load_kv(1, 1);
+    wg_cp_commit();
+
+    float acc[DV / 2], s[BN / 2];
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
+    // running max of the raw scores (per row) and this thread's part of the row sum
+    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
+    for (int kb = 0; kb < nkb; kb++) {
+        const int k0 = kb * BN, st = kb & 1;
+        const uint32_t sK = sKV + st * C::STAGE, sV = sK + C::K_BYTES;
+        wg_cp_wait<1>();   // all but the newest group: this tile (and Q) landed
+        wg_fence_proxy();
+        __syncthreads();
+        wg_fence();
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                wg_ss<BN, 0, 0>(s, wb_desc(sQ + sl * FW_BM * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                                wb_desc(sK + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+        wg_commit();
+        wg_wait<0>();
+        if (k0 + BN - 1 > P + r0 || k0 + BN > Tk) {   // the diagonal or the sequence end crosses the tile
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + 8 * i + 2 * (l & 3) + (e & 1), row = r0 + (l >> 2) + 8 * (e >> 1);
+                    if (key > P + row || key >= Tk) s[4 * i + e] = -INFINITY;
+                }
+        }
+        // online softmax; key 0 is in tile 0 for every row, so m is finite from the first tile on
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = m[hr];
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a row
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float alpha = fw_exp2((m[hr] - mx) * scale_log2), off = mx * scale_log2;
+            m[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                s[4 * i + 2 * hr] = fw_exp2(fmaf(s[4 * i + 2 * hr], scale_log2, -off));
+                s[4 * i + 2 * hr + 1] = fw_exp2(fmaf(s[4 * i + 2 * hr + 1], scale_log2, -off));
+                sum += s[4 * i + 2 * hr] + s[4 * i + 2 * hr + 1];
+            }
+            lsum[hr] = lsum[hr] * alpha + sum;
+#pragma unroll
+            for (int i = 0; i < DV / 8; i++) {
+                acc[4 * i + 2 * hr] *= alpha;
+                acc[4 * i + 2 * hr + 1] *= alpha;
+            }
+        }
+        // O += P·V; keys 16j..16j+15 are the 8-column tiles 2j, 2j+1 of s. Every A register is
+        // packed before the fence (one packed between two wgmmas makes ptxas fence each one).
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) {
+            pa[j][0] = fw_pack(s[8 * j], s[8 * j + 1]);
+            pa[j][1] = fw_pack(s[8 * j + 2], s[8 * j + 3]);
+            pa[j][2] = fw_pack(s[8 * j + 4], s[8 * j + 5]);
+            pa[j][3] = fw_pack(s[8 * j + 6], s[8 * j + 7]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++)
+            wg_rs<DV, 1>(acc, pa[j], wb_desc(sV + j * 2 * (DV / 64) * 1024, 1024, (DV / 64) * 1024), 1);
+        wg_commit();
+        wg_wait<0>();
+        __syncthreads();   // both warpgroups are done with this stage before it is refilled
+        if (kb + 2 < nkb) load_kv(kb + 2, st);
+        wg_cp_commit();
+    }
+    wg_cp_wait<0>();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float li = lsum[hr];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        const int row = r0 + (l >> 2) + 8 * hr;
+        if (row >= T) continue;
+        const float inv = 1.0f / li;
+        float *orow = o + ((size_t)b * T + row) * ldv + (size_t)h * DV;
+#pragma unroll
+        for (int i = 0; i < DV / 8; i++)
+            *reinterpret_cast<float2 *>(orow + 8 * i + 2 * (l & 3)) =
+                make_float2(acc[4 * i + 2 * hr] * inv, acc[4 * i + 2 * hr + 1] * inv);
+        if (lse && (l & 3) == 0) lse[((size_t)b * H + h) * T + row] = m[hr] * scale + logf(li);
+    }
+}
+
+template <int DQK, int DV, int BN>
+static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int B, int T, int P,
+                      int H, float scale) {
+    typedef FwCfg<DQK, DV, BN> C;
+    static int ready;   // the > 48 KiB dynamic shared memory opt-in, once per instantiation
+    if (!ready) {
+        cudaCheck(cudaFuncSetAttribute(fa_wg_fwd_k<DQK, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+        ready = 1;
+    }
+    dim3 grid((T + FW_BM - 1) / FW_BM, H, B);
+    fa_wg_fwd_k<DQK, DV, BN><<<grid, FW_THREADS, C::SMEM, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H, scale,
+                                                                             scale * FW_LOG2E);
+    cudaLaunchCheck();
+}
+
+// Key tile rows: LM_FA_WG = 64 or 128 (default); 0 turns the wgmma forward off (attn_flash.cu's
+// mma.sync kernel runs). Read once unless set by lm_cuda_set_fa_wg.
+static int g_fa_wg = -1;
+int lm_cuda_fa_wg(void) {
+    if (g_fa_wg < 0) {
+        const char *s = getenv("LM_FA_WG");
+        g_fa_wg = 128;
+        if (s && *s) {
+            g_fa_wg = atoi(s);
+            if (g_fa_wg != 0 && g_fa_wg != 64 && g_fa_wg != 128) lm_die("LM_FA_WG='%s' is not one of 0, 64, 128", s);
+        }
+    }
+    return g_fa_wg;
+}
+void lm_cuda_set_fa_wg(int bn) {
+    LM_CHECK(bn == 0 || bn == 64 || bn == 128, "bad flash-attention key tile %d", bn);
+    g_fa_wg = bn;
+}
+
+// Runs the forward for the dims instantiated here (returns 0 otherwise, or when switched off)
+int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int B, int T,
+                           int P, int H, int Dqk, int Dv, float scale) {
+    const int bn = lm_cuda_fa_wg();
+    if (bn == 0) return 0;
+#define FW_CASE(a, c)                                                                  \
+    if (Dqk == a && Dv == c) {                                                         \
+        if (bn == 64) fa_wg_fwd<a, c, 64>(o, lse, q, k, v, B, T, P, H, scale);         \
+        else fa_wg_fwd<a, c, 128>(o, lse, q, k, v, B, T, P, H, scale);                 \
+        return 1;                                                                      \
+    }
+    FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
+#undef FW_CASE
+    return 0;
+}
