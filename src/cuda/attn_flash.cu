@@ -505,6 +505,7 @@ int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const rea
     lm_cuda_to_bf16(kb, k, nq);
     lm_cuda_to_bf16(vb, v, nv);
     lm_cuda_to_bf16(dob, d_o, nv);
+    if (cuda_attn_flash_wg_bwd(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, Dqk, Dv, scale)) return 1;
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_bwd<a, c>(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, scale);
     FA_DIMS(FA_CASE)

@@ -180,6 +180,282 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
     }
 }
 
+// ---- backward ----
+// P = exp2(s·scale_log2 − lse2) where `ok` (causal), else 0; dS = P ∘ (dP − D) · scale. lse2 in
+// log2 units. Rows past T have lse2 = +inf, so their P is exactly 0.
+__device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scale_log2, float lse2, float Dv,
+                                        float scale) {
+    const float p = ok ? fw_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+    dp = p * (dp - Dv) * scale;
+    s = p;
+}
+// the A registers of the 16-deep steps of a product whose k index is the accumulator's
+// column: step j is the 8-column tiles 2j, 2j+1 (the forward's P·V packing)
+template <int NC>
+__device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
+#pragma unroll
+    for (int j = 0; j < NC / 16; j++) {
+        a[j][0] = fw_pack(x[8 * j], x[8 * j + 1]);
+        a[j][1] = fw_pack(x[8 * j + 2], x[8 * j + 3]);
+        a[j][2] = fw_pack(x[8 * j + 4], x[8 * j + 5]);
+        a[j][3] = fw_pack(x[8 * j + 6], x[8 * j + 7]);
+    }
+}
+
+// dK, dV. A CTA of two warpgroups owns 128 keys (64 each) with their K and V rows in shared
+// memory; 64-row query tiles (Q, dO, lse, D) stream through two stages. Per tile and warpgroup:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   wgmma SS, m64 (keys) n64 (queries)
+//   Pᵀ, dSᵀ                   in registers (fp32), then packed as A operands
+//   dV += Pᵀ·dO, dK += dSᵀ·Q wgmma RS; B = the same Q / dO tiles read MN-major (a K-major
+//                             tile of 64-channel slices is an MN-major one with LBO = a slice)
+// dk [B,T,H,DQK], dv [B,T,H,DV] fp32, accumulated (either may be NULL); d_o, q, k, v bf16;
+// lse, D [B,H,T]. grid (⌈T/128⌉, H, B): CTA j owns keys 128j.. (the lowest keys, the most
+// query tiles, launch first).
+template <int DQK, int DV> struct FwBwdCfg {
+    static constexpr int KS = DQK / 64, VS = DV / 64, BQ = 64;
+    static constexpr int K_BYTES = KS * 128 * 128, V_BYTES = VS * 128 * 128;   // 128 rows
+    static constexpr int Q_BYTES = KS * BQ * 128, O_BYTES = VS * BQ * 128;     // 64 rows
+    static constexpr int STAGE = Q_BYTES + O_BYTES + 1024;   // + lse, D (2·64 floats; stages stay 1024-aligned)
+    static constexpr int SMEM = 1024 + K_BYTES + V_BYTES + 2 * STAGE;
+};
+template <int DQK, int DV>
+__global__ static void __launch_bounds__(FW_THREADS, 1)
+    fa_wg_dkdv_k(float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v,
+                 const float *lse, const float *D, int T, int H, float scale, float scale_log2) {
+    typedef FwBwdCfg<DQK, DV> C;
+    constexpr int BQ = C::BQ;
+    extern __shared__ uint8_t fw_raw[];
+    uint8_t *base = (uint8_t *)(((uintptr_t)fw_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t sK = (uint32_t)__cvta_generic_to_shared(base), sV = sK + C::K_BYTES, sSt = sV + C::V_BYTES;
+    float *rows0 = (float *)(base + C::K_BYTES + C::V_BYTES + C::Q_BYTES + C::O_BYTES);   // stage 0's lse, D
+    const int h = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * 128;
+    const long ldq = (long)H * DQK, ldv = (long)H * DV;
+    const size_t qoff = (size_t)b * T * ldq + (size_t)h * DQK, voff = (size_t)b * T * ldv + (size_t)h * DV;
+    const float *lh = lse + ((size_t)b * H + h) * T, *Dh = D + ((size_t)b * H + h) * T;
+    const int tid = threadIdx.x, wg = tid >> 7, w = (tid & 127) >> 5, l = tid & 31;
+    const int kw = k0 + 64 * wg;   // the warpgroup's first key
+#pragma unroll
+    for (int sl = 0; sl < C::KS; sl++)
+        wg_load_kmaj<128, FW_THREADS>(sK + sl * 128 * 128, k + qoff + (long)k0 * ldq + 64 * sl, ldq, T - k0, 64, tid);
+#pragma unroll
+    for (int sl = 0; sl < C::VS; sl++)
+        wg_load_kmaj<128, FW_THREADS>(sV + sl * 128 * 128, v + voff + (long)k0 * ldv + 64 * sl, ldv, T - k0, 64, tid);
+    const int i0 = k0 / BQ, nqt = (T + BQ - 1) / BQ;
+    auto load_q = [&](int i, int st) {
+        const uint32_t s = sSt + st * C::STAGE;
+        const int q0 = i * BQ;
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++)
+            wg_load_kmaj<BQ, FW_THREADS>(s + sl * BQ * 128, q + qoff + (long)q0 * ldq + 64 * sl, ldq, T - q0, 64, tid);
+#pragma unroll
+        for (int sl = 0; sl < C::VS; sl++)
+            wg_load_kmaj<BQ, FW_THREADS>(s + C::Q_BYTES + sl * BQ * 128, d_o + voff + (long)q0 * ldv + 64 * sl, ldv,
+                                         T - q0, 64, tid);
+        float *rs = rows0 + st * (C::STAGE / 4);   // lse in log2 units (+inf past T), D
+        if (tid < BQ) {
+            const int r = q0 + tid;
+            rs[tid] = r < T ? lh[r] * FW_LOG2E : INFINITY;
+            rs[BQ + tid] = r < T ? Dh[r] : 0.f;
+        }
+    };
+    load_q(i0, 0);
+    wg_cp_commit();
+    if (i0 + 1 < nqt) load_q(i0 + 1, 1);
+    wg_cp_commit();
+
+    float dka[DQK / 2], dva[DV / 2];
+#pragma unroll
+    for (int i = 0; i < DQK / 2; i++) dka[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) dva[i] = 0.f;
+    for (int i = i0; i < nqt; i++) {
+        const int q0 = i * BQ, st = (i - i0) & 1;
+        const uint32_t sQ = sSt + st * C::STAGE, sO = sQ + C::Q_BYTES;
+        const float *rs = rows0 + st * (C::STAGE / 4);
+        wg_cp_wait<1>();
+        wg_fence_proxy();
+        __syncthreads();
+        if (q0 + BQ > kw) {   // else every query of the tile precedes the warpgroup's keys
+            float sT[BQ / 2], dpT[BQ / 2];
+            wg_fence();
+#pragma unroll
+            for (int sl = 0; sl < C::KS; sl++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wg_ss<BQ, 0, 0>(sT, wb_desc(sK + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                                    wb_desc(sQ + sl * BQ * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+#pragma unroll
+            for (int sl = 0; sl < C::VS; sl++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wg_ss<BQ, 0, 0>(dpT, wb_desc(sV + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                                    wb_desc(sO + sl * BQ * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int n = 0; n < BQ / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = kw + 16 * w + (l >> 2) + 8 * (e >> 1), qc = 8 * n + 2 * (l & 3) + (e & 1);
+                    fw_p_ds(sT[4 * n + e], dpT[4 * n + e], key <= q0 + qc, scale_log2, rs[qc], rs[BQ + qc], scale);
+                }
+            uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+            fw_pack_a<BQ>(pa, sT);
+            fw_pack_a<BQ>(da, dpT);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < BQ / 16; j++)
+                wg_rs<DV, 1>(dva, pa[j], wb_desc(sO + j * 2048, BQ * 128, 1024), 1);
+#pragma unroll
+            for (int j = 0; j < BQ / 16; j++)
+                wg_rs<DQK, 1>(dka, da[j], wb_desc(sQ + j * 2048, BQ * 128, 1024), 1);
+            wg_commit();
+            wg_wait<0>();
+        }
+        __syncthreads();   // both warpgroups are done with this stage before it is refilled
+        if (i + 2 < nqt) load_q(i + 2, st);
+        wg_cp_commit();
+    }
+    wg_cp_wait<0>();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int key = kw + 16 * w + (l >> 2) + 8 * hr;
+        if (key >= T) continue;
+        if (dv) {
+            float *r = dv + voff + (size_t)key * ldv + 2 * (l & 3);
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dva[4 * n + 2 * hr], x.y + dva[4 * n + 2 * hr + 1]);
+            }
+        }
+        if (dk) {
+            float *r = dk + qoff + (size_t)key * ldq + 2 * (l & 3);
+#pragma unroll
+            for (int n = 0; n < DQK / 8; n++) {
+                const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dka[4 * n + 2 * hr], x.y + dka[4 * n + 2 * hr + 1]);
+            }
+        }
+    }
+}
+
+// dQ. A CTA of two warpgroups owns 128 query rows (64 each) with their Q and dO rows in shared
+// memory; 64-row key tiles (K, V) stream through two stages. Per tile and warpgroup:
+//   S = Q·Kᵀ, dP = dO·Vᵀ      wgmma SS, m64 (queries) n64 (keys)
+//   dS = P ∘ (dP − D)·scale   fp32 registers, packed as the A operand
+//   dQ += dS·K                wgmma RS, B = the K tile read MN-major
+// dq [B,T,H,DQK] fp32, accumulated. grid (⌈T/128⌉, H, B), the heaviest query tiles first.
+template <int DQK, int DV> struct FwDqCfg {
+    static constexpr int KS = DQK / 64, VS = DV / 64, BN = 64;
+    static constexpr int Q_BYTES = KS * 128 * 128, O_BYTES = VS * 128 * 128;   // 128 rows
+    static constexpr int STAGE = KS * BN * 128 + VS * BN * 128;                // K, V tiles
+    static constexpr int SMEM = 1024 + Q_BYTES + O_BYTES + 2 * STAGE;
+};
+template <int DQK, int DV>
+__global__ static void __launch_bounds__(FW_THREADS, 1)
+    fa_wg_dq_k(float *dq, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, const float *lse,
+               const float *D, int T, int H, float scale, float scale_log2) {
+    typedef FwDqCfg<DQK, DV> C;
+    constexpr int BN = C::BN;
+    extern __shared__ uint8_t fw_raw[];
+    const uint32_t sQ = ((uint32_t)__cvta_generic_to_shared(fw_raw) + 1023u) & ~1023u, sO = sQ + C::Q_BYTES;
+    const uint32_t sKV = sO + C::O_BYTES;
+    const int nqb = (T + 127) / 128, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, q0 = qb * 128;
+    const long ldq = (long)H * DQK, ldv = (long)H * DV;
+    const size_t qoff = (size_t)b * T * ldq + (size_t)h * DQK, voff = (size_t)b * T * ldv + (size_t)h * DV;
+    const int tid = threadIdx.x, wg = tid >> 7, w = (tid & 127) >> 5, l = tid & 31;
+    const int r0 = q0 + 64 * wg + 16 * w + (l >> 2);   // this thread's rows r0, r0 + 8
+    float lse2[2], Dr[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = r0 + 8 * hr;
+        lse2[hr] = r < T ? lse[((size_t)b * H + h) * T + r] * FW_LOG2E : INFINITY;
+        Dr[hr] = r < T ? D[((size_t)b * H + h) * T + r] : 0.f;
+    }
+#pragma unroll
+    for (int sl = 0; sl < C::KS; sl++)
+        wg_load_kmaj<128, FW_THREADS>(sQ + sl * 128 * 128, q + qoff + (long)q0 * ldq + 64 * sl, ldq, T - q0, 64, tid);
+#pragma unroll
+    for (int sl = 0; sl < C::VS; sl++)
+        wg_load_kmaj<128, FW_THREADS>(sO + sl * 128 * 128, d_o + voff + (long)q0 * ldv + 64 * sl, ldv, T - q0, 64, tid);
+    const int nkb = min((q0 + 127) / BN + 1, (T + BN - 1) / BN);
+    auto load_kv = [&](int kb, int st) {
+        const uint32_t s = sKV + st * C::STAGE;
+        const int kk0 = kb * BN;
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++)
+            wg_load_kmaj<BN, FW_THREADS>(s + sl * BN * 128, k + qoff + (long)kk0 * ldq + 64 * sl, ldq, T - kk0, 64, tid);
+#pragma unroll
+        for (int sl = 0; sl < C::VS; sl++)
+            wg_load_kmaj<BN, FW_THREADS>(s + C::KS * BN * 128 + sl * BN * 128, v + voff + (long)kk0 * ldv + 64 * sl, ldv,
+                                         T - kk0, 64, tid);
+    };
+    load_kv(0, 0);
+    wg_cp_commit();
+    if (nkb > 1) load_kv(1, 1);
+    wg_cp_commit();
+
+    float dqa[DQK / 2];
+#pragma unroll
+    for (int i = 0; i < DQK / 2; i++) dqa[i] = 0.f;
+    for (int kb = 0; kb < nkb; kb++) {
+        const int kk0 = kb * BN, st = kb & 1;
+        const uint32_t sK = sKV + st * C::STAGE, sV = sK + C::KS * BN * 128;
+        wg_cp_wait<1>();
+        wg_fence_proxy();
+        __syncthreads();
+        if (kk0 <= q0 + 64 * wg + 63) {   // else every key of the tile follows the warpgroup's queries
+            float s[BN / 2], dp[BN / 2];
+            wg_fence();
+#pragma unroll
+            for (int sl = 0; sl < C::KS; sl++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wg_ss<BN, 0, 0>(s, wb_desc(sQ + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                                    wb_desc(sK + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+#pragma unroll
+            for (int sl = 0; sl < C::VS; sl++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wg_ss<BN, 0, 0>(dp, wb_desc(sO + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                                    wb_desc(sV + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+            wg_commit();
+            wg_wait<0>();
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = kk0 + 8 * n + 2 * (l & 3) + (e & 1), hr = e >> 1;
+                    fw_p_ds(s[4 * n + e], dp[4 * n + e], key <= r0 + 8 * hr, scale_log2, lse2[hr], Dr[hr], scale);
+                }
+            uint32_t da[BN / 16][4];
+            fw_pack_a<BN>(da, dp);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < BN / 16; j++)
+                wg_rs<DQK, 1>(dqa, da[j], wb_desc(sK + j * 2048, BN * 128, 1024), 1);
+            wg_commit();
+            wg_wait<0>();
+        }
+        __syncthreads();
+        if (kb + 2 < nkb) load_kv(kb + 2, st);
+        wg_cp_commit();
+    }
+    wg_cp_wait<0>();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = r0 + 8 * hr;
+        if (row >= T) continue;
+        float *r = dq + qoff + (size_t)row * ldq + 2 * (l & 3);
+#pragma unroll
+        for (int n = 0; n < DQK / 8; n++) {
+            const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+            *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dqa[4 * n + 2 * hr], x.y + dqa[4 * n + 2 * hr + 1]);
+        }
+    }
+}
+
 template <int DQK, int DV, int BN>
 static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int B, int T, int P,
                       int H, float scale) {
@@ -193,6 +469,30 @@ static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, 
     fa_wg_fwd_k<DQK, DV, BN><<<grid, FW_THREADS, C::SMEM, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H, scale,
                                                                              scale * FW_LOG2E);
     cudaLaunchCheck();
+}
+
+template <int DQK, int DV>
+static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k,
+                      const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, float scale) {
+    static int ready;
+    if (!ready) {
+        cudaCheck(cudaFuncSetAttribute(fa_wg_dkdv_k<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       FwBwdCfg<DQK, DV>::SMEM));
+        cudaCheck(cudaFuncSetAttribute(fa_wg_dq_k<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       FwDqCfg<DQK, DV>::SMEM));
+        ready = 1;
+    }
+    dim3 grid((T + 127) / 128, H, B);
+    if (dk || dv) {
+        fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
+            dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FW_LOG2E);
+        cudaLaunchCheck();
+    }
+    if (dq) {
+        fa_wg_dq_k<DQK, DV><<<grid, FW_THREADS, FwDqCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
+            dq, d_o, q, k, v, lse, D, T, H, scale, scale * FW_LOG2E);
+        cudaLaunchCheck();
+    }
 }
 
 // Key tile rows: LM_FA_WG = 64 or 128 (default); 0 turns the wgmma forward off (attn_flash.cu's
@@ -224,6 +524,20 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16
         if (bn == 64) fa_wg_fwd<a, c, 64>(o, lse, q, k, v, B, T, P, H, scale);         \
         else fa_wg_fwd<a, c, 128>(o, lse, q, k, v, B, T, P, H, scale);                 \
         return 1;                                                                      \
+    }
+    FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
+#undef FW_CASE
+    return 0;
+}
+
+int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k,
+                           const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, int Dqk, int Dv,
+                           float scale) {
+    if (lm_cuda_fa_wg() == 0) return 0;
+#define FW_CASE(a, c)                                                          \
+    if (Dqk == a && Dv == c) {                                                 \
+        fa_wg_bwd<a, c>(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, scale);     \
+        return 1;                                                              \
     }
     FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
 #undef FW_CASE

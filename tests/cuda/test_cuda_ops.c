@@ -466,15 +466,16 @@ static void t_attn_prefix(int B, int T, int P, int H, int Dqk, int Dv, double to
     DFREE(gq, gk, gv, go); HFREE(q, k, v, o);
 }
 
-// The flash kernels' head dims under each forward kernel (LM_FA_WG): wgmma with 128- and
-// 64-row key tiles, then attn_flash.cu's mma.sync kernel. T not a multiple of the tiles, T = 1,
-// several tiles, a prefix P that is not either; the backward is the same kernel each time.
+// The flash kernels' head dims under each kernel choice (LM_FA_WG): wgmma (forward with 128-
+// and with 64-row key tiles; the backward's kernels are the same both times), then attn_flash.cu's
+// mma.sync kernels. T not a multiple of the tiles, T = 1, several tiles, a prefix P that is not either.
 static void t_attn_flash(int quick) {
     const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
     for (int i = 0; i < 3; i++) {
         lm_cuda_set_fa_wg(kernels[i]);
-        printf("  flash forward kernel %s\n", kernels[i] ? (kernels[i] == 128 ? "wgmma, 128-key tiles" : "wgmma, 64-key tiles")
-                                                        : "mma.sync");
+        printf("  flash kernels: %s\n", kernels[i] ? (kernels[i] == 128 ? "wgmma, forward with 128-key tiles"
+                                                                  : "wgmma, forward with 64-key tiles")
+                                                 : "mma.sync");
         t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
@@ -1428,7 +1429,7 @@ static float *drand_big(size_t n, double std) {
             double dt = lm_time_sec() - t0;                                                       \
             if (dt < best) best = dt;                                                             \
         }                                                                                         \
-        printf("  %-48s %9.3f ms  %8.2f TFLOP/s\n", label, best * 1e3, (flops) / best / 1e12);  \
+        printf("  %-56s %9.3f ms  %8.2f TFLOP/s\n", label, best * 1e3, (flops) / best / 1e12);  \
         fflush(stdout);                                                                           \
     } while (0)
 
@@ -1466,7 +1467,7 @@ static void t_bench(void) {
         double fl = (double)H * T * T * (Dqk + Dv);   // causal: half of 2·T²·(Dqk+Dv) per head
         char lf[64], lb[64];
         snprintf(lf, sizeof lf, "attn_fwd T=%d H=%d 192/128", T, H);
-        snprintf(lb, sizeof lb, "attn_bwd (dq,dk,dv) T=%d H=%d (2.5x fwd FLOPs)", T, H);
+        snprintf(lb, sizeof lb, "attn_bwd T=%d H=%d (2.5x fwd FLOPs)", T, H);
         const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
         for (int kk2 = 0; kk2 < 3; kk2++) {   // the forward under each kernel (LM_FA_WG)
             char lk[80];
@@ -1474,8 +1475,13 @@ static void t_bench(void) {
             lm_cuda_set_fa_wg(kernels[kk2]);
             BENCH(lk, fl, GPU->attn_fwd(o, lse, q, kk, v, 1, T, H, Dqk, Dv, 0.07f), o);
         }
+        for (int kk2 = 0; kk2 < 3; kk2 += 2) {   // the backward: wgmma, mma.sync
+            char lk[80];
+            snprintf(lk, sizeof lk, "%s LM_FA_WG=%d", lb, kernels[kk2]);
+            lm_cuda_set_fa_wg(kernels[kk2]);
+            BENCH(lk, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f), q);
+        }
         lm_cuda_set_fa_wg(def);
-        BENCH(lb, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f), q);
     }
     float *g = drand_big((size_t)N * d, 1), *rs = drand_big(N, 1);
     BENCH("rmsnorm_fwd 16384x1024", 0, GPU->rmsnorm_fwd(out, rs, x, g, N, d, 1e-5f), out);
