@@ -419,10 +419,11 @@ static void t_mla_split(int De) {
 }
 
 // Head dims Dqk ∈ {64,128,192} × Dv ∈ {64,128} run the tensor-core kernels of attn_flash.cu
-// (bf16 operands, fp32 accumulation and softmax): measured on an H200 their errors against the
+// (bf16 operands, fp32 accumulation and softmax), 192/128, 128/128 and 64/64 those of
+// attn_flash_wg.cu unless LM_FA_WG=0: measured on an H200 their errors against the
 // fp32 CPU reference are ≤ 4.3e-3 (o), ≤ 6.8e-3 (lse; the worst is T = 1, where lse is a single
-// bf16 dot product, otherwise ≤ 6e-4) and ≤ 7.2e-3 (gradients), held to ATTN_BF16_FWD and
-// ATTN_BF16_BWD. Other head dims (here 40/24, 40/136) run the fp32 fallback kernels of mla.cu,
+// bf16 dot product, otherwise ≤ 6e-4) and ≤ 9.6e-3 (gradients; T = 1 again the worst, both kernel
+// sets, session 14; otherwise ≤ 4e-3), held to ATTN_BF16_FWD and ATTN_BF16_BWD. Other head dims (here 40/24, 40/136) run the fp32 fallback kernels of mla.cu,
 // held to TOL; the 192/128 shape that used to check those now checks the flash kernels.
 #define ATTN_BF16_FWD 1e-2
 #define ATTN_BF16_BWD 2e-2
