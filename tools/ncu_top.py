@@ -2,10 +2,12 @@
 """ncu_top.py — sums an `ncu --csv --metrics gpu__time_duration.sum` log by kernel name.
 
     ncu --csv --metrics gpu__time_duration.sum <program> > prof.csv
-    python3 tools/ncu_top.py prof.csv [top]
+    python3 tools/ncu_top.py prof.csv [top] [--last-step]
 
 Prints the kernels by total time (count, total ms, share), the total kernel time and the
 number of launches: the GPU-time breakdown of a run (nsys is not on the GPU machine).
+--last-step keeps only the launches from the last embed_fwd_k (a training step's first
+kernel) on: one step of `linmoe train`, without the first step's one-time work.
 """
 import csv
 import sys
@@ -14,7 +16,9 @@ from collections import defaultdict
 
 def main():
     path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    top = int(args[0]) if args else 40
+    last_step = "--last-step" in sys.argv
     rows = []
     with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]   # skip ncu's ==PROF== lines
@@ -26,6 +30,11 @@ def main():
         scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}.get(unit, 1e-6)
         name = r["Kernel Name"].split("(")[0].split("<")[0]
         rows.append((name, v * scale))
+    if last_step:
+        starts = [i for i, (n, _) in enumerate(rows) if n == "embed_fwd_k"]
+        if not starts:
+            sys.exit("ncu_top: --last-step: no embed_fwd_k launch in the log")
+        rows = rows[starts[-1]:]
     tot = defaultdict(float)
     cnt = defaultdict(int)
     for n, ms in rows:

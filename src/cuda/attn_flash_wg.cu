@@ -44,21 +44,39 @@ __device__ __forceinline__ float fw_exp2(float x) {
     return y;
 }
 
-template <int DQK, int DV, int BN> struct FwCfg {
+// the A registers of the 16-deep steps of a product whose k index is the accumulator's
+// column: step j is the 8-column tiles 2j, 2j+1 (the forward's P·V packing)
+template <int NC>
+__device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
+#pragma unroll
+    for (int j = 0; j < NC / 16; j++) {
+        a[j][0] = fw_pack(x[8 * j], x[8 * j + 1]);
+        a[j][1] = fw_pack(x[8 * j + 2], x[8 * j + 3]);
+        a[j][2] = fw_pack(x[8 * j + 4], x[8 * j + 5]);
+        a[j][3] = fw_pack(x[8 * j + 6], x[8 * j + 7]);
+    }
+}
+
+template <int DQK, int DV, int BN, int STAGES> struct FwCfg {
     static constexpr int KS = DQK / 64;                 // 64-channel slices of q and k
     static constexpr int Q_BYTES = KS * FW_BM * 128, K_BYTES = KS * BN * 128, V_BYTES = BN * DV * 2;
     static constexpr int STAGE = K_BYTES + V_BYTES;
-    static constexpr int SMEM = 1024 + Q_BYTES + 2 * STAGE;   // + slack to align to 1024 B
+    static constexpr int SMEM = 1024 + Q_BYTES + STAGES * STAGE;   // + slack to align to 1024 B
 };
 
 // o [B,T,H,DV] fp32, lse [B,H,T] (natural log of Σ exp(scale·q·k); may be NULL); q [B,T,H,DQK],
 // k [B,P+T,H,DQK], v [B,P+T,H,DV] bf16: query t is position P + t and sees keys 0..P+t.
 // grid (⌈T/128⌉, H, B), the heaviest query tiles first.
-template <int DQK, int DV, int BN>
+// PIPE (64-key tiles, four stages): a warpgroup issues S_kb = Q·K_kbᵀ and P·V_{kb−1} together
+// and runs the softmax of S_kb while P·V_{kb−1} multiplies (two packed-P buffers). Without
+// PIPE (128-key tiles, two stages) each product is waited for before the next step.
+template <int DQK, int DV, int BN, int STAGES, bool PIPE>
 __global__ static void __launch_bounds__(FW_THREADS, 1)
     fa_wg_fwd_k(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int T, int P, int H,
                 float scale, float scale_log2) {
-    typedef FwCfg<DQK, DV, BN> C;
+    typedef FwCfg<DQK, DV, BN, STAGES> C;
+    static_assert(!PIPE || STAGES >= 3, "the pipelined loop refills the stage read two tiles back");
+    static_assert(PIPE || STAGES >= 2, "double buffering");
     extern __shared__ uint8_t fw_raw[];
     const uint32_t sQ = ((uint32_t)__cvta_generic_to_shared(fw_raw) + 1023u) & ~1023u, sKV = sQ + C::Q_BYTES;
     const int nqb = (T + FW_BM - 1) / FW_BM, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -70,8 +88,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
     const int r0 = q0 + 64 * wg + 16 * w;   // the warp's first row; this thread holds r0 + l/4 and r0 + l/4 + 8
     const int nkb = min((P + q0 + FW_BM - 1) / BN + 1, (Tk + BN - 1) / BN);
 
-    auto load_kv = [&](int kb, int st) {
-        const uint32_t s = sKV + st * C::STAGE;
+    auto load_kv = [&](int kb) {
+        const uint32_t s = sKV + (kb % STAGES) * C::STAGE;
         const int k0 = kb * BN;
 #pragma unroll
         for (int sl = 0; sl < C::KS; sl++)
@@ -84,22 +102,19 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
     for (int sl = 0; sl < C::KS; sl++)
         wg_load_kmaj<FW_BM, FW_THREADS>(sQ + sl * FW_BM * 128, qh + (long)q0 * ldq + 64 * sl, ldq, T - q0, 64, tid);
-    load_kv(0, 0);
-    wg_cp_commit();
-    if (nkb > 1) load_kv(1, 1);
-    wg_cp_commit();
+#pragma unroll
+    for (int t = 0; t < (PIPE ? STAGES - 1 : STAGES); t++) {   // one group per tile (empty past the last)
+        if (t < nkb) load_kv(t);
+        wg_cp_commit();
+    }
 
     float acc[DV / 2], s[BN / 2];
 #pragma unroll
     for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
     // running max of the raw scores (per row) and this thread's part of the row sum
     float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
-    for (int kb = 0; kb < nkb; kb++) {
-        const int k0 = kb * BN, st = kb & 1;
-        const uint32_t sK = sKV + st * C::STAGE, sV = sK + C::K_BYTES;
-        wg_cp_wait<1>();   // all but the newest group: this tile (and Q) landed
-        wg_fence_proxy();
-        __syncthreads();
+    auto issue_s = [&](int kb) {   // S = Q·K_kbᵀ, committed as one group
+        const uint32_t sK = sKV + (kb % STAGES) * C::STAGE;
         wg_fence();
 #pragma unroll
         for (int sl = 0; sl < C::KS; sl++)
@@ -108,7 +123,19 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
                 wg_ss<BN, 0, 0>(s, wb_desc(sQ + sl * FW_BM * 128 + wg * 64 * 128 + j * 32, 16, 1024),
                                 wb_desc(sK + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
         wg_commit();
-        wg_wait<0>();
+    };
+    // O += P_kb·V_kb from the packed P, committed as one group
+    auto issue_pv = [&](const uint32_t (*pa)[4], int kb) {
+        const uint32_t sV = sKV + (kb % STAGES) * C::STAGE + C::K_BYTES;
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++)
+            wg_rs<DV, 1>(acc, pa[j], wb_desc(sV + j * 2 * (DV / 64) * 1024, 1024, (DV / 64) * 1024), 1);
+        wg_commit();
+    };
+    // the online softmax of S_kb (landed): new row maxima, P packed into pa (keys 16j..16j+15
+    // are the 8-column tiles 2j, 2j+1 of s), the row sums; alpha rescales O
+    auto softmax = [&](uint32_t (*pa)[4], float alpha[2], int kb) {
+        const int k0 = kb * BN;
         if (k0 + BN - 1 > P + r0 || k0 + BN > Tk) {   // the diagonal or the sequence end crosses the tile
 #pragma unroll
             for (int i = 0; i < BN / 8; i++)
@@ -118,7 +145,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
                     if (key > P + row || key >= Tk) s[4 * i + e] = -INFINITY;
                 }
         }
-        // online softmax; key 0 is in tile 0 for every row, so m is finite from the first tile on
+        // key 0 is in tile 0 for every row, so m is finite from the first tile on
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float mx = m[hr];
@@ -126,7 +153,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a row
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float alpha = fw_exp2((m[hr] - mx) * scale_log2), off = mx * scale_log2;
+            alpha[hr] = fw_exp2((m[hr] - mx) * scale_log2);
+            const float off = mx * scale_log2;
             m[hr] = mx;
             float sum = 0.f;
 #pragma unroll
@@ -135,32 +163,78 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
                 s[4 * i + 2 * hr + 1] = fw_exp2(fmaf(s[4 * i + 2 * hr + 1], scale_log2, -off));
                 sum += s[4 * i + 2 * hr] + s[4 * i + 2 * hr + 1];
             }
-            lsum[hr] = lsum[hr] * alpha + sum;
+            lsum[hr] = lsum[hr] * alpha[hr] + sum;
+        }
+        fw_pack_a<BN>(pa, s);
+    };
+    auto rescale = [&](const float alpha[2]) {
 #pragma unroll
-            for (int i = 0; i < DV / 8; i++) {
-                acc[4 * i + 2 * hr] *= alpha;
-                acc[4 * i + 2 * hr + 1] *= alpha;
+        for (int i = 0; i < DV / 8; i++) {
+            acc[4 * i] *= alpha[0];
+            acc[4 * i + 1] *= alpha[0];
+            acc[4 * i + 2] *= alpha[1];
+            acc[4 * i + 3] *= alpha[1];
+        }
+    };
+    // P in registers is packed before any wgmma that reads it is issued (one packed between
+    // two wgmmas makes ptxas fence each one)
+    uint32_t pa[BN / 16][4], pb[BN / 16][4];
+    float alpha[2];
+    wg_cp_wait<PIPE ? STAGES - 2 : STAGES - 1>();   // tile 0 and Q
+    wg_fence_proxy();
+    __syncthreads();
+    issue_s(0);
+    wg_wait<0>();
+    softmax(pa, alpha, 0);
+    if constexpr (PIPE) {
+        // FlashAttention-3's overlap inside a warpgroup: S_kb and P·V_{kb−1} are issued
+        // together; the softmax of S_kb runs while P·V_{kb−1} multiplies, and O is rescaled
+        // once that is done. At the barrier every multiply of tile kb − 2 is done in both
+        // warpgroups, so its stage takes tile kb − 2 + STAGES.
+        auto step = [&](const uint32_t (*prev)[4], uint32_t (*cur)[4], int kb) {
+            wg_cp_wait<STAGES - 3>();   // tile kb
+            wg_fence_proxy();
+            __syncthreads();
+            if (kb - 2 + STAGES < nkb) load_kv(kb - 2 + STAGES);
+            wg_cp_commit();
+            issue_s(kb);
+            issue_pv(prev, kb - 1);
+            wg_wait<1>();   // S_kb
+            softmax(cur, alpha, kb);
+            wg_wait<0>();   // P·V_{kb−1}
+            rescale(alpha);
+            if (kb + 1 == nkb) {   // the last tile's P·V (here, where its P buffer is known)
+                wg_fence();
+                issue_pv(cur, kb);
+                wg_wait<0>();
             }
+        };
+        if (nkb == 1) {
+            wg_fence();
+            issue_pv(pa, 0);
+            wg_wait<0>();
         }
-        // O += P·V; keys 16j..16j+15 are the 8-column tiles 2j, 2j+1 of s. Every A register is
-        // packed before the fence (one packed between two wgmmas makes ptxas fence each one).
-        uint32_t pa[BN / 16][4];
-#pragma unroll
-        for (int j = 0; j < BN / 16; j++) {
-            pa[j][0] = fw_pack(s[8 * j], s[8 * j + 1]);
-            pa[j][1] = fw_pack(s[8 * j + 2], s[8 * j + 3]);
-            pa[j][2] = fw_pack(s[8 * j + 4], s[8 * j + 5]);
-            pa[j][3] = fw_pack(s[8 * j + 6], s[8 * j + 7]);
+        for (int kb = 1; kb < nkb; kb += 2) {
+            step(pa, pb, kb);
+            if (kb + 1 < nkb) step(pb, pa, kb + 1);
         }
-        wg_fence();
-#pragma unroll
-        for (int j = 0; j < BN / 16; j++)
-            wg_rs<DV, 1>(acc, pa[j], wb_desc(sV + j * 2 * (DV / 64) * 1024, 1024, (DV / 64) * 1024), 1);
-        wg_commit();
-        wg_wait<0>();
-        __syncthreads();   // both warpgroups are done with this stage before it is refilled
-        if (kb + 2 < nkb) load_kv(kb + 2, st);
-        wg_cp_commit();
+    } else {
+        for (int kb = 0;; kb++) {   // O += P_kb·V_kb, then S_{kb+1} and its softmax
+            wg_fence();
+            issue_pv(pa, kb);
+            wg_wait<0>();
+            __syncthreads();   // both warpgroups are done with this stage before it is refilled
+            if (kb + STAGES < nkb) load_kv(kb + STAGES);
+            wg_cp_commit();
+            if (kb + 1 == nkb) break;
+            wg_cp_wait<STAGES - 1>();   // tile kb + 1
+            wg_fence_proxy();
+            __syncthreads();
+            issue_s(kb + 1);
+            wg_wait<0>();
+            softmax(pa, alpha, kb + 1);
+            rescale(alpha);
+        }
     }
     wg_cp_wait<0>();
 #pragma unroll
@@ -189,19 +263,6 @@ __device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scal
     dp = p * (dp - Dv) * scale;
     s = p;
 }
-// the A registers of the 16-deep steps of a product whose k index is the accumulator's
-// column: step j is the 8-column tiles 2j, 2j+1 (the forward's P·V packing)
-template <int NC>
-__device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
-#pragma unroll
-    for (int j = 0; j < NC / 16; j++) {
-        a[j][0] = fw_pack(x[8 * j], x[8 * j + 1]);
-        a[j][1] = fw_pack(x[8 * j + 2], x[8 * j + 3]);
-        a[j][2] = fw_pack(x[8 * j + 4], x[8 * j + 5]);
-        a[j][3] = fw_pack(x[8 * j + 6], x[8 * j + 7]);
-    }
-}
-
 // dK, dV. A CTA of two warpgroups owns 128 keys (64 each) with their K and V rows in shared
 // memory; 64-row query tiles (Q, dO, lse, D) stream through two stages. Per tile and warpgroup:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   wgmma SS, m64 (keys) n64 (queries)
@@ -456,18 +517,19 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
     }
 }
 
-template <int DQK, int DV, int BN>
+template <int DQK, int DV, int BN, int STAGES, bool PIPE>
 static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int B, int T, int P,
                       int H, float scale) {
-    typedef FwCfg<DQK, DV, BN> C;
+    typedef FwCfg<DQK, DV, BN, STAGES> C;
     static int ready;   // the > 48 KiB dynamic shared memory opt-in, once per instantiation
     if (!ready) {
-        cudaCheck(cudaFuncSetAttribute(fa_wg_fwd_k<DQK, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+        cudaCheck(cudaFuncSetAttribute(fa_wg_fwd_k<DQK, DV, BN, STAGES, PIPE>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
         ready = 1;
     }
     dim3 grid((T + FW_BM - 1) / FW_BM, H, B);
-    fa_wg_fwd_k<DQK, DV, BN><<<grid, FW_THREADS, C::SMEM, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H, scale,
-                                                                             scale * FW_LOG2E);
+    fa_wg_fwd_k<DQK, DV, BN, STAGES, PIPE><<<grid, FW_THREADS, C::SMEM, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H,
+                                                                                         scale, scale * FW_LOG2E);
     cudaLaunchCheck();
 }
 
@@ -521,8 +583,8 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16
     if (bn == 0) return 0;
 #define FW_CASE(a, c)                                                                  \
     if (Dqk == a && Dv == c) {                                                         \
-        if (bn == 64) fa_wg_fwd<a, c, 64>(o, lse, q, k, v, B, T, P, H, scale);         \
-        else fa_wg_fwd<a, c, 128>(o, lse, q, k, v, B, T, P, H, scale);                 \
+        if (bn == 64) fa_wg_fwd<a, c, 64, 4, true>(o, lse, q, k, v, B, T, P, H, scale); \
+        else fa_wg_fwd<a, c, 128, 2, false>(o, lse, q, k, v, B, T, P, H, scale);       \
         return 1;                                                                      \
     }
     FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
