@@ -53,16 +53,20 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         ADD(m->row_token, LM_T_INT, N * k); ADD(m->slot_row, LM_T_INT, N * k);
         if (c->moe_latent_dim) ADD(m->xl, 0, N, dl);
         // gradient slots the backward does not need zeroed: the experts op's work buffers
-        // (xp, ea, eb, eh, yp), and y, routed, so, whose gradient is dout itself (y without
-        // the latent projection)
+        // (xp, ea, eb, eh, yp), and routed, so, whose gradient is dout itself. Without the
+        // latent projection the routed sum goes straight into the sublayer's output (no y,
+        // routed, so: ffn_layer.c)
         const unsigned ng = LM_T_NO_GRAD_ZERO;
         ADD(m->xp, ng, N * k, dl);
         ADD(m->ea, ng, N * k, F); ADD(m->eb, ng, N * k, F); ADD(m->eh, ng, N * k, F);
-        ADD(m->yp, ng, N * k, dl); ADD(m->y, c->moe_latent_dim ? 0 : ng, N, dl);
-        if (c->moe_latent_dim) { ADD(m->un, 0, N, dl); ADD(m->un_rstd, 0, N); ADD(m->routed, ng, N, d); }
+        ADD(m->yp, ng, N * k, dl);
+        if (c->moe_latent_dim) {
+            ADD(m->y, 0, N, dl); ADD(m->un, 0, N, dl); ADD(m->un_rstd, 0, N); ADD(m->routed, ng, N, d);
+        }
         if (c->n_shared > 0) {
             const int64_t Fs = c->n_shared * F;
-            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs); ADD(m->so, ng, N, d);
+            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs);
+            if (c->moe_latent_dim) ADD(m->so, ng, N, d);
         }
     }
 }

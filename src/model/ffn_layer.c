@@ -79,21 +79,29 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     const real *xin = a->xn;
     if (c->moe_latent_dim) xin = a->xl;
     const lm_experts ex = routed_experts(s, p, a);
-    o->zero(a->y, (size_t)N * dl * sizeof(real));
-    o->moe_experts_fwd(&ex, a->y, xin);
-    const real *routed = a->y;
-    if (c->moe_latent_dim) {
+    const int Fs = c->n_shared * F;
+    if (!c->moe_latent_dim) {
+        // the experts op adds its sum into out, which already holds the shared experts' output
+        // (or zeros): no routed tensor and no separate sum pass
+        if (c->n_shared > 0) {
+            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
+            o->matmul_fwd(out, a->sh, p->sh_w2, NULL, N, Fs, d);
+        } else {
+            o->zero(out, (size_t)N * d * sizeof(real));
+        }
+        o->moe_experts_fwd(&ex, out, xin);
+    } else {
+        o->zero(a->y, (size_t)N * dl * sizeof(real));
+        o->moe_experts_fwd(&ex, a->y, xin);
         o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps);
         o->matmul_fwd(a->routed, a->un, p->lat_up, NULL, N, dl, d);
-        routed = a->routed;
-    }
-    if (c->n_shared > 0) {
-        const int Fs = c->n_shared * F;
-        o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
-        o->matmul_fwd(a->so, a->sh, p->sh_w2, NULL, N, Fs, d);
-        o->add(out, routed, a->so, (size_t)N * d);
-    } else {
-        o->copy(out, routed, (size_t)N * d * sizeof(real));
+        if (c->n_shared > 0) {
+            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
+            o->matmul_fwd(a->so, a->sh, p->sh_w2, NULL, N, Fs, d);
+            o->add(out, a->routed, a->so, (size_t)N * d);
+        } else {
+            o->copy(out, a->routed, (size_t)N * d * sizeof(real));
+        }
     }
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
         s->aux_loss += s->aux_dloss * o->moe_aux_fwd(a->s, a->counts, N, E, k, c->aux_coef);

@@ -56,8 +56,10 @@ typedef struct {
     real *xp;                    // [N·k,dl]          rows grouped by expert
     real *ea, *eb, *eh;          // [N·k,F]
     real *yp;                    // [N·k,dl]
+    // y, un, routed and so exist only with the latent projection (moe_latent_dim > 0); without
+    // it the routed sum is added straight into the sublayer's output
     real *y;                     // [N,dl]            combined routed output
-    real *un, *un_rstd;          // [N,dl], [N]       latent RMSNorm of y (moe_latent_dim > 0)
+    real *un, *un_rstd;          // [N,dl], [N]       latent RMSNorm of y
     real *routed;                // [N,d]             routed branch in model width
     real *sa, *sb, *sh;          // [N,Fs]            shared expert(s)
     real *so;                    // [N,d]             shared branch output
