@@ -6,8 +6,9 @@
 
 Prints the kernels by total time (count, total ms, share), the total kernel time and the
 number of launches: the GPU-time breakdown of a run (nsys is not on the GPU machine).
---last-step keeps only the launches from the last embed_fwd_k (a training step's first
-kernel) on: one step of `linmoe train`, without the first step's one-time work.
+--last-step keeps only the last training step of `linmoe train`: the launches from the last
+embed_fwd_k (a step's first kernel) before the last adamw_k through that adamw_k (the
+evaluation after training runs forwards only).
 """
 import csv
 import sys
@@ -31,10 +32,11 @@ def main():
         name = r["Kernel Name"].split("(")[0].split("<")[0]
         rows.append((name, v * scale))
     if last_step:
-        starts = [i for i, (n, _) in enumerate(rows) if n == "embed_fwd_k"]
+        opt = [i for i, (n, _) in enumerate(rows) if n == "adamw_k"]
+        starts = [i for i, (n, _) in enumerate(rows) if n == "embed_fwd_k" and opt and i < opt[-1]]
         if not starts:
-            sys.exit("ncu_top: --last-step: no embed_fwd_k launch in the log")
-        rows = rows[starts[-1]:]
+            sys.exit("ncu_top: --last-step: no embed_fwd_k ... adamw_k step in the log")
+        rows = rows[starts[-1]:opt[-1] + 1]
     tot = defaultdict(float)
     cnt = defaultdict(int)
     for n, ms in rows:

@@ -466,9 +466,10 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     float *q = up(P.q), *k = up(P.k), *v = up(P.v), *f = up(P.f), *bl = up(P.bl), *A = up(P.A), *db = up(P.db);
     float *S0 = up(P.S0), *dO = up(P.dO), *dSo = up(P.dSo);
     float *o = (float *)g->alloc(nv * 4), *S = (float *)g->alloc(ns * 4);
-    std::vector<float> ones_q(nqk, 0.25f);   // gradients accumulate onto what is there
-    float *dq = up(ones_q), *dk = (float *)g->alloc(nqk * 4), *dv = (float *)g->alloc(nv * 4), *df = (float *)g->alloc(nqk * 4);
-    float *dbl = (float *)g->alloc(nb * 4), *dA = (float *)g->alloc(H * 4), *ddb = (float *)g->alloc((size_t)H * K * 4);
+    // gradients accumulate onto what is there (the kernels add dq..dβ into these fp32 tensors)
+    std::vector<float> ones_q(nqk, 0.25f), prev_k(nqk, -0.5f), prev_v(nv, 0.125f), prev_f(nqk, 1.f), prev_b(nb, -2.f);
+    float *dq = up(ones_q), *dk = up(prev_k), *dv = up(prev_v), *df = up(prev_f);
+    float *dbl = up(prev_b), *dA = (float *)g->alloc(H * 4), *ddb = (float *)g->alloc((size_t)H * K * 4);
     float *dS0 = (float *)g->alloc(ns * 4);
     lm_kda_args a;
     memset(&a, 0, sizeof a);
@@ -484,10 +485,8 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         const size_t sb = g->kda_saved_bytes(B, T, H, K, K);
         lm_kda_args s = a;
         s.saved = g->alloc(sb);
-        std::vector<float> zq(nqk, 0.25f);
-        s.dq = up(zq);
-        s.dk = (float *)g->alloc(nqk * 4); s.dv = (float *)g->alloc(nv * 4); s.df = (float *)g->alloc(nqk * 4);
-        s.dbeta_logit = (float *)g->alloc(nb * 4); s.dA_log = (float *)g->alloc(H * 4);
+        s.dq = up(ones_q); s.dk = up(prev_k); s.dv = up(prev_v); s.df = up(prev_f);
+        s.dbeta_logit = up(prev_b); s.dA_log = (float *)g->alloc(H * 4);
         s.ddt_bias = (float *)g->alloc((size_t)H * K * 4); s.dS0 = (float *)g->alloc(ns * 4);
         s.o = (float *)g->alloc(nv * 4);
         g->kda_fwd(&s);
@@ -511,12 +510,14 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         for (float *b : sb_bufs) g->free(b);
         g->free(s.saved);
     }
-    std::vector<float> ho(nv), hS(ns), hdq(nqk), hdv(nv), hdA(H);
+    std::vector<float> ho(nv), hS(ns), hdq(nqk), hdk(nqk), hdf(nqk), hdv(nv), hdbl(nb), hdA(H);
     g->to_host(ho.data(), o, nv * 4); g->to_host(hS.data(), S, ns * 4); g->to_host(hdq.data(), dq, nqk * 4);
+    g->to_host(hdk.data(), dk, nqk * 4); g->to_host(hdf.data(), df, nqk * 4); g->to_host(hdbl.data(), dbl, nb * 4);
     g->to_host(hdv.data(), dv, nv * 4); g->to_host(hdA.data(), dA, H * 4);
     // reference: CPU op on the same fp32 inputs (the CUDA op rounds them to bf16 inside)
     lm_kda_args c = a;
-    std::vector<float> ro(nv), rS(ns), rdq(nqk, 0.25f), rdk(nqk), rdv(nv), rdf(nqk), rdbl(nb), rA(H), rdb((size_t)H * K), rdS0(ns);
+    std::vector<float> ro(nv), rS(ns), rdq(ones_q), rdk(prev_k), rdv(prev_v), rdf(prev_f), rdbl(prev_b), rA(H),
+        rdb((size_t)H * K), rdS0(ns);
     c.q = P.q.data(); c.k = P.k.data(); c.v = P.v.data(); c.f = P.f.data(); c.beta_logit = P.bl.data(); c.A_log = P.A.data();
     c.dt_bias = P.db.data(); c.S0 = P.S0.data(); c.o = ro.data(); c.S_out = rS.data(); c.d_o = P.dO.data();
     c.dS_out = P.dSo.data(); c.dq = rdq.data(); c.dk = rdk.data(); c.dv = rdv.data(); c.df = rdf.data();
@@ -531,8 +532,18 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     check(w, rel_rms(hS.data(), rS.data(), ns), 5e-3);
     snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dq (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
     check(w, rel_rms(hdq.data(), rdq.data(), nqk), 8e-3);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dv", B, T, H, K, gate ? "unbounded" : "bounded");
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dv (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
     check(w, rel_rms(hdv.data(), rdv.data(), nv), 8e-3);
+    // dk, dβ, df against the CPU with what they held subtracted, so the check sees the
+    // gradients themselves (dq and dv above include what they held)
+    for (size_t i = 0; i < nqk; i++) { hdk[i] -= prev_k[i]; rdk[i] -= prev_k[i]; hdf[i] -= prev_f[i]; rdf[i] -= prev_f[i]; }
+    for (size_t i = 0; i < nb; i++) { hdbl[i] -= prev_b[i]; rdbl[i] -= prev_b[i]; }
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dk (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdk.data(), rdk.data(), nqk), 8e-3);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdf.data(), rdf.data(), nqk), 2e-2);
+    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dbeta (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
+    check(w, rel_rms(hdbl.data(), rdbl.data(), nb), 2e-2);
     snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dA_log", B, T, H, K, gate ? "unbounded" : "bounded");
     check(w, rel_rms(hdA.data(), rA.data(), H), 2e-2);
     float *bufs[] = {q, k, v, f, bl, A, db, S0, dO, dSo, o, S, dq, dk, dv, df, dbl, dA, ddb, dS0};
