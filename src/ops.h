@@ -92,7 +92,8 @@ typedef struct {
 
 // Linear layers that read the same input (linears_fwd/bwd), e.g. a sublayer's projections
 // of its normalised input: out_i [N, OC_i] = inp [N, C] · W_i [OC_i, C]ᵀ for i < n, no
-// biases. Backward: dinp [N, C] += Σ_i dout_i · W_i, added in list order, and
+// biases. Backward: dinp [N, C] += Σ_i dout_i · W_i (the CPU adds in list order; the CUDA
+// bf16 path sums the list in one product), and
 // dW_i [OC_i, C] += dout_iᵀ · inp (a NULL dW_i is skipped). out is read by the forward,
 // dout and dW by the backward.
 #define LM_MAX_LINEARS 8

@@ -150,6 +150,36 @@ __global__ static void to_bf16_k(__nv_bfloat16 *y, const float *x, size_t n, int
     for (size_t i = done + blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
         y[i] = __float2bfloat16(x[i]);
 }
+// y [rows, ldy] columns 0..cols−1 = bf16(x [rows, cols]); 4 elements per step when the rows
+// allow it (cols and ldy multiples of 4, x 16- and y 8-byte aligned)
+__global__ static void to_bf16_rows_k(__nv_bfloat16 *y, long ldy, const float *x, long rows, long cols, int vec) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const long c4 = cols / 4;
+        for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * c4; i += stride) {
+            const long r = (long)(i / c4), c = 4 * (long)(i % c4);
+            const float4 v = *reinterpret_cast<const float4 *>(x + r * cols + c);
+            __nv_bfloat162 *d = reinterpret_cast<__nv_bfloat162 *>(y + r * ldy + c);
+            d[0] = __floats2bfloat162_rn(v.x, v.y);
+            d[1] = __floats2bfloat162_rn(v.z, v.w);
+        }
+        return;
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)rows * cols; i += stride)
+        y[(long)(i / cols) * ldy + (long)(i % cols)] = __float2bfloat16(x[i]);
+}
+void lm_cuda_to_bf16_rows(__nv_bfloat16 *y, long ldy, const float *x, long rows, long cols) {
+    if (rows <= 0 || cols <= 0) return;
+    if (ldy == cols) {
+        lm_cuda_to_bf16(y, x, (size_t)rows * cols);
+        return;
+    }
+    const int vec = cols % 4 == 0 && ldy % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)y % 8 == 0;
+    unsigned g = lm_cuda_blocks(vec ? (size_t)rows * cols / 4 : (size_t)rows * cols, 256);
+    if (g > 8192) g = 8192;
+    to_bf16_rows_k<<<g, 256, 0, lm_cuda_stream()>>>(y, ldy, x, rows, cols, vec);
+    cudaLaunchCheck();
+}
 // y: device buffer of n bf16 (4 elements per step when x is 16- and y 8-byte aligned)
 void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
     if (!n) return;

@@ -196,6 +196,9 @@ void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int
 // y [n] = x [n] rounded to bf16 (y: n bf16 of device memory, 8-byte aligned); on the op stream
 struct __nv_bfloat16;
 void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n);
+// y [rows, ldy]: columns 0..cols−1 of each row = x [rows, cols] rounded to bf16 (a column
+// block of a wider bf16 matrix)
+void lm_cuda_to_bf16_rows(__nv_bfloat16 *y, long ldy, const float *x, long rows, long cols);
 // bf16 copy of the n fp32 weights at W (weight_cache.cu), made at the first use after they
 // may have changed and kept until then. "May have changed" = lm_cuda_weights_written()
 // covered them, or lm_cuda_weights_changed() was called, since the copy was made

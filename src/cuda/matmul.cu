@@ -86,32 +86,40 @@ void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const 
     }
 }
 
-// dinp [N,C] += Σ_i dout_i · W_i in list order ; dW_i [OC_i,C] += dout_iᵀ · inp. In the bf16
-// mode inp is rounded once for the list (only if some dW_i is wanted), each dout_i once.
+// dinp [N,C] += Σ_i dout_i · W_i ; dW_i [OC_i,C] += dout_iᵀ · inp. In the bf16 mode inp is
+// rounded once for the list (only if some dW_i is wanted), and the dout_i into the column
+// blocks of one [N, ΣOC_i] matrix, so dinp takes one product against the list's weights
+// stacked [ΣOC_i, C] (their bf16 copies, copied per call: ΣOC_i·C·2 bytes): dinp is read and
+// written once, not once per linear (a KDA layer's list has six, down to OC = 8 for β).
 void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C) {
     if (N <= 0 || C <= 0) return;
     const float one = 1.0f;
     if (use_bf16(N)) {
-        int max_oc = 0, any_dw = 0;
+        int soc = 0, any_dw = 0;
         for (int i = 0; i < L->n; i++) {
-            max_oc = L->OC[i] > max_oc ? L->OC[i] : max_oc;
-            any_dw |= L->dW[i] != NULL && L->OC[i] > 0;
+            if (L->OC[i] <= 0 || (!dinp && !L->dW[i])) continue;
+            soc += L->OC[i];
+            any_dw |= L->dW[i] != NULL;
         }
-        const size_t nx = (size_t)N * C, bx = lm_align256(nx * 2);
-        char *ws = (char *)lm_cuda_scratch(bx + (size_t)N * max_oc * 2);
+        if (!soc) return;
+        const size_t nx = (size_t)N * C, bx = lm_align256(nx * 2), bd = lm_align256((size_t)N * soc * 2);
+        char *ws = (char *)lm_cuda_scratch(bx + bd + (dinp ? (size_t)soc * C * 2 : 0));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bx);
+        __nv_bfloat16 *wcat = (__nv_bfloat16 *)(ws + bx + bd);
         if (any_dw) lm_cuda_to_bf16(xb, inp, nx);
-        for (int i = 0; i < L->n; i++) {
+        for (int i = 0, off = 0; i < L->n; i++) {
             const int OC = L->OC[i];
             if (OC <= 0 || (!dinp && !L->dW[i])) continue;
-            lm_cuda_to_bf16(db, L->dout[i], (size_t)N * OC);
-            if (dinp) {   // dinpᵀ [C,N] += Wᵀ [C,OC] · doutᵀ [OC,N]
-                const __nv_bfloat16 *wb = lm_cuda_weight_bf16(L->W[i], (size_t)OC * C);
-                gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, wb, C, db, OC, 1.0f, dinp, C);
-            }
-            // dWᵀ [C,OC] += inpᵀ [C,N] · dout [N,OC]
-            if (L->dW[i]) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, xb, C, db, OC, 1.0f, L->dW[i], C);
+            lm_cuda_to_bf16_rows(db + off, soc, L->dout[i], N, OC);
+            if (dinp)
+                cudaCheck(cudaMemcpyAsync(wcat + (size_t)off * C, lm_cuda_weight_bf16(L->W[i], (size_t)OC * C),
+                                          (size_t)OC * C * 2, cudaMemcpyDeviceToDevice, lm_cuda_stream()));
+            // dW_iᵀ [C,OC] += inpᵀ [C,N] · dout_i [N,OC] (its column block of db, leading dimension ΣOC)
+            if (L->dW[i]) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, xb, C, db + off, soc, 1.0f, L->dW[i], C);
+            off += OC;
         }
+        // dinpᵀ [C,N] += W_catᵀ [C,ΣOC] · doutᵀ [ΣOC,N]
+        if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, soc, wcat, C, db, soc, 1.0f, dinp, C);
         return;
     }
     for (int i = 0; i < L->n; i++) {
