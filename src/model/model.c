@@ -52,7 +52,7 @@ static int add(lm_model *m, int a, int b) {
     return out;
 }
 
-static void build_plan(lm_model *m) {
+static void build_tape(lm_model *m) {
     const lm_config *c = &m->cfg;
     m->n_stream = m->n_tape = m->n_mix = 0;
     int e = m->stream_embed = new_stream(m);
@@ -86,6 +86,35 @@ static void build_plan(lm_model *m) {
     }
     src[n] = P;
     m->stream_final = mix(m, src, n + 1, -1, 0);
+}
+
+// grad_alias (model.h): a stream read once, as the second input of an ADD (a sublayer's
+// output added to the partial sum), takes the ADD output's gradient buffer: its gradient
+// equals that one, which is complete when the ADD's backward runs (every reader of the
+// output comes later in the tape) and is only read afterwards (a sublayer's dout is const).
+static void plan_grad_aliases(lm_model *m) {
+    int uses[LM_MAX_STREAM] = {0};
+    for (int t = 0; t < m->n_tape; t++) {
+        const lm_tape_op *op = &m->tape[t];
+        if (op->kind == LM_TP_MIX) {
+            const lm_mix_plan *p = &m->mix[op->mix];
+            for (int j = 0; j < p->n; j++) uses[p->src[j]]++;
+        } else {
+            for (int j = 0; j < 2; j++)
+                if (op->in[j] >= 0) uses[op->in[j]]++;
+        }
+    }
+    uses[m->stream_final]++;
+    for (int s = 0; s < m->n_stream; s++) m->grad_alias[s] = -1;
+    for (int t = 0; t < m->n_tape; t++) {
+        const lm_tape_op *op = &m->tape[t];
+        if (op->kind == LM_TP_ADD && op->in[1] != op->in[0] && uses[op->in[1]] == 1) m->grad_alias[op->in[1]] = op->out;
+    }
+}
+
+static void build_plan(lm_model *m) {
+    build_tape(m);
+    plan_grad_aliases(m);
 }
 
 // ----------------------------------------------------------------------------
@@ -182,6 +211,11 @@ static void reserve_grads(lm_model *m) {
     if (m->dacts_mem) return;
     m->dacts_mem = m->ops->alloc(m->alayout.numel * sizeof(real));
     lm_layout_bind(&m->alayout, &m->dacts, m->dacts_mem);
+    for (int s = 0; s < m->n_stream; s++) {   // shared gradient buffers (model.h)
+        int t = s;
+        while (m->grad_alias[t] >= 0) t = m->grad_alias[t];
+        m->dacts.stream[s] = m->dacts.stream[t];
+    }
 }
 
 size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
@@ -209,8 +243,8 @@ static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *
     const lm_config *c = &m->cfg;
     lm_layout_init(L, a);
     const int64_t N = (int64_t)B * T, d = c->d_model;
-    for (int s = 0; s < m->n_stream; s++)
-        lm_layout_add(L, &a->stream[s], 0, 2, LM_SHAPE(N, d), "stream.%d", s);
+    for (int s = 0; s < m->n_stream; s++)   // a stream whose gradient is another's: its own slot is unused
+        lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 ? LM_T_NO_GRAD_ZERO : 0, 2, LM_SHAPE(N, d), "stream.%d", s);
     for (int k = 0; k < m->n_mix; k++)
         lm_layout_add(L, &a->alpha[k], 0, 2, LM_SHAPE(N, m->mix[k].n), "mix.%d.alpha", k);
     for (int i = 0; i < c->n_layers; i++) lm_layer_acts_layout(c, i, B, T, &a->layer[i], L);
@@ -372,9 +406,10 @@ void lm_model_backward(lm_model *m, real dloss) {
         } break;
         case LM_TP_ATTN:
         case LM_TP_FFN: run_sublayer_bwd(m, op); break;
-        case LM_TP_ADD:
-            o->acc(da->stream[op->in[0]], da->stream[op->out], (size_t)N * d);
-            o->acc(da->stream[op->in[1]], da->stream[op->out], (size_t)N * d);
+        case LM_TP_ADD:   // an input sharing the output's gradient buffer has it already
+            for (int j = 0; j < 2; j++)
+                if (da->stream[op->in[j]] != da->stream[op->out])
+                    o->acc(da->stream[op->in[j]], da->stream[op->out], (size_t)N * d);
             break;
         }
     }

@@ -56,6 +56,9 @@ typedef struct lm_model {
     // residual plan
     int n_stream, n_tape, n_mix;
     int stream_embed, stream_final;
+    // grad_alias[s] ≥ 0: stream s feeds only the ADD whose output that is, so its gradient is
+    // that output's gradient itself — one buffer, no accumulation pass (−1: its own)
+    int grad_alias[LM_MAX_STREAM];
     lm_tape_op tape[LM_MAX_TAPE];
     lm_mix_plan mix[LM_MAX_MIX];
     // balancing state of each MoE layer
