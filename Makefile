@@ -142,7 +142,7 @@ bench-cpu: deps build/f32/bench_cpu
 # the CUDA backend against the CPU reference: every op, then the model (needs a GPU)
 build/cuda/obj/tests/%.o: tests/cuda/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_f32) -DLM_CUDA -c $< -o $@
+	$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
 build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o build/f32/obj/tests/compare.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	@mkdir -p $(dir $@)
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
@@ -156,7 +156,7 @@ cuda-cli: build/cuda/linmoe
 # generation benchmark of the `small` preset, hybrid vs all-MLA (bench/RESULTS.md; needs a GPU to run)
 build/cuda/obj/bench/%.o: bench/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_f32) -DLM_CUDA -c $< -o $@
+	$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
 build/cuda/bench_generate: build/cuda/obj/bench/bench_generate.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
 cuda-tests: build/cuda/tests/test_cuda_ops
