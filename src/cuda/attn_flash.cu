@@ -52,17 +52,7 @@ typedef __nv_bfloat16 fa_bf16;
 #define FA_LP (FA_BN + 8) // row stride of the backward's P / dS tiles
 #define FA_LOG2E 1.4426950408889634f
 
-// ---- device helpers ----
-__device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-// 2^x (approximate, like the hardware softmax of every flash kernel); 2^−inf = 0
-__device__ __forceinline__ float fa_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+// ---- device helpers (fa_pack, fa_exp2: attn_flash.cuh) ----
 // C[16×8] += A[16×16]·B[16×8], bf16 in, fp32 accumulate
 __device__ __forceinline__ void fa_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

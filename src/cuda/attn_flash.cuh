@@ -1,8 +1,22 @@
-// attn_flash.cuh — between the flash-attention host code (attn_flash.cu) and the wgmma forward
-// (attn_flash_wg.cu). Pointers are device pointers; bf16 tensors are the rounded copies.
+// attn_flash.cuh — between the flash-attention host code and mma.sync kernels (attn_flash.cu)
+// and the wgmma kernels (attn_flash_wg.cu): two device helpers both use, and the wgmma entry
+// points. Pointers are device pointers; bf16 tensors are the rounded copies.
 #ifndef LM_ATTN_FLASH_CUH
 #define LM_ATTN_FLASH_CUH
 #include <cuda_bf16.h>
+#include <stdint.h>
+
+// two floats as packed bf16 (low half first): an mma/wgmma A or B register
+__device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+// 2^x (approximate, like the hardware softmax of every flash kernel); 2^−inf = 0
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // the causal forward on wgmma for Dqk/Dv ∈ {192/128, 128/128, 64/64}: o [B,T,H,Dv] fp32, lse
 // [B,H,T] (may be NULL), q [B,T,H,Dqk], k [B,P+T,H,Dqk], v [B,P+T,H,Dv]. Returns 0 (doing

@@ -34,14 +34,16 @@ typedef __nv_bfloat16 fw_bf16;
 #define FW_BM 128        // query rows per CTA
 #define FW_LOG2E 1.4426950408889634f
 
-__device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-__device__ __forceinline__ float fw_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
+// acc = A·Bᵀ over NS 64-channel slices, both K-major in shared memory: A's slices hold A_ROWS
+// rows (this warpgroup multiplies rows 64·wg..), B's N; committed by the caller
+template <int N, int NS, int A_ROWS>
+__device__ __forceinline__ void fw_ss_slices(float *acc, uint32_t sA, int wg, uint32_t sB) {
+#pragma unroll
+    for (int sl = 0; sl < NS; sl++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            wg_ss<N, 0, 0>(acc, wb_desc(sA + sl * A_ROWS * 128 + wg * 64 * 128 + j * 32, 16, 1024),
+                           wb_desc(sB + sl * N * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
 }
 
 // the A registers of the 16-deep steps of a product whose k index is the accumulator's
@@ -50,10 +52,10 @@ template <int NC>
 __device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
 #pragma unroll
     for (int j = 0; j < NC / 16; j++) {
-        a[j][0] = fw_pack(x[8 * j], x[8 * j + 1]);
-        a[j][1] = fw_pack(x[8 * j + 2], x[8 * j + 3]);
-        a[j][2] = fw_pack(x[8 * j + 4], x[8 * j + 5]);
-        a[j][3] = fw_pack(x[8 * j + 6], x[8 * j + 7]);
+        a[j][0] = fa_pack(x[8 * j], x[8 * j + 1]);
+        a[j][1] = fa_pack(x[8 * j + 2], x[8 * j + 3]);
+        a[j][2] = fa_pack(x[8 * j + 4], x[8 * j + 5]);
+        a[j][3] = fa_pack(x[8 * j + 6], x[8 * j + 7]);
     }
 }
 
@@ -116,12 +118,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
     auto issue_s = [&](int kb) {   // S = Q·K_kbᵀ, committed as one group
         const uint32_t sK = sKV + (kb % STAGES) * C::STAGE;
         wg_fence();
-#pragma unroll
-        for (int sl = 0; sl < C::KS; sl++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                wg_ss<BN, 0, 0>(s, wb_desc(sQ + sl * FW_BM * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                                wb_desc(sK + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+        fw_ss_slices<BN, C::KS, FW_BM>(s, sQ, wg, sK);
         wg_commit();
     };
     // O += P_kb·V_kb from the packed P, committed as one group
@@ -153,14 +150,14 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a row
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            alpha[hr] = fw_exp2((m[hr] - mx) * scale_log2);
+            alpha[hr] = fa_exp2((m[hr] - mx) * scale_log2);
             const float off = mx * scale_log2;
             m[hr] = mx;
             float sum = 0.f;
 #pragma unroll
             for (int i = 0; i < BN / 8; i++) {
-                s[4 * i + 2 * hr] = fw_exp2(fmaf(s[4 * i + 2 * hr], scale_log2, -off));
-                s[4 * i + 2 * hr + 1] = fw_exp2(fmaf(s[4 * i + 2 * hr + 1], scale_log2, -off));
+                s[4 * i + 2 * hr] = fa_exp2(fmaf(s[4 * i + 2 * hr], scale_log2, -off));
+                s[4 * i + 2 * hr + 1] = fa_exp2(fmaf(s[4 * i + 2 * hr + 1], scale_log2, -off));
                 sum += s[4 * i + 2 * hr] + s[4 * i + 2 * hr + 1];
             }
             lsum[hr] = lsum[hr] * alpha[hr] + sum;
@@ -259,7 +256,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
 // log2 units. Rows past T have lse2 = +inf, so their P is exactly 0.
 __device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scale_log2, float lse2, float Dv,
                                         float scale) {
-    const float p = ok ? fw_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+    const float p = ok ? fa_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
     dp = p * (dp - Dv) * scale;
     s = p;
 }
@@ -339,18 +336,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         if (q0 + BQ > kw) {   // else every query of the tile precedes the warpgroup's keys
             float sT[BQ / 2], dpT[BQ / 2];
             wg_fence();
-#pragma unroll
-            for (int sl = 0; sl < C::KS; sl++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    wg_ss<BQ, 0, 0>(sT, wb_desc(sK + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                                    wb_desc(sQ + sl * BQ * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
-#pragma unroll
-            for (int sl = 0; sl < C::VS; sl++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    wg_ss<BQ, 0, 0>(dpT, wb_desc(sV + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                                    wb_desc(sO + sl * BQ * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+            fw_ss_slices<BQ, C::KS, 128>(sT, sK, wg, sQ);
+            fw_ss_slices<BQ, C::VS, 128>(dpT, sV, wg, sO);
             wg_commit();
             wg_wait<0>();
 #pragma unroll
@@ -469,18 +456,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         if (kk0 <= q0 + 64 * wg + 63) {   // else every key of the tile follows the warpgroup's queries
             float s[BN / 2], dp[BN / 2];
             wg_fence();
-#pragma unroll
-            for (int sl = 0; sl < C::KS; sl++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    wg_ss<BN, 0, 0>(s, wb_desc(sQ + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                                    wb_desc(sK + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
-#pragma unroll
-            for (int sl = 0; sl < C::VS; sl++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    wg_ss<BN, 0, 0>(dp, wb_desc(sO + sl * 128 * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                                    wb_desc(sV + sl * BN * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
+            fw_ss_slices<BN, C::KS, 128>(s, sQ, wg, sK);
+            fw_ss_slices<BN, C::VS, 128>(dp, sO, wg, sV);
             wg_commit();
             wg_wait<0>();
 #pragma unroll

@@ -525,27 +525,23 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     c.form = LM_KDA_NAIVE;
     cpu_kda_fwd(&c);
     cpu_kda_bwd(&c);
-    char w[200];
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(ho.data(), ro.data(), nv), 5e-3);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: S_out", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hS.data(), rS.data(), ns), 5e-3);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dq (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdq.data(), rdq.data(), nqk), 8e-3);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dv (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdv.data(), rdv.data(), nv), 8e-3);
+    auto vs_cpu = [&](const char *what, const std::vector<float> &gpu, const std::vector<float> &cpu, double tol) {
+        char w[200];
+        snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: %s", B, T, H, K, gate ? "unbounded" : "bounded", what);
+        check(w, rel_rms(gpu.data(), cpu.data(), gpu.size()), tol);
+    };
+    vs_cpu("o", ho, ro, 5e-3);
+    vs_cpu("S_out", hS, rS, 5e-3);
+    vs_cpu("dq (accumulated)", hdq, rdq, 8e-3);
+    vs_cpu("dv (accumulated)", hdv, rdv, 8e-3);
     // dk, dβ, df against the CPU with what they held subtracted, so the check sees the
     // gradients themselves (dq and dv above include what they held)
     for (size_t i = 0; i < nqk; i++) { hdk[i] -= prev_k[i]; rdk[i] -= prev_k[i]; hdf[i] -= prev_f[i]; rdf[i] -= prev_f[i]; }
     for (size_t i = 0; i < nb; i++) { hdbl[i] -= prev_b[i]; rdbl[i] -= prev_b[i]; }
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dk (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdk.data(), rdk.data(), nqk), 8e-3);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdf.data(), rdf.data(), nqk), 2e-2);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dbeta (accumulated)", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdbl.data(), rdbl.data(), nb), 2e-2);
-    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: dA_log", B, T, H, K, gate ? "unbounded" : "bounded");
-    check(w, rel_rms(hdA.data(), rA.data(), H), 2e-2);
+    vs_cpu("dk (accumulated)", hdk, rdk, 8e-3);
+    vs_cpu("df (accumulated)", hdf, rdf, 2e-2);
+    vs_cpu("dbeta (accumulated)", hdbl, rdbl, 2e-2);
+    vs_cpu("dA_log", hdA, rA, 2e-2);
     float *bufs[] = {q, k, v, f, bl, A, db, S0, dO, dSo, o, S, dq, dk, dv, df, dbl, dA, ddb, dS0};
     for (float *b : bufs) g->free(b);
 }
