@@ -50,9 +50,8 @@ typedef __nv_bfloat16 fa_bf16;
 #define FA_TB (128 * FA_WC)
 #define FA_BN 64          // key rows per tile (forward and backward), query rows per backward tile
 #define FA_LP (FA_BN + 8) // row stride of the backward's P / dS tiles
-#define FA_LOG2E 1.4426950408889634f
 
-// ---- device helpers (fa_pack, fa_exp2: attn_flash.cuh) ----
+// ---- device helpers (fa_pack, fa_exp2, FA_LOG2E: attn_flash.cuh) ----
 // C[16×8] += A[16×16]·B[16×8], bf16 in, fp32 accumulate
 __device__ __forceinline__ void fa_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

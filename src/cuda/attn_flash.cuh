@@ -1,10 +1,12 @@
 // attn_flash.cuh — between the flash-attention host code and mma.sync kernels (attn_flash.cu)
-// and the wgmma kernels (attn_flash_wg.cu): two device helpers both use, and the wgmma entry
+// and the wgmma kernels (attn_flash_wg.cu): the device helpers both use, and the wgmma entry
 // points. Pointers are device pointers; bf16 tensors are the rounded copies.
 #ifndef LM_ATTN_FLASH_CUH
 #define LM_ATTN_FLASH_CUH
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#define FA_LOG2E 1.4426950408889634f
 
 // two floats as packed bf16 (low half first): an mma/wgmma A or B register
 __device__ __forceinline__ uint32_t fa_pack(float lo, float hi) {

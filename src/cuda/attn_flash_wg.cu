@@ -1,24 +1,25 @@
-// attn_flash_wg.cu — the causal flash-attention forward on Hopper's warpgroup MMA (sm_90a),
-// for head dims that are multiples of 64 (the MLA shapes: 192/128, 128/128, 64/64). The
-// mma.sync kernels of attn_flash.cu stay for the other dims and as LM_FA_WG=0.
+// attn_flash_wg.cu — causal flash attention, forward and backward, on Hopper's warpgroup MMA
+// (sm_90a), for Dqk/Dv ∈ {192/128, 128/128, 64/64} (FW_DIMS; the MLA shapes). The mma.sync
+// kernels of attn_flash.cu stay for the other dims and as LM_FA_WG=0.
 //
-// Why: attn_flash.cu's forward (mma.sync m16n8k16, 64 query rows per 4-warp block) ran at
-// 151–265 TFLOP/s at T = 4K–16K (head dims 192/128), cuDNN's SDPA at 307–619 (RESULTS,
-// session 2). wgmma multiplies a 64 × N tile per warpgroup from shared memory without
-// per-warp fragment loads.
+// Why: attn_flash.cu's kernels (mma.sync m16n8k16) ran at 151–265 TFLOP/s forward and 92–122
+// backward at T = 4K–16K (192/128), cuDNN's SDPA at 307–619 / 267–506 (RESULTS, sessions 2
+// and 14). wgmma multiplies a 64 × N tile per warpgroup from shared memory without per-warp
+// fragment loads.
 //
-// A CTA of two warpgroups owns 128 query rows (64 each) of one (head, sequence). Its Q tile
-// stays in shared memory; key/value tiles of FA_WG_BN rows stream through two stages by
-// cp.async (all 256 threads copy, 16 bytes each, into the 128-byte-swizzle layouts of
-// wgmma.cuh: Q and K K-major, one 64-channel slice after another; V MN-major, i.e. read
-// transposed as the B operand of P·V). Per key tile and warpgroup:
+// Every kernel is a CTA of two warpgroups (64 rows each). Tiles stream by cp.async (all 256
+// threads copy, 16 bytes each) into the 128-byte-swizzle layouts of wgmma.cuh, as K-major
+// 64-channel slices (the forward's V: MN-major). Score products (S = Q·Kᵀ, and in the
+// backward Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dP = dO·Vᵀ) take both operands from shared memory
+// (fw_ss_slices); the products that consume P or dS (P·V, Pᵀ·dO, dSᵀ·Q, dS·K) take them as
+// register A operands straight from the score accumulators (two adjacent 8-column
+// accumulator tiles are the A fragment of a 16-deep step, as in FlashAttention-2's P·V;
+// fw_pack_a). The forward, per key tile and warpgroup:
 //   S = Q·Kᵀ        wgmma SS m64 n{BN} k16, DQK/16 steps, fp32 in registers
 //   online softmax  (row max over the 4 lanes of a row, exp2 with the scale folded in)
-//   O += P·V        wgmma RS m64 n{DV} k16: P goes from the S accumulators straight into the
-//                   A registers (the accumulator layout of two adjacent 8-column tiles is the
-//                   A fragment of a 16-deep step, as in FlashAttention-2's P·V)
-// Precision as attn_flash.cu: bf16 operands, fp32 scores, statistics and accumulators; P is
-// rounded to bf16 only as an operand.
+//   O += P·V        wgmma RS m64 n{DV} k16
+// Precision as attn_flash.cu: bf16 operands, fp32 scores, statistics and accumulators; P and
+// dS are rounded to bf16 only as operands.
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
 #include "wgmma_ops.cuh"
@@ -32,7 +33,6 @@ typedef __nv_bfloat16 fw_bf16;
 
 #define FW_THREADS 256   // two warpgroups
 #define FW_BM 128        // query rows per CTA
-#define FW_LOG2E 1.4426950408889634f
 
 // acc = A·Bᵀ over NS 64-channel slices, both K-major in shared memory: A's slices hold A_ROWS
 // rows (this warpgroup multiplies rows 64·wg..), B's N; committed by the caller
@@ -312,7 +312,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         float *rs = rows0 + st * (C::STAGE / 4);   // lse in log2 units (+inf past T), D
         if (tid < BQ) {
             const int r = q0 + tid;
-            rs[tid] = r < T ? lh[r] * FW_LOG2E : INFINITY;
+            rs[tid] = r < T ? lh[r] * FA_LOG2E : INFINITY;
             rs[BQ + tid] = r < T ? Dh[r] : 0.f;
         }
     };
@@ -418,7 +418,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int r = r0 + 8 * hr;
-        lse2[hr] = r < T ? lse[((size_t)b * H + h) * T + r] * FW_LOG2E : INFINITY;
+        lse2[hr] = r < T ? lse[((size_t)b * H + h) * T + r] * FA_LOG2E : INFINITY;
         Dr[hr] = r < T ? D[((size_t)b * H + h) * T + r] : 0.f;
     }
 #pragma unroll
@@ -506,7 +506,7 @@ static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, 
     }
     dim3 grid((T + FW_BM - 1) / FW_BM, H, B);
     fa_wg_fwd_k<DQK, DV, BN, STAGES, PIPE><<<grid, FW_THREADS, C::SMEM, lm_cuda_stream()>>>(o, lse, q, k, v, T, P, H,
-                                                                                         scale, scale * FW_LOG2E);
+                                                                                         scale, scale * FA_LOG2E);
     cudaLaunchCheck();
 }
 
@@ -524,18 +524,18 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
     dim3 grid((T + 127) / 128, H, B);
     if (dk || dv) {
         fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
-            dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FW_LOG2E);
+            dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E);
         cudaLaunchCheck();
     }
     if (dq) {
         fa_wg_dq_k<DQK, DV><<<grid, FW_THREADS, FwDqCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
-            dq, d_o, q, k, v, lse, D, T, H, scale, scale * FW_LOG2E);
+            dq, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E);
         cudaLaunchCheck();
     }
 }
 
-// Key tile rows: LM_FA_WG = 64 or 128 (default); 0 turns the wgmma forward off (attn_flash.cu's
-// mma.sync kernel runs). Read once unless set by lm_cuda_set_fa_wg.
+// The forward's key tile rows: LM_FA_WG = 64 or 128 (default); 0 turns these kernels off, forward
+// and backward (attn_flash.cu's mma.sync kernels run). Read once unless set by lm_cuda_set_fa_wg.
 static int g_fa_wg = -1;
 int lm_cuda_fa_wg(void) {
     if (g_fa_wg < 0) {
@@ -553,6 +553,9 @@ void lm_cuda_set_fa_wg(int bn) {
     g_fa_wg = bn;
 }
 
+// the head dims instantiated here
+#define FW_DIMS(X) X(192, 128) X(128, 128) X(64, 64)
+
 // Runs the forward for the dims instantiated here (returns 0 otherwise, or when switched off)
 int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, int B, int T,
                            int P, int H, int Dqk, int Dv, float scale) {
@@ -564,7 +567,7 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16
         else fa_wg_fwd<a, c, 128, 2, false>(o, lse, q, k, v, B, T, P, H, scale);       \
         return 1;                                                                      \
     }
-    FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
+    FW_DIMS(FW_CASE)
 #undef FW_CASE
     return 0;
 }
@@ -578,7 +581,7 @@ int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, 
         fa_wg_bwd<a, c>(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, scale);     \
         return 1;                                                              \
     }
-    FW_CASE(192, 128) FW_CASE(128, 128) FW_CASE(64, 64)
+    FW_DIMS(FW_CASE)
 #undef FW_CASE
     return 0;
 }

@@ -96,9 +96,9 @@ void cuda_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, 
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
 // D [B,H,T] = rowsum(dO∘O) per head (o, d_o [B,T,H,Dv]): the softmax-backward term of both attention kernels
 void cuda_attn_D(real *D, const real *d_o, const real *o, int B, int T, int H, int Dv);
-// The flash forward's kernel for head dims that are multiples of 64 (attn_flash_wg.cu): its
-// key tile, 128 (default) or 64 rows, or 0 for attn_flash.cu's mma.sync kernel. Read once from
-// LM_FA_WG unless set here first.
+// The flash attention's kernels for Dqk/Dv ∈ {192/128, 128/128, 64/64} (attn_flash_wg.cu, wgmma):
+// the forward's key tile, 128 (default) or 64 rows, or 0 for attn_flash.cu's mma.sync kernels
+// (forward and backward). Read once from LM_FA_WG unless set here first.
 int lm_cuda_fa_wg(void);
 void lm_cuda_set_fa_wg(int bn);
 // tensor-core attention (attn_flash.cu): returns 0, doing nothing, for head dims or pointer
