@@ -164,33 +164,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
         }
         wg_wait<0>();
         if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
-        // accumulator layout (per warpgroup, m64 × nWN): register 4i+q of warp w, lane l is row
-        // 16w + l/4 + 8·(q/2), column 8i + 2·(l%4) + q%2. With ACC the old values are loaded 8
-        // at a time before their stores (the compiler cannot move a load past a store that
-        // might alias it)
-        const int w = (tid & 127) >> 5, l = tid & 31;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int m = wg * 64 + w * 16 + (l >> 2) + 8 * hf;
-            if (m >= t.M) continue;
-            float *crow = t.C + (long)m * args.N;
-#pragma unroll
-            for (int i0 = 0; i0 < WN / 8; i0 += 8) {
-                float2 old[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int n = 8 * (i0 + u) + 2 * (l & 3);
-                    old[u] = ACC && n < t.N ? *reinterpret_cast<const float2 *>(crow + n) : make_float2(0.0f, 0.0f);
-                }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    const int n = 8 * (i0 + u) + 2 * (l & 3);
-                    if (n >= t.N) continue;
-                    const int r = 4 * (i0 + u) + 2 * hf;
-                    *reinterpret_cast<float2 *>(crow + n) = make_float2(acc[r] + old[u].x, acc[r + 1] + old[u].y);
-                }
-            }
-        }
+        wg_store_acc<WN, ACC>(acc, t.C, args.N, t.M, t.N, tid);   // ACC: reductions in L2
     }
 }
 

@@ -74,6 +74,33 @@ __device__ __forceinline__ void wg_load_mn(uint32_t s, const __nv_bfloat16 *g, l
     }
 }
 
+// C += (x, y) as one fire-and-forget reduction in L2 instead of a load and a store, so an
+// epilogue does not wait for the old values. Where each element is added once per launch
+// the sum is the load-add-store's (red flushes subnormal sums to zero; far below bf16 noise).
+__device__ __forceinline__ void wg_red_add2(float *p, float x, float y) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+// The two warpgroups' m64 × nWN fp32 accumulators of a 128 × WN tile to C (ld ldc; valid
+// rows < M, columns < N): C = acc, or with ACC C += acc by reductions. Register 4i+q of
+// warp w (of warpgroup wg), lane l is row 64·wg + 16w + l/4 + 8·(q/2), column 8i + 2·(l%4) + q%2.
+template <int WN, bool ACC>
+__device__ __forceinline__ void wg_store_acc(const float (&acc)[WN / 2], float *C, long ldc, int M, int N, int tid) {
+    const int wg = tid >> 7, w = (tid & 127) >> 5, l = tid & 31;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int m = wg * 64 + w * 16 + (l >> 2) + 8 * hf;
+        if (m >= M) continue;
+        float *crow = C + (long)m * ldc;
+#pragma unroll
+        for (int i = 0; i < WN / 8; i++) {
+            const int n = 8 * i + 2 * (l & 3), r = 4 * i + 2 * hf;
+            if (n >= N) continue;
+            if constexpr (ACC) wg_red_add2(crow + n, acc[r], acc[r + 1]);
+            else *reinterpret_cast<float2 *>(crow + n) = make_float2(acc[r], acc[r + 1]);
+        }
+    }
+}
+
 // the multiplies themselves (m64 × N × k16, A from shared memory or registers): wgmma_ops.cuh
 
 #endif

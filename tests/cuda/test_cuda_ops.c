@@ -1509,6 +1509,7 @@ static void t_bench(void) {
         BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d), out);
         BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
               GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128), out);
+        BENCH("conv_silu_fwd B4 T4096 C1024 W4", 0, GPU->conv_silu_fwd(out, x, w4, NULL, 4, N / 4, d, 4), out);
         BENCH("conv_silu_bwd dinp+dw B4 T4096 C1024 W4", 0,
               GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4), out);
         float *d1 = drand_big((size_t)N * d, 1), *d2 = drand_big((size_t)N * d, 1), *d3 = drand_big((size_t)N * d, 1);
