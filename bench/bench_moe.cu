@@ -257,14 +257,26 @@ int main(int argc, char **argv) {
         row("  experts bwd without weight gradients (3 dinp GEMMs)", tb0, 3 * gemm1);
         row("  so the 3 weight-gradient GEMMs take", tb - tb0, 3 * gemm1);
         result("experts_bwd_nodw_ms", tb0); result("experts_bwd_dw_tflops", 3 * gemm1 / (tb - tb0) * 1e-9);
+        // the weight gradients written rather than added (dW_assign: training's first backward
+        // after the model's zeroing, which then skips these gradients)
+        lm_experts_grads ega = eg;
+        ega.dW_assign = 1;
+        auto op_ba = [&] { work_zero(); zero(dxn, (size_t)N * d * 4); zero(dgate, NK * 4); cuda_moe_experts_bwd(&ex, &ega, dxn, dy); };
+        const double tba = time_ms(op_ba, WARM, REPS);
+        row("experts bwd, weight gradients written (dW_assign)", tba, 6 * gemm1);
+        row("  so the 3 weight-gradient GEMMs take", tba - tb0, 3 * gemm1);
+        result("experts_bwd_assign_ms", tba); result("experts_bwd_assign_tflops", 6 * gemm1 / tba * 1e-9);
+        result("experts_bwd_assign_dw_tflops", 3 * gemm1 / (tba - tb0) * 1e-9);
         const int keep = lm_cuda_moe_gemm();
-        for (int kern : {3, 5}) {
+        for (int kern : {1, 3, 5}) {
             lm_cuda_set_moe_gemm(kern);
             op_f(); op_bz();
             const double f = time_ms(op_f, WARM, REPS), b = time_ms(op_bz, WARM, REPS), b0 = time_ms(op_b0, WARM, REPS);
-            printf("  experts op, kernel %-8s fwd %.3f ms (%.1f TFLOP/s)  bwd %.3f ms (%.1f), of which dW %.3f ms (%.1f)\n",
+            const double ba = time_ms(op_ba, WARM, REPS);
+            printf("  experts op, kernel %-8s fwd %.3f ms (%.1f TFLOP/s)  bwd %.3f ms (%.1f), of which dW %.3f ms (%.1f); "
+                   "dW written: bwd %.3f ms (%.1f), dW %.3f ms (%.1f)\n",
                    lm_cuda_moe_gemm_name(kern), f, 3 * gemm1 / f * 1e-9, b, 6 * gemm1 / b * 1e-9, b - b0,
-                   3 * gemm1 / (b - b0) * 1e-9);
+                   3 * gemm1 / (b - b0) * 1e-9, ba, 6 * gemm1 / ba * 1e-9, ba - b0, 3 * gemm1 / (ba - b0) * 1e-9);
         }
         lm_cuda_set_moe_gemm(keep);
         for (float *q : {xp2, ea2, eb2, eh2, yp2, dyp2, dxp2, dea2, deb2, deh2}) cudaCheck(cudaFree(q));

@@ -381,6 +381,72 @@ static void test_determinism(void **state) {
     free(g[0]); free(g[1]); free(tok); free(tgt);
 }
 
+// max |x|, NaN if any is
+static double max_abs(const real *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(x[i])) return NAN;
+        if (fabs(x[i]) > m) m = fabs(x[i]);
+    }
+    return m;
+}
+
+// Gradients accumulate over micro-batches: two backwards after one lm_model_zero_grads (2 + 1
+// sequences) give the gradients of one backward of all 3. The routed experts' weight
+// gradients are zeroed lazily — the first backward writes them, the second adds — so they
+// start as NaN here; and read with no backward since the zeroing they are zeros.
+static void test_micro_batches_sum(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("KMKKM");
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_rng r;
+    lm_rng_seed(&r, 11);
+    const int B = 3, T = 40;
+    int *tok, *tgt;
+    make_batch(B, T, c.vocab, &r, &tok, &tgt);
+    long count = 0;
+    for (int i = 0; i < B * T; i++) count += tgt[i] >= 0;
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    real *g[2];
+    for (int k = 0; k < 2; k++) {
+        lm_model *m = lm_model_create(&c, ops, 5);
+        const size_t n = m->playout.numel;
+        real *poison = tu_alloc(n);
+        for (size_t i = 0; i < n; i++) poison[i] = NAN;
+        ops->to_device(m->grads_mem, poison, n * sizeof(real));
+        lm_model_zero_grads(m);
+        g[k] = tu_alloc(n);
+        if (k == 0) {
+            lm_model_get_grads(m, g[k]);
+            tu_check("zeroed gradients read before any backward: max |g| (experts' included)", max_abs(g[k], n), 0);
+            lm_model_zero_grads(m);
+            lm_model_forward(m, tok, tgt, B, T, o);
+            lm_model_backward(m, (real)(1.0 / count));
+        } else {
+            o.aux_weight = (real)2 / B;
+            lm_model_forward(m, tok, tgt, 2, T, o);
+            lm_model_backward(m, (real)(1.0 / count));
+            o.aux_weight = (real)1 / B;
+            lm_model_forward(m, tok + 2 * T, tgt + 2 * T, 1, T, o);
+            lm_model_backward(m, (real)(1.0 / count));
+        }
+        lm_model_get_grads(m, g[k]);
+        double experts = 0;
+        for (int t = 0; t < m->playout.n; t++)
+            if (m->playout.t[t].flags & LM_T_EXPERT)
+                experts += max_abs(g[k] + m->playout.t[t].offset, m->playout.t[t].numel);
+        tu_check(k ? "micro-batches 2 + 1: experts' weight gradients finite and non-zero (1 = not)"
+                   : "one batch of 3: experts' weight gradients finite and non-zero (1 = not)",
+                 isfinite(experts) && experts > 0 ? 0 : 1, 0);
+        if (k == 1)
+            tu_check("gradients of micro-batches 2 + 1 vs one batch of 3 (rel RMS)", tu_rel_rms(g[1], g[0], n),
+                     TOL(1e-12, 3e-5));
+        free(poison);
+        lm_model_free(m);
+    }
+    free(g[0]); free(g[1]); free(tok); free(tgt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_param_counts),
@@ -396,6 +462,7 @@ int main(void) {
         cmocka_unit_test(test_zero_query_equals_prenorm),
         cmocka_unit_test(test_decode_equals_forward),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_micro_batches_sum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

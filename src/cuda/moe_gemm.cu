@@ -458,8 +458,8 @@ void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_
     lm_wg_grouped_rows(Out, A2, B2, offsets, ts, E, N, K2, 1, kern);
 }
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
-                    int E, int OC, int C) {
-    lm_wg_grouped_dw(dW, dout, inp, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern);   // no TMA dW kernel
+                    int E, int OC, int C, int assign) {
+    lm_wg_grouped_dw(dW, dout, inp, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern, assign);   // no TMA dW kernel
 }
 
 // ---------------------------------------------------------------------------
@@ -537,7 +537,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
                 lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1, 0);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
-            if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, inpb, offsets, E, OC, C);
+            if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, inpb, offsets, E, OC, C, 0);
         }
         return;
     }

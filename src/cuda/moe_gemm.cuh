@@ -23,10 +23,11 @@ int lm_wt_tile_cols(void);
 void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                         const __nv_bfloat16 *B2, const int *offsets, const int *tile_start, int E, int R, int N, int K,
                         int K2, int dinp, int acc);
-// dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N].
+// dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N]; assign:
+// dW = (zeros for experts without rows; dW's contents on entry do not matter).
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
-                      int N, int cfg);
+                      int N, int cfg, int assign);
 
 // A row-product tile of the grouped kernels: expert e, its rows from offsets[e] + m0 (rows =
 // the expert's row count), columns from n0.
@@ -72,6 +73,6 @@ void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
                        int overwrite);
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
-                    int E, int OC, int C);
+                    int E, int OC, int C, int assign);
 
 #endif

@@ -83,17 +83,18 @@ template <int WN, bool B_KM> struct WbRowsSched {
         return true;
     }
 };
-// dW: (expert, m tile, n tile), m fastest; experts without rows have no tiles
+// dW: (expert, m tile, n tile), m fastest; experts without rows have no tiles — but when dW
+// is written (assign) their tiles have depth 0: one zero-filled slice, a zero tile stored
 template <int WN> struct WbDwSched {
     const __nv_bfloat16 *A, *B;
     float *dW;
     const int *offsets;
-    int E, M, N, ntm, ntn;
+    int E, M, N, ntm, ntn, assign;
     __device__ int total() const { return E * ntm * ntn; }
     __device__ bool get(int tile, WbTile &t) const {
         const int e = tile / (ntm * ntn), local = tile % (ntm * ntn);
         const int o0 = offsets[e], rows = offsets[e + 1] - o0;
-        if (rows <= 0) return false;
+        if (rows <= 0 && !assign) return false;
         const int m0 = (local % ntm) * WB_M, n0 = (local / ntm) * WN;
         t.A = A + (long)o0 * M + m0;
         t.B = B + (long)o0 * N + n0;
@@ -103,7 +104,7 @@ template <int WN> struct WbDwSched {
         t.ldc = N;
         t.M = M - m0;
         t.N = N - n0;
-        t.K = rows;
+        t.K = rows > 0 ? rows : 0;
         return true;
     }
 };
@@ -199,18 +200,18 @@ static void wb_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, 
     wb_gemm_k<Cfg, true, !DINP, DINP, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
     cudaLaunchCheck();
 }
-template <class Cfg>
+template <class Cfg, bool ACC>
 static void wb_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M, int N) {
     constexpr int WN = Cfg::B_BYTES / (WB_K * 2);
     typedef WbDwSched<WN> S;
     static int ready = 0;
-    if (!ready) { wb_prepare(wb_gemm_k<Cfg, false, false, true, S>, Cfg::SMEM); ready = 1; }
+    if (!ready) { wb_prepare(wb_gemm_k<Cfg, false, false, ACC, S>, Cfg::SMEM); ready = 1; }
     const int ntm = (M + WB_M - 1) / WB_M, ntn = (N + WN - 1) / WN;
-    S s = {A, B, dW, offsets, E, M, N, ntm, ntn};
+    S s = {A, B, dW, offsets, E, M, N, ntm, ntn, !ACC};
     const long tiles = (long)E * ntm * ntn, slots = (long)Cfg::CTAS * lm_cuda_num_sms();
     LM_CHECK(tiles < (1L << 31), "grouped dW: %ld tiles", tiles);
     const int grid = (int)(tiles < slots ? tiles : slots);
-    wb_gemm_k<Cfg, false, false, true, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
+    wb_gemm_k<Cfg, false, false, ACC, S><<<grid, WB_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(s);
     cudaLaunchCheck();
 }
 
@@ -227,10 +228,13 @@ void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
     }
 }
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
-                      int N, int cfg) {
+                      int N, int cfg, int assign) {
     switch (cfg) {
-    case LM_WG_BIG: wb_dw<WbBig>(dW, A, B, offsets, E, M, N); break;
-    case LM_WG_NARROW: wb_dw<WbNarrow>(dW, A, B, offsets, E, M, N); break;
-    default: wb_dw<WbPair>(dW, A, B, offsets, E, M, N); break;
+    case LM_WG_BIG: assign ? wb_dw<WbBig, false>(dW, A, B, offsets, E, M, N)
+                           : wb_dw<WbBig, true>(dW, A, B, offsets, E, M, N); break;
+    case LM_WG_NARROW: assign ? wb_dw<WbNarrow, false>(dW, A, B, offsets, E, M, N)
+                              : wb_dw<WbNarrow, true>(dW, A, B, offsets, E, M, N); break;
+    default: assign ? wb_dw<WbPair, false>(dW, A, B, offsets, E, M, N)
+                    : wb_dw<WbPair, true>(dW, A, B, offsets, E, M, N); break;
     }
 }

@@ -126,7 +126,8 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     }
     const lm_experts ex = routed_experts(s, p, a);
     const lm_experts_grads eg = {.dgate = da->gate, .dW1 = g->exp_w1, .dW3 = g->exp_w3, .dW2 = g->exp_w2,
-                                 .dyp = da->yp, .deh = da->eh, .dea = da->ea, .deb = da->eb, .dxp = da->xp};
+                                 .dW_assign = s->expert_grads_fresh, .dyp = da->yp, .deh = da->eh, .dea = da->ea,
+                                 .deb = da->eb, .dxp = da->xp};
     o->moe_experts_bwd(&ex, &eg, c->moe_latent_dim ? da->xl : da->xn, dy);
     o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)

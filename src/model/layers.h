@@ -84,6 +84,7 @@ typedef struct {
     real aux_dloss;              // weight of this micro-batch's aux/z losses in the objective
     double aux_loss;             // forward: sum of aux + z losses of the micro-batch (objective units)
     void *const *kda_saved;      // training: per layer, the KDA forward's intermediates for its backward
+    int expert_grads_fresh;      // backward: write the experts' weight gradients, not add (lm_model)
 } lm_step_ctx;
 
 void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);

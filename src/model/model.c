@@ -378,6 +378,7 @@ void lm_model_backward(lm_model *m, real dloss) {
     reserve_grads(m);
     lm_acts *a = &m->acts, *da = &m->dacts;
     zero_dacts(m);
+    m->ctx.expert_grads_fresh = m->expert_grads_fresh;
     o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);
     o->matmul_bwd(da->fn, m->grads.lm_head, NULL, da->logits, a->fn, m->params.lm_head, N, d, c->vocab);
     o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
@@ -414,9 +415,39 @@ void lm_model_backward(lm_model *m, real dloss) {
         }
     }
     o->embed_bwd(m->grads.embed, a->tokens, da->stream[m->stream_embed], N, d);
+    m->expert_grads_fresh = m->ctx.expert_grads_fresh = 0;   // every MoE layer's backward wrote them
 }
 
-void lm_model_zero_grads(lm_model *m) { m->ops->zero(m->grads_mem, m->playout.numel * sizeof(real)); }
+// Zeroes every parameter gradient but the routed experts' weights (LM_T_EXPERT), which the
+// next backward writes (expert_grads_fresh), as few contiguous ranges.
+void lm_model_zero_grads(lm_model *m) {
+    const lm_layout *L = &m->playout;
+    size_t lo = 0, hi = 0;   // the open range [lo, hi) in reals
+    for (int i = 0; i < L->n; i++) {
+        const lm_tensor_info *t = &L->t[i];
+        const size_t end = i + 1 < L->n ? L->t[i + 1].offset : L->numel;
+        const size_t start = t->flags & LM_T_EXPERT ? t->offset + t->numel : t->offset;   // padding after: zeroed
+        if (start >= end) continue;
+        if (hi > lo && start != hi) {
+            m->ops->zero(m->grads_mem + lo, (hi - lo) * sizeof(real));
+            lo = hi = 0;
+        }
+        if (hi == lo) lo = start;
+        hi = end;
+    }
+    if (hi > lo) m->ops->zero(m->grads_mem + lo, (hi - lo) * sizeof(real));
+    m->expert_grads_fresh = 1;
+}
+
+// Zeroes the experts' weight gradients if no backward has written them since
+// lm_model_zero_grads (a reader of the gradients then sees zeros there).
+static void settle_expert_grads(lm_model *m) {
+    if (!m->expert_grads_fresh) return;
+    const lm_layout *L = &m->playout;
+    for (int i = 0; i < L->n; i++)
+        if (L->t[i].flags & LM_T_EXPERT) m->ops->zero(m->grads_mem + L->t[i].offset, L->t[i].numel * sizeof(real));
+    m->expert_grads_fresh = 0;
+}
 
 void lm_model_get_params(const lm_model *m, real *host) {
     m->ops->to_host(host, m->params_mem, m->playout.numel * sizeof(real));
@@ -424,6 +455,7 @@ void lm_model_get_params(const lm_model *m, real *host) {
 void lm_model_set_params(lm_model *m, const real *host) {
     m->ops->to_device(m->params_mem, host, m->playout.numel * sizeof(real));
 }
-void lm_model_get_grads(const lm_model *m, real *host) {
+void lm_model_get_grads(lm_model *m, real *host) {
+    settle_expert_grads(m);
     m->ops->to_host(host, m->grads_mem, m->playout.numel * sizeof(real));
 }

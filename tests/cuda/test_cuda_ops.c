@@ -780,16 +780,18 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
 // → dxp) a few of those: held to 1e-2 forward, 2e-2 backward. Elsewhere it is the fp32 ops
 // in turn (fp32 mode: 1e-5; bf16 mode with other widths: the per-op kernels' 1e-2). The saved
 // tensors start as NaN (the op must write what it reads), the work buffers as zero (the op's
-// contract); y, dx and the gradients start random (they accumulate).
-static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int act) {
+// contract); y, dx and the gradients start random (they accumulate) — but with assign the
+// weight gradients are written: NaN on the GPU, 3 on the CPU (the routing is skewed, so some
+// experts have no rows and must come back as zeros).
+static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int act, int assign) {
     const int mode = lm_cuda_gemm_mode();
     const int bf16 = mode == LM_GEMM_BF16;
     const double tol_f = bf16 ? 1e-2 : TOL, tol_b = bf16 ? 2e-2 : TOL;
     const size_t NK = (size_t)N * k, nw = (size_t)E * F * C;
     plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);
     char op[64];
-    snprintf(op, sizeof op, "moe_experts %dx%d E%d %s %s%s", C, F, E, lm_cuda_gemm_name(mode),
-             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()), act == LM_ACT_SITU ? " situ" : "");
+    snprintf(op, sizeof op, "moe_experts %dx%d E%d %s %s%s%s", C, F, E, lm_cuda_gemm_name(mode),
+             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()), act == LM_ACT_SITU ? " situ" : "", assign ? " dW=" : "");
     float *x = hrandn((size_t)N * C, 1), *W1 = hrandn(nw, 0.2), *W3 = hrandn(nw, 0.2), *W2 = hrandn(nw, 0.2);
     float *gate = hunif(NK, 0.1, 1), *y = hrandn((size_t)N * C, 1), *dy = hrandn((size_t)N * C, 1);
     float *dx = hrandn((size_t)N * C, 1), *dgate = hrandn(NK, 1);
@@ -798,6 +800,11 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     float *ggate = dfl(gate, NK), *gy = dfl(y, (size_t)N * C), *gdy = dfl(dy, (size_t)N * C);
     float *gdx = dfl(dx, (size_t)N * C), *gdgate = dfl(dgate, NK);
     float *gdW1 = dfl(dW1, nw), *gdW3 = dfl(dW3, nw), *gdW2 = dfl(dW2, nw);
+    if (assign) {
+        for (size_t j = 0; j < nw; j++) dW1[j] = dW3[j] = dW2[j] = 3.0f;
+        DFREE(gdW1, gdW3, gdW2);
+        gdW1 = dpoison(nw); gdW3 = dpoison(nw); gdW2 = dpoison(nw);
+    }
     // saved tensors and work buffers: [R, C] xp, yp, dyp, dxp; [R, F] ea, eb, eh, dea, deb, deh.
     // The work buffers' contents on entry must not matter: NaN on both sides
     float *hs[10], *ds[10];
@@ -823,17 +830,17 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     cmp(op, "fwd ea (rows used)", gex.ea, ex.ea, used * F, tol_f);
     cmp(op, "fwd eb (rows used)", gex.eb, ex.eb, used * F, tol_f);
     cmp(op, "fwd yp (rows used)", gex.yp, ex.yp, used * C, tol_f);
-    lm_experts_grads eg = {.dgate = dgate, .dW1 = dW1, .dW3 = dW3, .dW2 = dW2, .dyp = hs[2], .dxp = hs[3],
-                           .dea = hs[7], .deb = hs[8], .deh = hs[9]};
-    lm_experts_grads geg = {.dgate = gdgate, .dW1 = gdW1, .dW3 = gdW3, .dW2 = gdW2, .dyp = ds[2], .dxp = ds[3],
-                            .dea = ds[7], .deb = ds[8], .deh = ds[9]};
+    lm_experts_grads eg = {.dgate = dgate, .dW1 = dW1, .dW3 = dW3, .dW2 = dW2, .dW_assign = assign, .dyp = hs[2],
+                           .dxp = hs[3], .dea = hs[7], .deb = hs[8], .deh = hs[9]};
+    lm_experts_grads geg = {.dgate = gdgate, .dW1 = gdW1, .dW3 = gdW3, .dW2 = gdW2, .dW_assign = assign,
+                            .dyp = ds[2], .dxp = ds[3], .dea = ds[7], .deb = ds[8], .deh = ds[9]};
     CPU->moe_experts_bwd(&ex, &eg, dx, dy);
     GPU->moe_experts_bwd(&gex, &geg, gdx, gdy);
     cmp(op, "bwd dx (+=)", gdx, dx, (size_t)N * C, tol_b);
     cmp(op, "bwd dgate (+=)", gdgate, dgate, NK, tol_b);
-    cmp(op, "bwd dW1 (+=)", gdW1, dW1, nw, tol_b);
-    cmp(op, "bwd dW3 (+=)", gdW3, dW3, nw, tol_b);
-    cmp(op, "bwd dW2 (+=)", gdW2, dW2, nw, tol_b);
+    cmp(op, assign ? "bwd dW1 (=)" : "bwd dW1 (+=)", gdW1, dW1, nw, tol_b);
+    cmp(op, assign ? "bwd dW3 (=)" : "bwd dW3 (+=)", gdW3, dW3, nw, tol_b);
+    cmp(op, assign ? "bwd dW2 (=)" : "bwd dW2 (+=)", gdW2, dW2, nw, tol_b);
     for (int i = 0; i < 10; i++) {
         GPU->free(ds[i]);
         free(hs[i]);
@@ -1617,16 +1624,18 @@ int main(int argc, char **argv) {
         // tma write deh and dxp instead of adding), widths the wgmma kernels do not take, SiTU
         for (int kernel = 0; kernel <= 5; kernel++) {
             lm_cuda_set_moe_gemm(kernel);
-            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);
+            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);
+            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);   // weight gradients written
         }
         lm_cuda_set_moe_gemm(0);
         // F a multiple of the 64-deep slice: dxp's two k parts (dea · W1, deb · W3) meet at a
         // slice boundary in the TMA kernel (F = 40, 264 above split a slice)
-        t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU);
-        t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU);
-        t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU);
+        t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU, 0);
+        t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU, 1);
+        t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU);   // fp32: the finer ops, exact
+        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);   // fp32: the finer ops, exact
+        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);
         t_balance();
         t_qb_select(80, 1024);
         t_qb_select(7, 1000);
