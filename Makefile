@@ -169,9 +169,10 @@ REF_SRC   := src/core/common.c src/cpu/kda.c src/cpu/kda_chunk.c src/cpu/kda_bwd
 REF_OBJ   := $(patsubst %.c,build/cuda/ref/%.o,$(REF_SRC))
 REF_FLAGS := -std=c11 -D_GNU_SOURCE -fopenmp -O2 -march=native -Isrc -Iinclude -Wall -Wextra -Wno-unused-parameter
 KDA_OBJ   := $(filter build/cuda/obj/kda%.o,$(CUDA_OBJ))
+# -MMD: a changed header (ops.h's lm_kda_args) rebuilds them, not only the CUDA objects
 build/cuda/ref/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(REF_FLAGS) -c $< -o $@
+	$(CC) $(REF_FLAGS) -MMD -MP -c $< -o $@
 build/cuda/test_kda_cuda: tests/cuda/test_kda_cuda.cu $(CUDA_OBJ) $(REF_OBJ)
 	$(NVCC) $(NVFLAGS) $^ -o $@ -Xcompiler -fopenmp -lcublas -lm
 build/cuda/bench_kda: bench/bench_kda.cu $(KDA_OBJ)

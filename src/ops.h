@@ -52,6 +52,8 @@ typedef struct {
     const real *d_o;               // [B,T,H,V]
     const real *dS_out;            // [B,H,K,V]
     real *dq, *dk, *dv, *df, *dbeta_logit, *dA_log, *ddt_bias, *dS0;
+    int grads_assign;              // dq, dk, dv, df, dbeta_logit are written (contents on entry
+                                   // do not matter), not added into; the rest accumulate
     // decode only: state pool [n_slots,H,K,V] updated in place; slots[b] picks the
     // pool entry of sequence b (NULL = b)
     real *state;
@@ -106,6 +108,7 @@ typedef struct {
     real *out[LM_MAX_LINEARS];
     const real *dout[LM_MAX_LINEARS];
     real *dW[LM_MAX_LINEARS];
+    int dinp_assign;   // backward: dinp is written (its contents on entry do not matter), not added into
 } lm_linears;
 
 typedef struct lm_ops {
@@ -156,8 +159,9 @@ typedef struct lm_ops {
     //      out = x · rstd_h · w ⊙ sigmoid(z), rstd [N·H] ----
     void (*gated_rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *z, const real *w,
                               int N, int H, int V, real eps);
+    // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates
     void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
-                              const real *z, const real *w, const real *rstd, int N, int H, int V);
+                              const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);
 
     // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
     void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n);
@@ -172,8 +176,9 @@ typedef struct lm_ops {
     //   cache [B,W-1,C]: the W-1 inputs before t = 0 (NULL = zeros)
     void (*conv_silu_fwd)(real *out, const real *inp, const real *w, const real *cache,
                           int B, int T, int C, int W);
+    // dinp accumulates (assign: written, its contents on entry do not matter); dw accumulates
     void (*conv_silu_bwd)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
-                          const real *cache, int B, int T, int C, int W);
+                          const real *cache, int B, int T, int C, int W, int assign);
     // cache ← the last W-1 inputs of [cache ++ inp] per sequence (for decode after prefill)
     void (*conv_cache_update)(real *cache, const real *inp, int B, int T, int C, int W);
 

@@ -58,7 +58,7 @@ static void check_conv_grads(int with_cache, int T) {
     c.cache = with_cache ? tu_randn((size_t)c.B * (c.W - 1) * c.C, &r, 1.5) : NULL;
     c.out = tu_alloc(n); c.P = tu_randn(n, &r, 1);
     real *dx = tu_alloc(n), *dw = tu_alloc(c.C * c.W);
-    ops->conv_silu_bwd(dx, dw, c.P, c.x, c.w, c.cache, c.B, c.T, c.C, c.W);
+    ops->conv_silu_bwd(dx, dw, c.P, c.x, c.w, c.cache, c.B, c.T, c.C, c.W, 0);
     char what[96];
     snprintf(what, sizeof what, "conv d_inp (T=%d, %s)", T, with_cache ? "cache" : "no cache");
     tu_check(what, tu_gradcheck(c.x, dx, n, cv_loss, &c, TU_H, 300, &r), TOL(1e-8, 2e-2));
@@ -66,7 +66,12 @@ static void check_conv_grads(int with_cache, int T) {
     tu_check(what, tu_gradcheck(c.w, dw, c.C * c.W, cv_loss, &c, TU_H, 300, &r), TOL(1e-8, 2e-2));
     // accumulation and NULL gradients: a second call with dinp only doubles dinp, leaves dw
     real *dx2 = tu_copy(dx, n), *dw2 = tu_copy(dw, c.C * c.W);
-    ops->conv_silu_bwd(dx2, NULL, c.P, c.x, c.w, c.cache, c.B, c.T, c.C, c.W);
+    ops->conv_silu_bwd(dx2, NULL, c.P, c.x, c.w, c.cache, c.B, c.T, c.C, c.W, 0);
+    real *dx3 = tu_alloc(n);   // the written form replaces whatever dinp held (NaN here)
+    for (size_t i = 0; i < n; i++) dx3[i] = NAN;
+    ops->conv_silu_bwd(dx3, NULL, c.P, c.x, c.w, c.cache, c.B, c.T, c.C, c.W, 1);
+    tu_check("conv bwd assign writes dinp (max abs diff)", tu_max_abs_diff(dx3, dx, n), 0);
+    free(dx3);
     for (size_t i = 0; i < n; i++) dx[i] *= 2;
     tu_check("conv bwd accumulates into dinp", tu_rel_rms(dx2, dx, n), TOL(1e-15, 1e-7));
     tu_check("conv bwd NULL dinp leaves dw", tu_max_abs_diff(dw2, dw, c.C * c.W), 0);

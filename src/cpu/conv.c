@@ -38,7 +38,8 @@ void cpu_conv_silu_fwd(real *out, const real *inp, const real *w, const real *ca
 //   dw[c][j]    += Σ_{b,t} dz[b,t,c] · x[b, t-(W-1)+j, c]
 // The cache gets no gradient (it holds inputs of an earlier, already finished step).
 void cpu_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
-                       const real *cache, int B, int T, int C, int W) {
+                       const real *cache, int B, int T, int C, int W, int assign) {
+    if (assign && dinp) memset(dinp, 0, (size_t)B * T * C * sizeof(real));   // written = added onto zeros
     if (B * T == 0 || (!dinp && !dw)) return;
     real *dz = lm_malloc((size_t)B * T * C * sizeof(real));
     #pragma omp parallel for schedule(static)

@@ -25,13 +25,13 @@ void cpu_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, in
 void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
 void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C);
 void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
-void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V);
+void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);
 void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
 void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n);
 void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act);
 void cpu_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 void cpu_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
-void cpu_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
+void cpu_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W, int assign);
 void cpu_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
 void cpu_kda_fwd(const lm_kda_args *a);
 void cpu_kda_bwd(const lm_kda_args *a);

@@ -102,6 +102,14 @@ static void kda_l2_bwd(real *dx, const real *x, real rx, const real *dn, int n) 
 void cpu_kda_bwd(const lm_kda_args *a) {
     kda_check_args(a);
     int B = a->B, T = a->T, H = a->H, K = a->K, V = a->V;
+    if (a->grads_assign) {   // written = added onto zeros
+        const size_t nk = (size_t)B * T * H * K * sizeof(real);
+        if (a->dq) memset(a->dq, 0, nk);
+        if (a->dk) memset(a->dk, 0, nk);
+        if (a->df) memset(a->df, 0, nk);
+        if (a->dv) memset(a->dv, 0, (size_t)B * T * H * V * sizeof(real));
+        if (a->dbeta_logit) memset(a->dbeta_logit, 0, (size_t)B * T * H * sizeof(real));
+    }
     // checkpoints every C tokens, taken by the forward's own form (the chunked forms
     // are faster than the recurrence; NAIVE keeps the recurrence)
     int form = kda_resolve_form(a);

@@ -40,5 +40,6 @@ void cpu_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
     for (int i = 0; i < L->n; i++) cpu_matmul_fwd(L->out[i], inp, L->W[i], NULL, N, C, L->OC[i]);
 }
 void cpu_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C) {
+    if (L->dinp_assign && dinp) memset(dinp, 0, (size_t)N * C * sizeof(real));   // written = added onto zeros
     for (int i = 0; i < L->n; i++) cpu_matmul_bwd(dinp, L->dW[i], NULL, L->dout[i], inp, L->W[i], N, C, L->OC[i]);
 }

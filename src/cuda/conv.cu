@@ -94,9 +94,11 @@ __global__ static void conv_fwd_run_k(float *out, const float *inp, const float 
 // dinp[p] += Σ_j w_j · dz[p + (W-1) − j] for p in the run; part [groups, C, W]: Σ_t dz[t] ·
 // x[t − (W-1) + j] over the block's runs r ∈ [blockIdx.x · rpb, +rpb) (runs numbered b · runs +
 // i, so a group may cross sequences). dz is recomputed from the inputs for t in [t0, t1 + W − 1).
+// assign: dinp written (its old values not read), else added into
 template <int W>
 __global__ static void conv_bwd_run_k(float *dinp, float *part, const float *dout, const float *inp, const float *w,
-                                      const float *cache, int B, int T, int C, int run, int runs, int rpb) {
+                                      const float *cache, int B, int T, int C, int run, int runs, int rpb,
+                                      int assign) {
     const int c4 = blockIdx.y * blockDim.x + threadIdx.x;
     if (4 * c4 >= C) return;
     float4 wj[W], x[W], dz[W], dw[W];
@@ -132,7 +134,7 @@ __global__ static void conv_bwd_run_k(float *dinp, float *part, const float *dou
 #pragma unroll
                 for (int j = 0; j < W; j++) f4_fma(s, wj[j], dz[W - 1 - j]);
                 float4 *d = reinterpret_cast<float4 *>(dinp + ((size_t)b * T + p) * C + 4 * c4);
-                float4 o = *d;
+                float4 o = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
                 o.x += s.x; o.y += s.y; o.z += s.z; o.w += s.w;
                 *d = o;
             }
@@ -222,7 +224,7 @@ struct conv_dw_f {
 };
 
 void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
-                        const real *cache, int B, int T, int C, int W) {
+                        const real *cache, int B, int T, int C, int W, int assign) {
     size_t n = (size_t)B * T * C;
     if (!n || (!dinp && !dw)) return;
     if (conv_run_ok(C, W) && lm_aligned16({dinp, dout, inp, cache})) {
@@ -231,7 +233,7 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
         float *part = dw ? (float *)lm_cuda_scratch((size_t)groups * C * W * sizeof(float)) : NULL;
         const dim3 grid(groups, (C / 4 + 63) / 64);
         CONV_W_SWITCH(W, (conv_bwd_run_k<WW><<<grid, 64, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, w, cache, B, T,
-                                                                                C, run, runs, rpb)));
+                                                                                C, run, runs, rpb, assign)));
         cudaLaunchCheck();
         if (dw) {
             lm_cuda_colsum_final(dw, part, groups, C * W, 1);
@@ -245,6 +247,7 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
     conv_dz_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dz, dout, inp, w, cache, B, T, C, W);
     cudaLaunchCheck();
     if (dinp) {
+        if (assign) cudaCheck(cudaMemsetAsync(dinp, 0, n * sizeof(float), lm_cuda_stream()));   // the element kernel adds
         conv_dinp_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dinp, dz, w, B, T, C, W);
         cudaLaunchCheck();
     }

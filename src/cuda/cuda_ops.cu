@@ -257,11 +257,12 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     p->dq = g; p->dk = g + c.nqk; p->df = g + 2 * c.nqk; p->dv = g + 3 * c.nqk; p->dbeta = g + 3 * c.nqk + c.nv;
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
     cudaCheck(kda_bwd(p));
-    from_bf16(a->dq, p->dq, c.nqk, 1);
-    from_bf16(a->dk, p->dk, c.nqk, 1);
-    from_bf16(a->df, p->df, c.nqk, 1);
-    from_bf16(a->dv, p->dv, c.nv, 1);
-    from_bf16(a->dbeta_logit, p->dbeta, c.nb, 1);
+    const int add = !a->grads_assign;
+    from_bf16(a->dq, p->dq, c.nqk, add);
+    from_bf16(a->dk, p->dk, c.nqk, add);
+    from_bf16(a->df, p->df, c.nqk, add);
+    from_bf16(a->dv, p->dv, c.nv, add);
+    from_bf16(a->dbeta_logit, p->dbeta, c.nb, add);
     acc_f32(a->dA_log, p->dA_log, H);
     acc_f32(a->ddt_bias, p->ddt_bias, (size_t)H * K);
     if (a->dS0) acc_f32(a->dS0, p->dS0, ns);

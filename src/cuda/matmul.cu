@@ -86,14 +86,18 @@ void cuda_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const 
     }
 }
 
-// dinp [N,C] += Σ_i dout_i · W_i ; dW_i [OC_i,C] += dout_iᵀ · inp. In the bf16 mode inp is
+// dinp [N,C] += Σ_i dout_i · W_i (= with L->dinp_assign) ; dW_i [OC_i,C] += dout_iᵀ · inp. In the bf16 mode inp is
 // rounded once for the list (only if some dW_i is wanted), and the dout_i into the column
 // blocks of one [N, ΣOC_i] matrix, so dinp takes one product against the list's weights
 // stacked [ΣOC_i, C] (their bf16 copies, copied per call: ΣOC_i·C·2 bytes): dinp is read and
 // written once, not once per linear (a KDA layer's list has six, down to OC = 8 for β).
 void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
+    int dinp_products = 0;
+    for (int i = 0; i < L->n; i++) dinp_products += L->OC[i] > 0;
+    if (dinp && L->dinp_assign && !dinp_products)   // nothing to write it with: zeros
+        cudaCheck(cudaMemsetAsync(dinp, 0, (size_t)N * C * sizeof(float), lm_cuda_stream()));
     if (use_bf16(N)) {
         int soc = 0, any_dw = 0;
         for (int i = 0; i < L->n; i++) {
@@ -101,7 +105,7 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
             soc += L->OC[i];
             any_dw |= L->dW[i] != NULL;
         }
-        if (!soc) return;
+        if (!soc) return;   // (dinp: no products, zeroed above if written)
         const size_t nx = (size_t)N * C, bx = lm_align256(nx * 2), bd = lm_align256((size_t)N * soc * 2);
         char *ws = (char *)lm_cuda_scratch(bx + bd + (dinp ? (size_t)soc * C * 2 : 0));
         __nv_bfloat16 *xb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bx);
@@ -119,15 +123,16 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
             off += OC;
         }
         // dinpᵀ [C,N] += W_catᵀ [C,ΣOC] · doutᵀ [ΣOC,N]
-        if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, soc, wcat, C, db, soc, 1.0f, dinp, C);
+        if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, soc, wcat, C, db, soc, L->dinp_assign ? 0.0f : 1.0f, dinp, C);
         return;
     }
-    for (int i = 0; i < L->n; i++) {
+    for (int i = 0, first = 1; i < L->n; i++) {
         const int OC = L->OC[i];
         if (OC <= 0) continue;
         if (dinp)
             cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, L->W[i], C, L->dout[i], OC,
-                                    &one, dinp, C));
+                                    first && L->dinp_assign ? &zero : &one, dinp, C));
+        first = 0;
         if (L->dW[i])
             cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, L->dout[i], OC,
                                     &one, L->dW[i], C));

@@ -193,8 +193,10 @@ __global__ static void gated_bwd_k(float *dx, float *dz, const float *dout, cons
 
 // rows [rpb·b, rpb·b + rpb) of block b, warp w taking rows w, w + GATED_WARPS, …: dx, dz +=
 // as gated_bwd_k (NULL: skipped), part [b, V] = Σ_rows dy·σ(z)·x·rstd (NULL: dw not wanted)
+// assign: dx, dz written (their old values not read), else added into
 __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const float *dout, const float *x,
-                                        const float *z, const float *w, const float *rstd, int rows, int V, int rpb) {
+                                        const float *z, const float *w, const float *rstd, int rows, int V, int rpb,
+                                        int assign) {
     __shared__ float4 wpart[GATED_WARPS][32];
     const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31, c = 4 * lane;
     const bool on = c < V;
@@ -209,7 +211,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         const float4 dys = mul4(dy, sg);   // dy·σ(z)
         axpy(dw, rs, mul4(dys, xv));
         if (dz && on) {   // dz += dy·x·rs·w·σ(1−σ)
-            float4 *d = reinterpret_cast<float4 *>(dz + e), o = *d;
+            float4 *d = reinterpret_cast<float4 *>(dz + e), o = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
             o.x += dys.x * xv.x * rs * wv.x * (1 - sg.x);
             o.y += dys.y * xv.y * rs * wv.y * (1 - sg.y);
             o.z += dys.z * xv.z * rs * wv.z * (1 - sg.z);
@@ -218,7 +220,13 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         }
         if (!dx) continue;
         const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
-        if (on) add_axmby4(dx + e, rs, mul4(wv, dys), k, xv);
+        if (on && assign) {
+            const float4 u = mul4(wv, dys);
+            *reinterpret_cast<float4 *>(dx + e) =
+                make_float4(rs * u.x - k * xv.x, rs * u.y - k * xv.y, rs * u.z - k * xv.z, rs * u.w - k * xv.w);
+        } else if (on) {
+            add_axmby4(dx + e, rs, mul4(wv, dys), k, xv);
+        }
     }
     if (!part) return;
     wpart[wi][lane] = dw;
@@ -240,19 +248,23 @@ struct gated_dw_f {   // dout·σ(z)·x·rstd over rows r of V
 };
 
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
-                            const real *w, const real *rstd, int N, int H, int V) {
+                            const real *w, const real *rstd, int N, int H, int V, int assign) {
     if (N <= 0 || H <= 0 || V <= 0 || (!dx && !dz && !dw)) return;
     const int rows = N * H;
     if (gated_reg_ok(V)) {
         const int rpb = gated_rows_per_block(rows), nb = (rows + rpb - 1) / rpb;
         float *part = dw ? (float *)lm_cuda_scratch((size_t)nb * V * sizeof(float)) : NULL;
         gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, V,
-                                                                          rpb);
+                                                                          rpb, assign);
         cudaLaunchCheck();
         if (dw) lm_cuda_colsum_final(dw, part, nb, V, 1);
         return;
     }
     if (dx || dz) {
+        if (assign) {   // the general kernel adds: onto zeros
+            if (dx) cudaCheck(cudaMemsetAsync(dx, 0, (size_t)rows * V * sizeof(float), lm_cuda_stream()));
+            if (dz) cudaCheck(cudaMemsetAsync(dz, 0, (size_t)rows * V * sizeof(float), lm_cuda_stream()));
+        }
         gated_bwd_k<<<N * H, row_threads(V), 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, w, rstd, V);
         cudaLaunchCheck();
     }

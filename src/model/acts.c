@@ -10,14 +10,17 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
     if (!lm_layer_is_mla(c, i)) {
         lm_kda_acts *k = &a->kda;
         const int64_t H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
-        ADD(k->xn, 0, N, d); ADD(k->rstd, 0, N);
-        ADD(k->qp, 0, N, HK); ADD(k->kp, 0, N, HK); ADD(k->vp, 0, N, HK);
-        ADD(k->q, 0, N, HK); ADD(k->k, 0, N, HK); ADD(k->v, 0, N, HK);
-        ADD(k->fa, 0, N, K); ADD(k->f, 0, N, HK); ADD(k->bl, 0, N, H);
-        ADD(k->o, 0, N, HK);
-        if (!c->kda_full_rank_gate) ADD(k->ga, 0, N, K);
-        ADD(k->gz, 0, N, HK);
-        ADD(k->on, 0, N, HK); ADD(k->on_rstd, 0, N * H);
+        // each of these gradients has one writer in the backward (kda_layer.c), which writes
+        // it rather than adding (or none: the rstd): no zeroing, no read of the zeros
+        const unsigned ng = LM_T_NO_GRAD_ZERO;
+        ADD(k->xn, ng, N, d); ADD(k->rstd, ng, N);
+        ADD(k->qp, ng, N, HK); ADD(k->kp, ng, N, HK); ADD(k->vp, ng, N, HK);
+        ADD(k->q, ng, N, HK); ADD(k->k, ng, N, HK); ADD(k->v, ng, N, HK);
+        ADD(k->fa, ng, N, K); ADD(k->f, ng, N, HK); ADD(k->bl, ng, N, H);
+        ADD(k->o, ng, N, HK);
+        if (!c->kda_full_rank_gate) ADD(k->ga, ng, N, K);
+        ADD(k->gz, ng, N, HK);
+        ADD(k->on, ng, N, HK); ADD(k->on_rstd, ng, N * H);
     } else {
         lm_mla_acts *m = &a->mla;
         const int64_t Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c), Dn = c->qk_nope_dim, De = c->qk_extra_dim;

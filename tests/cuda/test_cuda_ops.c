@@ -302,6 +302,18 @@ static void t_linears(int N, int C) {
     cmp(op, "bwd dinp", gdx, dx, NC, TOLM);
     if (mode == LM_GEMM_BF16) cmp_dev(op, "bwd dinp ~ matmul_bwd in turn", gdx, gdx1, NC, 1e-6);
     else cmp_dev_exact(op, "bwd dinp == matmul_bwd in turn", gdx, gdx1, NC);
+    {   // dinp written (dinp_assign): whatever it held (NaN on the GPU, 5 on the CPU) replaced
+        lm_linears L2 = L, G2 = G;
+        for (int i = 0; i < n; i++) L2.dW[i] = G2.dW[i] = NULL;
+        L2.dinp_assign = G2.dinp_assign = 1;
+        float *dx2 = lm_malloc(NC * sizeof(float)), *gdx2 = dpoison(NC);
+        for (size_t j = 0; j < NC; j++) dx2[j] = 5.0f;
+        CPU->linears_bwd(&L2, dx2, x, N, C);
+        GPU->linears_bwd(&G2, gdx2, gx, N, C);
+        cmp(op, "bwd dinp written (dinp_assign)", gdx2, dx2, NC, TOLM);
+        GPU->free(gdx2);
+        free(dx2);
+    }
     for (int i = 0; i < n; i++) {
         DFREE(gW[i], gdout[i], gdW[i], gout[i], gdW1[i], gout1[i]);
         HFREE(W[i], dout[i], dW[i], out[i]);
@@ -341,11 +353,20 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f);
     cmp(op, "fwd out", gout, out, n, TOL);
     cmp(op, "fwd rstd", grstd, rstd, (size_t)N * H, TOL);
-    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V);
-    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V);
+    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0);
+    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V, 0);
     cmp(op, "bwd dx", gdx, dx, n, TOL);
     cmp(op, "bwd dz", gdz, dz, n, TOL);
     cmp(op, "bwd dw", gdw, dw, V, TOL);
+    // dx, dz written (assign): NaN on the GPU and 5 on the CPU on entry, replaced
+    float *dx2 = lm_malloc(n * sizeof(float)), *dz2 = lm_malloc(n * sizeof(float));
+    for (size_t j = 0; j < n; j++) dx2[j] = dz2[j] = 5.0f;
+    float *gdx2 = dpoison(n), *gdz2 = dpoison(n);
+    CPU->gated_rmsnorm_bwd(dx2, dz2, NULL, dout, x, z, w, rstd, N, H, V, 1);
+    GPU->gated_rmsnorm_bwd(gdx2, gdz2, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1);
+    cmp(op, "bwd dx written (assign)", gdx2, dx2, n, TOL);
+    cmp(op, "bwd dz written (assign)", gdz2, dz2, n, TOL);
+    DFREE(gdx2, gdz2); HFREE(dx2, dz2);
     DFREE(gx, gz, gw, gdout, gout, grstd, gdx, gdz, gdw); HFREE(x, z, w, dout, dx, dz, dw, out, rstd);
 }
 
@@ -392,10 +413,19 @@ static void t_conv(int B, int T, int C, int W, int with_cache) {
     CPU->conv_silu_fwd(out, x, w, cache, B, T, C, W);
     GPU->conv_silu_fwd(gout, gx, gw, gc, B, T, C, W);
     cmp(op, "fwd out", gout, out, n, TOL);
-    CPU->conv_silu_bwd(dx, dw, dout, x, w, cache, B, T, C, W);
-    GPU->conv_silu_bwd(gdx, gdw, gdout, gx, gw, gc, B, T, C, W);
+    CPU->conv_silu_bwd(dx, dw, dout, x, w, cache, B, T, C, W, 0);
+    GPU->conv_silu_bwd(gdx, gdw, gdout, gx, gw, gc, B, T, C, W, 0);
     cmp(op, "bwd dinp", gdx, dx, n, TOL);
     cmp(op, "bwd dw", gdw, dw, (size_t)C * W, TOL);
+    {   // dinp written (assign): NaN on the GPU and 5 on the CPU on entry, replaced
+        float *dx2 = lm_malloc(n * sizeof(float)), *gdx2 = dpoison(n);
+        for (size_t j = 0; j < n; j++) dx2[j] = 5.0f;
+        CPU->conv_silu_bwd(dx2, NULL, dout, x, w, cache, B, T, C, W, 1);
+        GPU->conv_silu_bwd(gdx2, NULL, gdout, gx, gw, gc, B, T, C, W, 1);
+        cmp(op, "bwd dinp written (assign)", gdx2, dx2, n, TOL);
+        GPU->free(gdx2);
+        free(dx2);
+    }
     if (with_cache) {
         // in-place cache update, a short chunk (T < W-1: old rows shift) and a long one
         for (int Tc = 1; Tc <= 10 && Tc <= T; Tc += 9) {   // x has T rows per sequence
@@ -1515,10 +1545,12 @@ static void t_bench(void) {
         float *dw4 = drand_big((size_t)d * 4, 0.5), *al = drand_big((size_t)N * 4, 0.25), *rs8 = drand_big((size_t)N * 8, 1);
         BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d), out);
         BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
-              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128), out);
+              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0), out);
         BENCH("conv_silu_fwd B4 T4096 C1024 W4", 0, GPU->conv_silu_fwd(out, x, w4, NULL, 4, N / 4, d, 4), out);
         BENCH("conv_silu_bwd dinp+dw B4 T4096 C1024 W4", 0,
-              GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4), out);
+              GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4, 0), out);
+        BENCH("conv_silu_bwd dinp written + dw B4 T4096 C1024 W4", 0,
+              GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4, 1), out);
         float *d1 = drand_big((size_t)N * d, 1), *d2 = drand_big((size_t)N * d, 1), *d3 = drand_big((size_t)N * d, 1);
         lm_sources src = {.p = {x, u1, u2, u3}, .n = 4};
         lm_source_grads dsrc = {.p = {out, d1, d2, d3}, .n = 4};

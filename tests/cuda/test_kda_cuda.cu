@@ -542,6 +542,28 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     vs_cpu("df (accumulated)", hdf, rdf, 2e-2);
     vs_cpu("dbeta (accumulated)", hdbl, rdbl, 2e-2);
     vs_cpu("dA_log", hdA, rA, 2e-2);
+    {   // written (grads_assign): the input gradients replace what they held (NaN here); the
+        // CPU's gradients themselves (what they were accumulated onto subtracted)
+        std::vector<float> nq(nqk, NAN), nv_(nv, NAN), nb_(nb, NAN);
+        lm_kda_args w = a;
+        w.grads_assign = 1;
+        w.dq = up(nq); w.dk = up(nq); w.df = up(nq); w.dv = up(nv_); w.dbeta_logit = up(nb_);
+        w.dA_log = (float *)g->alloc(H * 4); w.ddt_bias = (float *)g->alloc((size_t)H * K * 4);
+        w.dS0 = (float *)g->alloc(ns * 4);
+        g->kda_bwd(&w);
+        std::vector<float> wq(nqk), wk(nqk), wf(nqk), wv(nv), wb(nb);
+        g->to_host(wq.data(), w.dq, nqk * 4); g->to_host(wk.data(), w.dk, nqk * 4); g->to_host(wf.data(), w.df, nqk * 4);
+        g->to_host(wv.data(), w.dv, nv * 4); g->to_host(wb.data(), w.dbeta_logit, nb * 4);
+        for (size_t i = 0; i < nqk; i++) rdq[i] -= ones_q[i];
+        for (size_t i = 0; i < nv; i++) rdv[i] -= prev_v[i];
+        vs_cpu("dq written (grads_assign)", wq, rdq, 8e-3);
+        vs_cpu("dk written", wk, rdk, 8e-3);
+        vs_cpu("dv written", wv, rdv, 8e-3);
+        vs_cpu("df written", wf, rdf, 2e-2);
+        vs_cpu("dbeta written", wb, rdbl, 2e-2);
+        float *wbufs[] = {w.dq, w.dk, w.df, w.dv, w.dbeta_logit, w.dA_log, w.ddt_bias, w.dS0};
+        for (float *b : wbufs) g->free(b);
+    }
     float *bufs[] = {q, k, v, f, bl, A, db, S0, dO, dSo, o, S, dq, dk, dv, df, dbl, dA, ddb, dS0};
     for (float *b : bufs) g->free(b);
 }
