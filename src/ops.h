@@ -84,13 +84,15 @@ typedef struct {
     const real *W1, *W3, *W2;       // [E, F, C], [E, F, C], [E, C, F]
     real *xp, *ea, *eb, *eh, *yp;   // saved by the forward: [R, C], [R, F] ×3, [R, C]
 } lm_experts;
-// Their gradients: dgate, dW1, dW3, dW2 accumulate — or with dW_assign the op writes dW1,
+// Their gradients: dx (the op's argument), dgate, dW1, dW3, dW2 accumulate — or with dx_assign
+// the op writes dx, and with dW_assign dW1,
 // dW3, dW2 (zeros for experts without rows) and their contents on entry do not matter;
 // dyp [R, C], deh, dea, deb [R, F] and dxp [R, C] are work buffers: their contents on entry
 // do not matter (the model does not zero them) and they hold nothing defined afterwards.
 typedef struct {
     real *dgate, *dW1, *dW3, *dW2;
     int dW_assign;
+    int dx_assign;   // the op's dx is written (tokens without a routed slot get zeros), not added into
     real *dyp, *deh, *dea, *deb, *dxp;
 } lm_experts_grads;
 

@@ -17,7 +17,7 @@ static inline void lm_experts_fwd_by_ops(const lm_ops *o, const lm_experts *ex, 
 
 // the backward of the above, reading the fp32 xp and eh it saved. The finer ops add into
 // the work buffers, which may hold anything on entry: zeroed first (and so are dW1, dW3, dW2
-// when the op is to write them).
+// when the op is to write them, and dx).
 static inline void lm_experts_bwd_by_ops(const lm_ops *o, const lm_experts *ex, const lm_experts_grads *g, real *dx,
                                          const real *dy) {
     const size_t n = (size_t)ex->R * ex->F, nc = (size_t)ex->R * ex->C, nw = (size_t)ex->E * ex->F * ex->C;
@@ -26,6 +26,7 @@ static inline void lm_experts_bwd_by_ops(const lm_ops *o, const lm_experts *ex, 
         if (g->dW3) o->zero(g->dW3, nw * sizeof(real));
         if (g->dW2) o->zero(g->dW2, nw * sizeof(real));
     }
+    if (g->dx_assign && dx) o->zero(dx, (size_t)ex->N * ex->C * sizeof(real));
     o->zero(g->dyp, nc * sizeof(real));
     o->zero(g->deh, n * sizeof(real));
     o->zero(g->dea, n * sizeof(real));

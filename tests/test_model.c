@@ -463,6 +463,50 @@ static void test_micro_batches_sum(void **state) {
     free(g[0]); free(g[1]); free(tok); free(tgt);
 }
 
+// The gradients a step writes without zeroing (LM_T_NO_GRAD_ZERO) are written before they are
+// read in the other layer variants too: a repeat over NaN-filled activation gradients gives
+// the same parameter gradients.
+static void repeat_over_nan(lm_config c, const char *label) {
+    assert_int_equal(lm_config_finalize(&c), LM_OK);
+    lm_rng r;
+    lm_rng_seed(&r, 17);
+    int *tok, *tgt;
+    make_batch(2, 30, c.vocab, &r, &tok, &tgt);
+    lm_model *m = lm_model_create(&c, ops, 8);
+    lm_fwd_opts o = {.training = 0, .capacity = -1, .aux_weight = 1};
+    const size_t n = m->playout.numel;
+    real *g = tu_alloc(n), *again = tu_alloc(n);
+    for (int k = 0; k < 2; k++) {
+        if (k) {
+            const size_t na = m->alayout.numel;
+            real *nan = tu_alloc(na);
+            for (size_t i = 0; i < na; i++) nan[i] = NAN;
+            ops->to_device(m->dacts_mem, nan, na * sizeof(real));
+            free(nan);
+        }
+        lm_model_zero_grads(m);
+        lm_model_forward(m, tok, tgt, 2, 30, o);
+        lm_model_backward(m, (real)(1.0 / m->last_count));
+        lm_model_get_grads(m, k ? again : g);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s: a backward over NaN activation gradients, max |grad difference|", label);
+    tu_check(what, tu_max_abs_diff(again, g, n), 0);
+    free(g); free(again); free(tok); free(tgt);
+    lm_model_free(m);
+}
+static void test_written_gradients(void **state) {
+    (void)state;
+    lm_config c = small_hybrid("KMK");
+    c.moe_latent_dim = 12;
+    c.kda_full_rank_gate = 1;
+    repeat_over_nan(c, "latent MoE, full-rank KDA gate");
+    c = small_hybrid("MKK");
+    c.n_shared = 0;
+    c.first_dense = 2;
+    repeat_over_nan(c, "dense FFN layers, no shared expert");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_param_counts),
@@ -479,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_decode_equals_forward),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_micro_batches_sum),
+        cmocka_unit_test(test_written_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -119,6 +119,9 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
 void cuda_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
+// y (+)= Σ_slot gate · yp[slot_row] (assign: y written); cuda_moe_combine_fwd adds
+void lm_cuda_moe_combine(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C,
+                         int assign);
 void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate, const int *slot_row, int N, int k, int C);
 void cuda_qb_hist_accum(int *hist, const real *s, const real *alpha, real lo, real width, int N, int E, int nbins);
 void cuda_qb_hist_select(int *sel, const int *hist, int E, int nbins, int target);

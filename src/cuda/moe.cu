@@ -188,12 +188,14 @@ void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const 
 // y [N, C] += Σ_slot gate · yp[slot_row] in slot order (gate NULL: 1; the experts op's
 // backward sums dx += Σ_slot dxp[slot_row] so); T = float (Cv = C), or float4: four
 // channels per thread, 16-byte loads and stores (Cv = C / 4; the same additions in the same order)
+// (assign: y = the sum, its old values not read)
 template <typename T>
-__global__ static void combine_fwd_k(T *y, const T *yp, const float *gate, const int *slot_row, int N, int k, int Cv) {
+__global__ static void combine_fwd_k(T *y, const T *yp, const float *gate, const int *slot_row, int N, int k, int Cv,
+                                     int assign) {
     size_t n = (size_t)N * Cv;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t i = e / Cv, c = e % Cv;
-        T acc = y[e];
+        T acc = assign ? T{} : y[e];
         for (int t = 0; t < k; t++) {
             int r = slot_row[i * k + t];
             if (r < 0) continue;
@@ -203,16 +205,21 @@ __global__ static void combine_fwd_k(T *y, const T *yp, const float *gate, const
     }
 }
 
-void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C) {
+void lm_cuda_moe_combine(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C,
+                         int assign) {
     size_t n = (size_t)N * C;
     if (!n) return;
     if (C % 4 == 0 && lm_aligned16({y, yp})) {   // Kimi shapes (bench_moe): 0.686 → 0.396 ms
         combine_fwd_k<float4><<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
-            (float4 *)y, (const float4 *)yp, gate, slot_row, N, k, C / 4);
+            (float4 *)y, (const float4 *)yp, gate, slot_row, N, k, C / 4, assign);
     } else {
-        combine_fwd_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C);
+        combine_fwd_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C,
+                                                                                  assign);
     }
     cudaLaunchCheck();
+}
+void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *slot_row, int N, int k, int C) {
+    lm_cuda_moe_combine(y, yp, gate, slot_row, N, k, C, 0);
 }
 
 // dyp[row] += gate · dy[i] (each row serves exactly one (token, slot))

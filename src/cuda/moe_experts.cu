@@ -201,5 +201,5 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     // dx [N, C] += Σ_slot dxp[slot_row] per token in slot order: a gather by the plan's
     // slot_row (deterministic, each dx row read and written once) instead of the scatter by
     // row_token, which needs a sort
-    if (dx) cuda_moe_combine_fwd(dx, g->dxp, NULL, ex->slot_row, ex->N, ex->k, C);
+    if (dx) lm_cuda_moe_combine(dx, g->dxp, NULL, ex->slot_row, ex->N, ex->k, C, g->dx_assign);
 }

@@ -408,6 +408,22 @@ const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKE
 //     (k = 1024, or an expert's rows) and the second CTA hides each one's read-modify-write
 //     epilogue.
 enum { K_FP32 = 0, K_MMA = 100, K_TMA = 101 };
+// LM_MOE_DW=big|pair: auto's weight-gradient kernel (benchmarks). pair by default: with the
+// gradients written (lm_experts_grads.dW_assign) 128 × 256 tiles are faster at Kimi shapes
+// (bench_moe, H200: the experts op's dW 6.40 vs 7.05 ms) but slower in `small` training
+// (B4: 117.3–117.7K vs 118.2–118.8K tok/s, the same call)
+static int dw_cfg(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LM_MOE_DW");
+        v = LM_WG_PAIR;
+        if (s && *s) {
+            if (!strcmp(s, "big")) v = LM_WG_BIG;
+            else if (strcmp(s, "pair")) lm_die("LM_MOE_DW='%s' is not big or pair", s);
+        }
+    }
+    return v;
+}
 static int moe_kernel(int C, int OC, int aligned, int use) {
     if (lm_cuda_gemm_mode() != LM_GEMM_BF16 || C % 4 || OC % 4 || !aligned) return K_FP32;
     int m = lm_cuda_moe_gemm();
@@ -418,7 +434,9 @@ static int moe_kernel(int C, int OC, int aligned, int use) {
     case MOE_WG128X2: return LM_WG_PAIR;
     case MOE_MMA: return K_MMA;
     case MOE_TMA: return K_TMA;
-    default: return use == LM_MOE_USE_FWD || use == LM_MOE_USE_DINP_ZEROED ? (int)K_TMA : (int)LM_WG_PAIR;
+    default:
+        if (use == LM_MOE_USE_DW) return dw_cfg();
+        return use == LM_MOE_USE_FWD || use == LM_MOE_USE_DINP_ZEROED ? (int)K_TMA : (int)LM_WG_PAIR;
     }
 }
 

@@ -44,17 +44,20 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
     if (!lm_layer_is_moe(c, i)) {
         lm_dense_acts *f = &a->dense;
         const int64_t F = c->d_ff_dense;
-        ADD(f->xn, 0, N, d); ADD(f->rstd, 0, N);
-        ADD(f->a, 0, N, F); ADD(f->b, 0, N, F); ADD(f->h, 0, N, F);
+        const unsigned ng = LM_T_NO_GRAD_ZERO;   // written by their one writer (ffn_layer.c)
+        ADD(f->xn, ng, N, d); ADD(f->rstd, ng, N);
+        ADD(f->a, 0, N, F); ADD(f->b, 0, N, F); ADD(f->h, ng, N, F);
     } else {
         lm_moe_acts *m = &a->moe;
         const int64_t E = c->n_experts, k = c->top_k, F = c->d_ff_expert;
         const int64_t dl = c->moe_latent_dim ? c->moe_latent_dim : d;
-        ADD(m->xn, 0, N, d); ADD(m->rstd, 0, N);
+        // xn's gradient is written by the experts op (or, with the latent projection, by the
+        // linears), sh's by its one linear, xl's by the experts op (ffn_layer.c): not zeroed
+        ADD(m->xn, LM_T_NO_GRAD_ZERO, N, d); ADD(m->rstd, LM_T_NO_GRAD_ZERO, N);
         ADD(m->z, 0, N, E); ADD(m->s, 0, N, E); ADD(m->alpha, 0, N); ADD(m->gate, 0, N, k);
         ADD(m->idx, LM_T_INT, N, k); ADD(m->counts, LM_T_INT, E); ADD(m->offsets, LM_T_INT, E + 1);
         ADD(m->row_token, LM_T_INT, N * k); ADD(m->slot_row, LM_T_INT, N * k);
-        if (c->moe_latent_dim) ADD(m->xl, 0, N, dl);
+        if (c->moe_latent_dim) ADD(m->xl, LM_T_NO_GRAD_ZERO, N, dl);
         // gradient slots the backward does not need zeroed: the experts op's work buffers
         // (xp, ea, eb, eh, yp), and routed, so, whose gradient is dout itself. Without the
         // latent projection the routed sum goes straight into the sublayer's output (no y,
@@ -68,7 +71,7 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         }
         if (c->n_shared > 0) {
             const int64_t Fs = c->n_shared * F;
-            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, 0, N, Fs);
+            ADD(m->sa, 0, N, Fs); ADD(m->sb, 0, N, Fs); ADD(m->sh, LM_T_NO_GRAD_ZERO, N, Fs);
             if (c->moe_latent_dim) ADD(m->so, ng, N, d);
         }
     }

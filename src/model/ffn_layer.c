@@ -25,11 +25,13 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
-    o->matmul_bwd(da->h, g->ffn_w2, NULL, dout, a->h, p->ffn_w2, N, F, d);
+    // h and xn have one writer each here (written, not zeroed: acts.c); a, b are added into
+    lm_linear_bwd_written(o, da->h, g->ffn_w2, dout, a->h, p->ffn_w2, N, F, d);
     o->glu_bwd(da->a, da->b, da->h, a->a, a->b, (size_t)N * F, c->expert_act);
     lm_linears L = {0};
     lm_linears_add(&L, p->ffn_w1, F, NULL, da->a, g->ffn_w1);
     lm_linears_add(&L, p->ffn_w3, F, NULL, da->b, g->ffn_w3);
+    L.dinp_assign = 1;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
 }
@@ -115,7 +117,7 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
     if (c->n_shared > 0) {
         const int Fs = c->n_shared * F;
-        o->matmul_bwd(da->sh, g->sh_w2, NULL, dout, a->sh, p->sh_w2, N, Fs, d);
+        lm_linear_bwd_written(o, da->sh, g->sh_w2, dout, a->sh, p->sh_w2, N, Fs, d);   // sh: one writer
         o->glu_bwd(da->sa, da->sb, da->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
     }
     const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged
@@ -126,14 +128,18 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     }
     const lm_experts ex = routed_experts(s, p, a);
     const lm_experts_grads eg = {.dgate = da->gate, .dW1 = g->exp_w1, .dW3 = g->exp_w3, .dW2 = g->exp_w2,
-                                 .dW_assign = s->expert_grads_fresh, .dyp = da->yp, .deh = da->eh, .dea = da->ea,
-                                 .deb = da->eb, .dxp = da->xp};
+                                 .dW_assign = s->expert_grads_fresh, .dx_assign = 1, .dyp = da->yp, .deh = da->eh,
+                                 .dea = da->ea, .deb = da->eb, .dxp = da->xp};
     o->moe_experts_bwd(&ex, &eg, c->moe_latent_dim ? da->xl : da->xn, dy);
     o->moe_route_bwd(da->z, da->gate, a->s, a->idx, N, E, k, c->route_scale, 1);
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
         o->moe_aux_bwd(da->z, a->s, a->counts, N, E, k, c->aux_coef, s->aux_dloss);
     if (c->zloss_coef > 0) o->moe_zloss_bwd(da->z, a->z, N, E, c->zloss_coef, s->aux_dloss);
-    const lm_linears L = xn_linears(c, p, NULL, g, da);
+    // the experts op wrote its dx (xn's gradient, or xl's with the latent projection, whose
+    // only writer it is); the linears add into xn's — or, with the latent projection, are
+    // its only writer and write it. Neither slot is zeroed (acts.c).
+    lm_linears L = xn_linears(c, p, NULL, g, da);
+    L.dinp_assign = c->moe_latent_dim != 0;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
 }

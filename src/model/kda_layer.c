@@ -63,14 +63,6 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     o->matmul_fwd(out, a->on, p->o_proj, NULL, N, HK, d);
 }
 
-// dinp [N,C] = dout · W (written, not added: each of the layer's intermediates has this one
-// writer in the backward, and its slot is not zeroed — acts.c); dW [OC,C] += doutᵀ · inp
-static void linear_bwd_written(const lm_ops *o, real *dinp, real *dW, const real *dout, const real *inp,
-                               const real *W, int N, int C, int OC) {
-    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1};
-    o->linears_bwd(&L, dinp, inp, N, C);
-}
-
 // Every gradient of an intermediate below is written by its one producer's backward (the
 // ops' assign forms), so none is zeroed first; dx (the residual stream's) and the parameter
 // gradients accumulate.
@@ -79,16 +71,16 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
-    linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d);
+    lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d);
     o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1);
-    if (!c->kda_full_rank_gate) linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK);
+    if (!c->kda_full_rank_gate) lm_linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK);
     lm_kda_args k = kda_args(s, p, a);
     k.d_o = da->o;
     k.dq = da->q; k.dk = da->k; k.dv = da->v; k.df = da->f; k.dbeta_logit = da->bl;
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
     o->kda_bwd(&k);
-    linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK);
+    lm_linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK);
     o->conv_silu_bwd(da->qp, g->q_conv, da->q, a->qp, p->q_conv, NULL, s->B, s->T, HK, W, 1);
     o->conv_silu_bwd(da->kp, g->k_conv, da->k, a->kp, p->k_conv, NULL, s->B, s->T, HK, W, 1);
     o->conv_silu_bwd(da->vp, g->v_conv, da->v, a->vp, p->v_conv, NULL, s->B, s->T, HK, W, 1);

@@ -103,6 +103,13 @@ static inline void lm_linears_add(lm_linears *L, const real *W, int OC, real *ou
 // The linear p->w of `oc` outputs whose tensor is t: output a->t (forward), output gradient
 // da->t and weight gradient g->w (backward); a, da, g may each be NULL (then NULL is given).
 // For a sublayer's list of the linears of its normalised input (xn_linears).
+// dinp [N,C] = dout · W, written rather than added (for a gradient with this one writer in
+// the backward, whose slot is not zeroed: acts.c); dW [OC,C] += doutᵀ · inp
+static inline void lm_linear_bwd_written(const lm_ops *o, real *dinp, real *dW, const real *dout, const real *inp,
+                                         const real *W, int N, int C, int OC) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1};
+    o->linears_bwd(&L, dinp, inp, N, C);
+}
 #define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \
     lm_linears_add(&(L), (p)->w, (oc), (a) ? (a)->t : NULL, (da) ? (da)->t : NULL, (g) ? (g)->w : NULL)
 
