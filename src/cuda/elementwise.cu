@@ -32,15 +32,30 @@ void cuda_scale(real *x, real s, size_t n) {
 }
 
 // Σ x² in double: blocks of 4096 elements (as the CPU), each summed by a fixed tree,
-// then the block sums by one block in a fixed order. Deterministic.
+// then the block sums by one block in a fixed order. Deterministic. A 256-thread block's
+// thread t sums elements 4(t + 256u) .. +3, u < 4, read as float4 — all four loads issued
+// before the adds (whole blocks of a 16-byte aligned x; the last one, or an unaligned x,
+// element by element). H200: the `small` B4 step's gradient norm 2.04 → 1.06 ms, 16.7 M floats 61 → 46 µs.
 #define SUMSQ_BS 4096
-__global__ static void sumsq_part_k(double *part, const float *x, size_t n) {
+#define SUMSQ_THREADS 256
+__global__ static void __launch_bounds__(SUMSQ_THREADS) sumsq_part_k(double *part, const float *x, size_t n,
+                                                                     int vec) {
     __shared__ double sh[32];
-    size_t b0 = (size_t)blockIdx.x * SUMSQ_BS;
+    const size_t b0 = (size_t)blockIdx.x * SUMSQ_BS;
     double s = 0;
-    for (int j = threadIdx.x; j < SUMSQ_BS; j += blockDim.x) {
-        size_t i = b0 + j;
-        if (i < n) s += (double)x[i] * (double)x[i];
+    if (vec && b0 + SUMSQ_BS <= n) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(x + b0);
+        float4 v[SUMSQ_BS / 4 / SUMSQ_THREADS];
+#pragma unroll
+        for (int u = 0; u < SUMSQ_BS / 4 / SUMSQ_THREADS; u++) v[u] = x4[threadIdx.x + SUMSQ_THREADS * u];
+#pragma unroll
+        for (int u = 0; u < SUMSQ_BS / 4 / SUMSQ_THREADS; u++)
+            s += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y + (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
+    } else {
+        for (int j = threadIdx.x; j < SUMSQ_BS; j += SUMSQ_THREADS) {
+            size_t i = b0 + j;
+            if (i < n) s += (double)x[i] * (double)x[i];
+        }
     }
     s = block_sum_d(s, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
@@ -57,7 +72,7 @@ double cuda_sumsq(const real *x, size_t n) {
     size_t nb = (n + SUMSQ_BS - 1) / SUMSQ_BS;
     if (nb == 0) return 0.0;
     double *ws = (double *)lm_cuda_scratch((nb + 1) * sizeof(double));
-    sumsq_part_k<<<(unsigned)nb, 256, 0, lm_cuda_stream()>>>(ws + 1, x, n);
+    sumsq_part_k<<<(unsigned)nb, SUMSQ_THREADS, 0, lm_cuda_stream()>>>(ws + 1, x, n, lm_aligned16({x}));
     cudaLaunchCheck();
     sum_parts_k<<<1, 1024, 0, lm_cuda_stream()>>>(ws, ws + 1, nb);
     cudaLaunchCheck();

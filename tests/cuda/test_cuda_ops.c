@@ -185,6 +185,7 @@ static void t_elementwise(void) {
     cmp("scale", "x", ga, acc, n, TOL);
     cmp_scalar("sumsq", "value", GPU->sumsq(gb, n), CPU->sumsq(b, n), 1e-12);
     cmp_scalar("sumsq (n=1000)", "value", GPU->sumsq(gb, 1000), CPU->sumsq(b, 1000), 1e-12);
+    cmp_scalar("sumsq (unaligned)", "value", GPU->sumsq(gb + 1, n - 1), CPU->sumsq(b + 1, n - 1), 1e-12);
     record("all_finite", "finite input", GPU->all_finite(gb, n) != CPU->all_finite(b, n) || !CPU->all_finite(b, n), 0);
     b[n / 3] = NAN;
     b[n - 1] = INFINITY;
