@@ -67,7 +67,8 @@ typedef struct {
 // A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a
 // GPU backend can hand it to a kernel as a parameter.
 typedef struct { const real *p[LM_MAX_SOURCES]; int n; } lm_sources;
-typedef struct { real *p[LM_MAX_SOURCES]; int n; } lm_source_grads;
+// assign bit j: p[j] is written, not added into (for a buffer listed twice, its first entry only).
+typedef struct { real *p[LM_MAX_SOURCES]; int n; unsigned assign; } lm_source_grads;
 
 // The routed experts of one MoE layer (moe_experts_fwd/bwd): the dispatch plan of moe_plan,
 // the SwiGLU experts' weights, and the tensors the forward keeps for the backward.
@@ -154,8 +155,9 @@ typedef struct lm_ops {
 
     // ---- RMSNorm with gain: out = inp · rstd · gain, rstd[N] = (mean(inp²) + eps)^-1/2 ----
     void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
+    // dinp accumulates (assign: written, its contents on entry do not matter); dgain accumulates
     void (*rmsnorm_bwd)(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
-                        const real *rstd, int N, int C);
+                        const real *rstd, int N, int C, int assign);
 
     // ---- headwise gated RMSNorm (KDA output): x, z, out [N, H·V]; w [V] shared by heads;
     //      out = x · rstd_h · w ⊙ sigmoid(z), rstd [N·H] ----

@@ -63,9 +63,14 @@ static void test_rmsnorm(void **state) {
     ms /= c.C;
     tu_check("rmsnorm row RMS", fabs(sqrt(rms / c.C) - sqrt(ms / (ms + 1e-5))), TOL(1e-12, 1e-6));
     real *dx = tu_alloc(c.N * c.C), *dg = tu_alloc(c.C);
-    ops->rmsnorm_bwd(dx, dg, c.P, c.x, c.g, c.rstd, c.N, c.C);
+    ops->rmsnorm_bwd(dx, dg, c.P, c.x, c.g, c.rstd, c.N, c.C, 0);
     tu_check("rmsnorm d_inp", tu_gradcheck(c.x, dx, c.N * c.C, rn_loss, &c, TU_H, 200, &r), TOL(1e-7, 2e-2));
     tu_check("rmsnorm d_gain", tu_gradcheck(c.g, dg, c.C, rn_loss, &c, TU_H, 200, &r), TOL(1e-7, 2e-2));
+    real *dx2 = tu_alloc(c.N * c.C);   // the written form replaces whatever dinp held (NaN here)
+    for (int i = 0; i < c.N * c.C; i++) dx2[i] = NAN;
+    ops->rmsnorm_bwd(dx2, NULL, c.P, c.x, c.g, c.rstd, c.N, c.C, 1);
+    tu_check("rmsnorm assign: d_inp written (max abs diff)", tu_max_abs_diff(dx2, dx, c.N * c.C), 0);
+    free(dx2);
     free(c.x); free(c.g); free(c.out); free(c.rstd); free(c.P); free(dx); free(dg);
 }
 

@@ -60,7 +60,8 @@ void cpu_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, cons
     }
 }
 
-// dsrc.p[j] [N,C] += ∂L/∂u_j for j < dsrc.n (dsrc.n ≤ src.n; NULL entries skipped);
+// dsrc.p[j] [N,C] += ∂L/∂u_j for j < dsrc.n (dsrc.n ≤ src.n; NULL entries skipped; = where
+// bit j of dsrc.assign is set);
 // dw, dgamma [C] += ∂L/∂w, ∂L/∂γ (NULL allowed); dout [N,C] = g; alpha [N,n] from the forward.
 // Per token (attnres.md §6.1), with t_j = g·u_j and c_j = ∂L/∂s_j = α_j (t_j − Σ_l α_l t_l):
 //   ∂u_j = α_j g + c_j (ρ_j q − (s_j ρ_j² / C) u_j)      (value path + RMSNorm key path)
@@ -106,8 +107,12 @@ void cpu_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *d
         if (!any_dsrc) continue;
         for (int c = 0; c < C; c++) {
             const real gc = g[c], qc = gamma[c] * w[c];
-            for (int j = 0; j < dsrc.n; j++)
-                if (dsrc.p[j]) dsrc.p[j][row + c] += a[j] * gc + kq[j] * qc - ku[j] * u[j][c];
+            for (int j = 0; j < dsrc.n; j++) {
+                if (!dsrc.p[j]) continue;
+                const real v = a[j] * gc + kq[j] * qc - ku[j] * u[j][c];
+                if (dsrc.assign >> j & 1) dsrc.p[j][row + c] = v;
+                else dsrc.p[j][row + c] += v;
+            }
         }
     }
 

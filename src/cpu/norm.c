@@ -18,7 +18,7 @@ void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, i
 // With y = g·x·r, r = (mean x² + eps)^-1/2:
 //   dx = r·g⊙dy − (r³/C)·x·Σ_c(dy·g·x),  dgain = Σ_rows dy·x·r
 void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
-                     const real *rstd, int N, int C) {
+                     const real *rstd, int N, int C, int assign) {
     if (dinp) {
         #pragma omp parallel for schedule(static)
         for (int i = 0; i < N; i++) {
@@ -27,6 +27,7 @@ void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp,
             real r = rstd[i], dot = 0;
             for (int c = 0; c < C; c++) dot += dy[c] * gain[c] * x[c];
             real k = r * r * r * dot / C;
+            if (assign) memset(dx, 0, (size_t)C * sizeof(real));   // written = added onto zeros
             for (int c = 0; c < C; c++) dx[c] += r * gain[c] * dy[c] - k * x[c];
         }
     }

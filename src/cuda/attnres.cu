@@ -161,7 +161,9 @@ __global__ static void attnres_bwd_k(lm_source_grads dsrc, float *cq, const floa
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         const float gc = g[c], qc = gamma[c] * w[c];
         for (int j = 0; j < dsrc.n; j++)
-            if (dsrc.p[j]) dsrc.p[j][row + c] += a[j] * gc + rho[j] * qc - s[j] * src.p[j][row + c];
+            if (dsrc.p[j])
+                dsrc.p[j][row + c] = (dsrc.assign >> j & 1 ? 0.f : dsrc.p[j][row + c]) + a[j] * gc + rho[j] * qc -
+                                     s[j] * src.p[j][row + c];
     }
 }
 
@@ -213,7 +215,8 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
                 axpy(dq, kj, u[j]);
                 if (j >= dsrc.n || !dsrc.p[j]) continue;
                 // one entry at a time: a buffer listed twice gets both updates
-                float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row), v = *d;
+                float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row);
+                float4 v = dsrc.assign >> j & 1 ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
                 v.x += aj * g.x + kj * q.x - mj * u[j].x;
                 v.y += aj * g.y + kj * q.y - mj * u[j].y;
                 v.z += aj * g.z + kj * q.z - mj * u[j].z;

@@ -61,7 +61,7 @@ void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, 
 
 // dx = r·g⊙dy − (r³/C)·x·Σ_c(dy·g·x)
 __global__ static void rmsnorm_bwd_k(float *dinp, const float *dout, const float *inp, const float *gain,
-                                     const float *rstd, int C) {
+                                     const float *rstd, int C, int assign) {
     __shared__ float sh[32];
     const size_t row = (size_t)blockIdx.x * C;
     const float *x = inp + row, *dy = dout + row;
@@ -70,13 +70,13 @@ __global__ static void rmsnorm_bwd_k(float *dinp, const float *dout, const float
     for (int c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * gain[c] * x[c];
     dot = block_sum(dot, sh);
     float k = r * r * r * dot / C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] += r * gain[c] * dy[c] - k * x[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] = (assign ? 0.f : dx[c]) + r * gain[c] * dy[c] - k * x[c];
 }
 
-// rows [rpb·b, rpb·b + rpb) of block b: dinp += (as rmsnorm_bwd_k; NULL: skipped) and
-// part [b, C] = Σ_rows dy·x·rstd (NULL: dgain not wanted)
+// rows [rpb·b, rpb·b + rpb) of block b: dinp += (= with assign; as rmsnorm_bwd_k; NULL:
+// skipped) and part [b, C] = Σ_rows dy·x·rstd (NULL: dgain not wanted)
 __global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *dout, const float *inp,
-                                         const float *gain, const float *rstd, int N, int C, int rpb) {
+                                         const float *gain, const float *rstd, int N, int C, int rpb, int assign) {
     __shared__ float red[32], tot[1];
     const int c = 4 * threadIdx.x;
     const bool on = c < C;
@@ -93,7 +93,13 @@ __global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *
         block_sums<1>(v, red, tot);
         __syncthreads();
         const float k = r * r * r * tot[0] / C;
-        if (on) add_axmby4(dinp + e, r, mul4(g, dy), k, x);
+        if (on && assign) {
+            const float4 u = mul4(g, dy);
+            *reinterpret_cast<float4 *>(dinp + e) =
+                make_float4(r * u.x - k * x.x, r * u.y - k * x.y, r * u.z - k * x.z, r * u.w - k * x.w);
+        } else if (on) {
+            add_axmby4(dinp + e, r, mul4(g, dy), k, x);
+        }
     }
     if (part && on) *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C + c) = dg;
 }
@@ -108,19 +114,19 @@ struct rms_dgain_f {   // dout·x·rstd
 };
 
 void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
-                      const real *rstd, int N, int C) {
+                      const real *rstd, int N, int C, int assign) {
     if (N <= 0 || C <= 0 || (!dinp && !dgain)) return;
     if (rms_reg_ok(C)) {
         const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb;
         float *part = dgain ? (float *)lm_cuda_scratch((size_t)nb * C * sizeof(float)) : NULL;
         rmsnorm_bwd_reg_k<<<nb, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
-                                                                            rpb);
+                                                                            rpb, assign);
         cudaLaunchCheck();
         if (dgain) lm_cuda_colsum_final(dgain, part, nb, C, 1);
         return;
     }
     if (dinp) {
-        rmsnorm_bwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(dinp, dout, inp, gain, rstd, C);
+        rmsnorm_bwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(dinp, dout, inp, gain, rstd, C, assign);
         cudaLaunchCheck();
     }
     if (dgain) {

@@ -33,7 +33,7 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     lm_linears_add(&L, p->ffn_w3, F, NULL, da->b, g->ffn_w3);
     L.dinp_assign = 1;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
+    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
 }
 
 static int expert_width(const lm_config *c) { return c->moe_latent_dim ? c->moe_latent_dim : c->d_model; }
@@ -123,7 +123,7 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged
     if (c->moe_latent_dim) {
         o->matmul_bwd(da->un, g->lat_up, NULL, dout, a->un, p->lat_up, N, dl, d);
-        o->rmsnorm_bwd(da->y, g->lat_norm, da->un, a->y, p->lat_norm, a->un_rstd, N, dl);
+        o->rmsnorm_bwd(da->y, g->lat_norm, da->un, a->y, p->lat_norm, a->un_rstd, N, dl, 0);
         dy = da->y;
     }
     const lm_experts ex = routed_experts(s, p, a);
@@ -141,5 +141,5 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = c->moe_latent_dim != 0;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d);
+    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
 }

@@ -87,5 +87,5 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d);
+    o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
 }

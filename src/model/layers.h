@@ -85,6 +85,7 @@ typedef struct {
     double aux_loss;             // forward: sum of aux + z losses of the micro-batch (objective units)
     void *const *kda_saved;      // training: per layer, the KDA forward's intermediates for its backward
     int expert_grads_fresh;      // backward: write the experts' weight gradients, not add (lm_model)
+    int dx_assign;               // backward: the sublayer writes its input stream's gradient, not adds
 } lm_step_ctx;
 
 void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);

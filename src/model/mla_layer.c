@@ -148,12 +148,12 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
     o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv);
     o->matmul_bwd(da->c, g->kv_b, NULL, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv));
-    o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R);
+    o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 0);
     if (Rq > 0) {
         o->matmul_bwd(da->qan, g->mq_b, NULL, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk);
-        o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq);
+        o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq, 0);
     }
     const lm_linears L = xn_linears(c, p, NULL, g, da);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d);
+    o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
 }

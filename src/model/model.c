@@ -112,9 +112,48 @@ static void plan_grad_aliases(lm_model *m) {
     }
 }
 
+// the gradient buffer of stream s (grad_alias followed)
+static int grad_buf(const lm_model *m, int s) {
+    while (m->grad_alias[s] >= 0) s = m->grad_alias[s];
+    return s;
+}
+
+// Which writes of stream gradients can write rather than add: a buffer's first access in the
+// backward's order, if it is a write, finds nothing there to add to — so it writes, and the
+// buffer is not zeroed first (grad_written). A buffer read before any write (a dout nothing
+// has written) stays zeroed, and every write to it adds. Mirrors lm_model_backward's order:
+// the final norm, the tape from its end (each op reads its output's gradient, then writes its
+// inputs'), the embedding.
+static void plan_grad_writes(lm_model *m) {
+    enum { UNTOUCHED, WRITTEN, READ_FIRST };
+    unsigned char st[LM_MAX_STREAM] = {0};
+#define READ(s) do { const int b_ = grad_buf(m, (s)); if (st[b_] == UNTOUCHED) st[b_] = READ_FIRST; } while (0)
+#define WRITE_FIRST(s) (st[grad_buf(m, (s))] == UNTOUCHED ? (st[grad_buf(m, (s))] = WRITTEN, 1) : 0)
+    m->final_assign = WRITE_FIRST(m->stream_final);
+    for (int t = m->n_tape - 1; t >= 0; t--) {
+        lm_tape_op *op = &m->tape[t];
+        op->assign = 0;
+        READ(op->out);
+        if (op->kind == LM_TP_MIX) {
+            const lm_mix_plan *p = &m->mix[op->mix];
+            for (int j = 0; j < p->n; j++) op->assign |= (unsigned)WRITE_FIRST(p->src[j]) << j;
+        } else if (op->kind == LM_TP_ADD) {
+            for (int j = 0; j < 2; j++)
+                if (grad_buf(m, op->in[j]) != grad_buf(m, op->out)) op->assign |= (unsigned)WRITE_FIRST(op->in[j]) << j;
+        } else {
+            op->assign = (unsigned)WRITE_FIRST(op->in[0]);
+        }
+    }
+    READ(m->stream_embed);
+#undef READ
+#undef WRITE_FIRST
+    for (int s = 0; s < m->n_stream; s++) m->grad_written[s] = st[s] == WRITTEN;
+}
+
 static void build_plan(lm_model *m) {
     build_tape(m);
     plan_grad_aliases(m);
+    plan_grad_writes(m);
 }
 
 // ----------------------------------------------------------------------------
@@ -244,7 +283,8 @@ static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *
     lm_layout_init(L, a);
     const int64_t N = (int64_t)B * T, d = c->d_model;
     for (int s = 0; s < m->n_stream; s++)   // a stream whose gradient is another's: its own slot is unused
-        lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 ? LM_T_NO_GRAD_ZERO : 0, 2, LM_SHAPE(N, d), "stream.%d", s);
+        lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 || m->grad_written[s] ? LM_T_NO_GRAD_ZERO : 0, 2,
+                      LM_SHAPE(N, d), "stream.%d", s);
     for (int k = 0; k < m->n_mix; k++)
         lm_layout_add(L, &a->alpha[k], 0, 2, LM_SHAPE(N, m->mix[k].n), "mix.%d.alpha", k);
     for (int i = 0; i < c->n_layers; i++) lm_layer_acts_layout(c, i, B, T, &a->layer[i], L);
@@ -343,6 +383,7 @@ static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
     const real *x = m->acts.stream[op->in[0]];
     const real *dout = m->dacts.stream[op->out];
     real *dx = m->dacts.stream[op->in[0]];
+    s->dx_assign = (int)(op->assign & 1);   // the sublayer's last op writes dx (plan_grad_writes)
     if (op->kind == LM_TP_ATTN) {
         if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_bwd(s, p, g, &a->mla, &da->mla, x, dout, dx);
         else lm_kda_layer_bwd(s, p, g, &a->kda, &da->kda, x, dout, dx);
@@ -352,24 +393,34 @@ static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
     }
 }
 
-// Zeroes the activation gradients the backward adds into: every tensor of the layout except
-// the index tensors and those flagged LM_T_NO_GRAD_ZERO (at the small preset, B4 × 4096, 14.5
-// of the 35.6 GB), as few contiguous ranges (each tensor up to the next one's start).
-static void zero_dacts(lm_model *m) {
-    const lm_layout *L = &m->alayout;
+// Zeroes mem's tensors of layout L as few contiguous ranges (each tensor up to the next one's
+// start), except those with a flag in `skip` — whose padding after them is zeroed too when
+// skip_pad is 0 (the parameter gradients: the norm sums the whole arena).
+static void zero_tensors(const lm_ops *o, real *mem, const lm_layout *L, unsigned skip, int skip_pad) {
     size_t lo = 0, hi = 0;   // the open range [lo, hi) in reals
     for (int i = 0; i < L->n; i++) {
-        const size_t start = L->t[i].offset, end = i + 1 < L->n ? L->t[i + 1].offset : L->numel;
-        if (L->t[i].flags & (LM_T_INT | LM_T_NO_GRAD_ZERO)) continue;
+        const lm_tensor_info *t = &L->t[i];
+        const size_t end = i + 1 < L->n ? L->t[i + 1].offset : L->numel;
+        size_t start = t->offset;
+        if (t->flags & skip) {
+            if (skip_pad) continue;
+            start = t->offset + t->numel;
+        }
+        if (start >= end) continue;
         if (hi > lo && start != hi) {
-            m->ops->zero(m->dacts_mem + lo, (hi - lo) * sizeof(real));
+            o->zero(mem + lo, (hi - lo) * sizeof(real));
             lo = hi = 0;
         }
         if (hi == lo) lo = start;
         hi = end;
     }
-    if (hi > lo) m->ops->zero(m->dacts_mem + lo, (hi - lo) * sizeof(real));
+    if (hi > lo) o->zero(mem + lo, (hi - lo) * sizeof(real));
 }
+
+// Zeroes the activation gradients the backward adds into: every tensor of the layout except
+// the index tensors and those flagged LM_T_NO_GRAD_ZERO (gradients their one writer writes,
+// or never used).
+static void zero_dacts(lm_model *m) { zero_tensors(m->ops, m->dacts_mem, &m->alayout, LM_T_INT | LM_T_NO_GRAD_ZERO, 1); }
 
 void lm_model_backward(lm_model *m, real dloss) {
     const lm_ops *o = m->ops;
@@ -382,14 +433,14 @@ void lm_model_backward(lm_model *m, real dloss) {
     o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);
     o->matmul_bwd(da->fn, m->grads.lm_head, NULL, da->logits, a->fn, m->params.lm_head, N, d, c->vocab);
     o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
-                   m->params.final_norm, a->fn_rstd, N, d);
+                   m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
     for (int t = m->n_tape - 1; t >= 0; t--) {
         const lm_tape_op *op = &m->tape[t];
         switch (op->kind) {
         case LM_TP_MIX: {
             const lm_mix_plan *p = &m->mix[op->mix];
             lm_sources src = {.n = p->n};
-            lm_source_grads dsrc = {.n = p->n};
+            lm_source_grads dsrc = {.n = p->n, .assign = op->assign};   // first writes write (plan_grad_writes)
             for (int j = 0; j < p->n; j++) {
                 src.p[j] = a->stream[p->src[j]];
                 dsrc.p[j] = da->stream[p->src[j]];
@@ -408,9 +459,11 @@ void lm_model_backward(lm_model *m, real dloss) {
         case LM_TP_ATTN:
         case LM_TP_FFN: run_sublayer_bwd(m, op); break;
         case LM_TP_ADD:   // an input sharing the output's gradient buffer has it already
-            for (int j = 0; j < 2; j++)
-                if (da->stream[op->in[j]] != da->stream[op->out])
-                    o->acc(da->stream[op->in[j]], da->stream[op->out], (size_t)N * d);
+            for (int j = 0; j < 2; j++) {
+                if (da->stream[op->in[j]] == da->stream[op->out]) continue;
+                if (op->assign >> j & 1) o->copy(da->stream[op->in[j]], da->stream[op->out], (size_t)N * d * sizeof(real));
+                else o->acc(da->stream[op->in[j]], da->stream[op->out], (size_t)N * d);
+            }
             break;
         }
     }
@@ -419,23 +472,9 @@ void lm_model_backward(lm_model *m, real dloss) {
 }
 
 // Zeroes every parameter gradient but the routed experts' weights (LM_T_EXPERT), which the
-// next backward writes (expert_grads_fresh), as few contiguous ranges.
+// next backward writes (expert_grads_fresh).
 void lm_model_zero_grads(lm_model *m) {
-    const lm_layout *L = &m->playout;
-    size_t lo = 0, hi = 0;   // the open range [lo, hi) in reals
-    for (int i = 0; i < L->n; i++) {
-        const lm_tensor_info *t = &L->t[i];
-        const size_t end = i + 1 < L->n ? L->t[i + 1].offset : L->numel;
-        const size_t start = t->flags & LM_T_EXPERT ? t->offset + t->numel : t->offset;   // padding after: zeroed
-        if (start >= end) continue;
-        if (hi > lo && start != hi) {
-            m->ops->zero(m->grads_mem + lo, (hi - lo) * sizeof(real));
-            lo = hi = 0;
-        }
-        if (hi == lo) lo = start;
-        hi = end;
-    }
-    if (hi > lo) m->ops->zero(m->grads_mem + lo, (hi - lo) * sizeof(real));
+    zero_tensors(m->ops, m->grads_mem, &m->playout, LM_T_EXPERT, 0);
     m->expert_grads_fresh = 1;
 }
 

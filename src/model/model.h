@@ -21,6 +21,9 @@ typedef struct {
     int out;          // stream written
     int in[2];        // ATTN/FFN read in[0]; ADD reads in[0] + in[1]
     int mix;          // MIX: index into lm_model.mix
+    // backward: the stream gradients this op writes rather than adds into, being their first
+    // access (plan_grad_writes): MIX bit j = source j, ATTN/FFN bit 0 = in[0], ADD bit j = in[j]
+    unsigned assign;
 } lm_tape_op;
 
 typedef struct {
@@ -59,6 +62,10 @@ typedef struct lm_model {
     // grad_alias[s] ≥ 0: stream s feeds only the ADD whose output that is, so its gradient is
     // that output's gradient itself — one buffer, no accumulation pass (−1: its own)
     int grad_alias[LM_MAX_STREAM];
+    // grad_written[b]: the backward's first access to gradient buffer b is a write (the op's
+    // assign bit, or final_assign for the final norm's), so b is not zeroed before the backward
+    unsigned char grad_written[LM_MAX_STREAM];
+    int final_assign;
     // the routed experts' weight gradients (LM_T_EXPERT, ~90% of a MoE model's gradients) hold
     // nothing yet: lm_model_zero_grads skipped them, and the next backward writes them instead
     // of adding (no memset and no read of the zeros, 3 × E·F·C fp32 each way per MoE layer)

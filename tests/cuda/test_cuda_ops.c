@@ -334,8 +334,17 @@ static void t_rmsnorm(int N, int C) {
     GPU->rmsnorm_fwd(gout, grstd, gx, gg, N, C, 1e-5f);
     cmp(op, "fwd out", gout, out, (size_t)N * C, TOL);
     cmp(op, "fwd rstd", grstd, rstd, N, TOL);
-    CPU->rmsnorm_bwd(dx, dg, dout, x, g, rstd, N, C);
-    GPU->rmsnorm_bwd(gdx, gdg, gdout, gx, gg, grstd, N, C);
+    CPU->rmsnorm_bwd(dx, dg, dout, x, g, rstd, N, C, 0);
+    GPU->rmsnorm_bwd(gdx, gdg, gdout, gx, gg, grstd, N, C, 0);
+    {   // dinp written (assign): NaN on the GPU and 5 on the CPU on entry, replaced
+        float *dx2 = lm_malloc((size_t)N * C * sizeof(float)), *gdx2 = dpoison((size_t)N * C);
+        for (size_t e = 0; e < (size_t)N * C; e++) dx2[e] = 5.0f;
+        CPU->rmsnorm_bwd(dx2, NULL, dout, x, g, rstd, N, C, 1);
+        GPU->rmsnorm_bwd(gdx2, NULL, gdout, gx, gg, grstd, N, C, 1);
+        cmp(op, "bwd dinp written (assign)", gdx2, dx2, (size_t)N * C, TOL);
+        GPU->free(gdx2);
+        free(dx2);
+    }
     cmp(op, "bwd dinp", gdx, dx, (size_t)N * C, TOL);
     cmp(op, "bwd dgain", gdg, dg, C, TOL);
     DFREE(gx, gg, gdout, gout, grstd, gdx, gdg); HFREE(x, g, dout, dx, dg, out, rstd);
@@ -1065,6 +1074,20 @@ static void t_attnres(int n, int C, int N, double tol) {
     }
     cmp(op, "bwd dw", gdw, dw, C, tol);
     cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
+    {   // written entries (assign bits; the twice-listed buffer's first entry): NaN on the GPU and
+        // 5 on the CPU on entry, replaced; the other entries still add
+        lm_source_grads ha = hg, ga = dg;
+        ha.assign = ga.assign = 1u;   // entry 0 (listed twice when n > 2: its second entry adds)
+        for (size_t e = 0; e < NC; e++) dsrc[0][e] = 5.0f;
+        GPU->free(gdsrc[0]);
+        gdsrc[0] = dpoison(NC);
+        ga.p[0] = gdsrc[0];
+        if (n > 2) ga.p[n - 1] = gdsrc[0];
+        CPU->attnres_bwd(ha, NULL, NULL, dout, hs, alpha, w, gamma, N, C, 1e-5f);
+        GPU->attnres_bwd(ga, NULL, NULL, gdout, ds, galpha, gw, ggamma, N, C, 1e-5f);
+        cmp(op, "bwd dsrc[0] written (assign bit)", gdsrc[0], dsrc[0], NC, tol);
+        if (n > 1 && hg.p[n - 1] != dsrc[0] && hg.p[1]) cmp(op, "bwd dsrc[1] added beside it", gdsrc[1], dsrc[1], NC, tol);
+    }
     for (int j = 0; j < n; j++) { GPU->free(gsrc[j]); GPU->free(gdsrc[j]); free(src[j]); free(dsrc[j]); }
     DFREE(gw, ggamma, gdout, gout, galpha, gdw, gdgamma); HFREE(w, gamma, dout, out, alpha, dw, dgamma);
 }
@@ -1545,7 +1568,7 @@ static void t_bench(void) {
         float *u1 = drand_big((size_t)N * d, 1), *u2 = drand_big((size_t)N * d, 1), *u3 = drand_big((size_t)N * d, 1);
         float *dv = drand_big(d, 1), *dv2 = drand_big(d, 1), *w4 = drand_big((size_t)d * 4, 0.5);
         float *dw4 = drand_big((size_t)d * 4, 0.5), *al = drand_big((size_t)N * 4, 0.25), *rs8 = drand_big((size_t)N * 8, 1);
-        BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d), out);
+        BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d, 0), out);
         BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
               GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0), out);
         BENCH("conv_silu_fwd B4 T4096 C1024 W4", 0, GPU->conv_silu_fwd(out, x, w4, NULL, 4, N / 4, d, 4), out);
