@@ -227,14 +227,17 @@ void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
                   : wb_rows<WbPair, false>(Out, A, B, offsets, tile_start, E, N, K); break;
     }
 }
+template <class Cfg>
+static void wb_dw_mode(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
+                       int N, int assign) {
+    if (assign) wb_dw<Cfg, false>(dW, A, B, offsets, E, M, N);
+    else wb_dw<Cfg, true>(dW, A, B, offsets, E, M, N);
+}
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
                       int N, int cfg, int assign) {
     switch (cfg) {
-    case LM_WG_BIG: assign ? wb_dw<WbBig, false>(dW, A, B, offsets, E, M, N)
-                           : wb_dw<WbBig, true>(dW, A, B, offsets, E, M, N); break;
-    case LM_WG_NARROW: assign ? wb_dw<WbNarrow, false>(dW, A, B, offsets, E, M, N)
-                              : wb_dw<WbNarrow, true>(dW, A, B, offsets, E, M, N); break;
-    default: assign ? wb_dw<WbPair, false>(dW, A, B, offsets, E, M, N)
-                    : wb_dw<WbPair, true>(dW, A, B, offsets, E, M, N); break;
+    case LM_WG_BIG: wb_dw_mode<WbBig>(dW, A, B, offsets, E, M, N, assign); break;
+    case LM_WG_NARROW: wb_dw_mode<WbNarrow>(dW, A, B, offsets, E, M, N, assign); break;
+    default: wb_dw_mode<WbPair>(dW, A, B, offsets, E, M, N, assign); break;
     }
 }

@@ -124,30 +124,37 @@ static int grad_buf(const lm_model *m, int s) {
 // has written) stays zeroed, and every write to it adds. Mirrors lm_model_backward's order:
 // the final norm, the tape from its end (each op reads its output's gradient, then writes its
 // inputs'), the embedding.
+enum { GB_UNTOUCHED, GB_WRITTEN, GB_READ_FIRST };   // a gradient buffer's first access
+static void note_read(const lm_model *m, unsigned char *st, int s) {
+    const int b = grad_buf(m, s);
+    if (st[b] == GB_UNTOUCHED) st[b] = GB_READ_FIRST;
+}
+// 1 if this write of stream s's gradient is its buffer's first access (it may write)
+static unsigned note_write(const lm_model *m, unsigned char *st, int s) {
+    const int b = grad_buf(m, s);
+    if (st[b] != GB_UNTOUCHED) return 0;
+    st[b] = GB_WRITTEN;
+    return 1;
+}
 static void plan_grad_writes(lm_model *m) {
-    enum { UNTOUCHED, WRITTEN, READ_FIRST };
     unsigned char st[LM_MAX_STREAM] = {0};
-#define READ(s) do { const int b_ = grad_buf(m, (s)); if (st[b_] == UNTOUCHED) st[b_] = READ_FIRST; } while (0)
-#define WRITE_FIRST(s) (st[grad_buf(m, (s))] == UNTOUCHED ? (st[grad_buf(m, (s))] = WRITTEN, 1) : 0)
-    m->final_assign = WRITE_FIRST(m->stream_final);
+    m->final_assign = (int)note_write(m, st, m->stream_final);
     for (int t = m->n_tape - 1; t >= 0; t--) {
         lm_tape_op *op = &m->tape[t];
         op->assign = 0;
-        READ(op->out);
+        note_read(m, st, op->out);
         if (op->kind == LM_TP_MIX) {
             const lm_mix_plan *p = &m->mix[op->mix];
-            for (int j = 0; j < p->n; j++) op->assign |= (unsigned)WRITE_FIRST(p->src[j]) << j;
+            for (int j = 0; j < p->n; j++) op->assign |= note_write(m, st, p->src[j]) << j;
         } else if (op->kind == LM_TP_ADD) {
             for (int j = 0; j < 2; j++)
-                if (grad_buf(m, op->in[j]) != grad_buf(m, op->out)) op->assign |= (unsigned)WRITE_FIRST(op->in[j]) << j;
+                if (grad_buf(m, op->in[j]) != grad_buf(m, op->out)) op->assign |= note_write(m, st, op->in[j]) << j;
         } else {
-            op->assign = (unsigned)WRITE_FIRST(op->in[0]);
+            op->assign = note_write(m, st, op->in[0]);
         }
     }
-    READ(m->stream_embed);
-#undef READ
-#undef WRITE_FIRST
-    for (int s = 0; s < m->n_stream; s++) m->grad_written[s] = st[s] == WRITTEN;
+    note_read(m, st, m->stream_embed);
+    for (int s = 0; s < m->n_stream; s++) m->grad_written[s] = st[s] == GB_WRITTEN;
 }
 
 static void build_plan(lm_model *m) {
