@@ -672,23 +672,44 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
 // The two-level scans' carry, serial over a sequence's segments: S_start(0) = S0 (or 0),
 // S_start(σ+1) = A(σ) S_start(σ) + L(σ), written to segS0 [N·H·nseg, K, V]; REV (the
 // backward): from the last segment down, dS_end(last) = dS_out, dS_end(σ−1) = A(σ)ᵀ dS_end(σ)
-// + L(σ). Block: one (sequence, head) and CARRY_CW value columns; thread: column
-// tid % CARRY_CW, rows tid / CARRY_CW + (256 / CARRY_CW)·j. fp32, the sum over A's columns
-// (rows, REV) in order. The transitions do not depend on the carried state, so the next
-// segment's A is copied into the other of two shared-memory buffers while this one's product
-// runs. (Session 12: it was 32 columns per block with A staged 32 columns at a time, one
-// copy round trip per 32 — at the small preset's B1 step the carries took 4.1 of 80 ms.)
-#define CARRY_CW 8
-template <int K> __host__ __device__ constexpr int carry_lda() { return K + 4; }   // 16-byte rows, no conflicts
-template <int K> constexpr int carry_smem() { return (2 * K * carry_lda<K>() + K * (CARRY_CW + 1)) * 4; }
-template <int K, bool REV>
+// + L(σ). Block: one (sequence, head) and CW value columns, 256 threads; a thread holds 4 rows
+// × TC adjacent columns of the state in registers (rows 4g .. 4g + 3 for REV, g + K/4·i
+// otherwise: either way a warp's 16-byte reads of A fall in distinct banks). fp32, each sum
+// over A's columns (rows, REV) in order from L. The transitions do not depend on the carried
+// state, so the next segment's A is copied into the other of two shared-memory buffers while
+// this one's product runs. CW (carry_cw): the widest that still gives about a block per SM —
+// wide blocks read each A once for more columns. (Session 12: 32 columns per block with A staged
+// 32 columns at a time; then 8 columns and one thread per column, 4 rows each, with 16 blocks per
+// (sequence, head): four waves of blocks at the small preset's B4 shape.)
+template <int K> __host__ __device__ constexpr int carry_lda() { return K + 4; }   // 16-byte rows
+// TC adjacent floats (TC-aligned) in one vector access
+template <int TC> __device__ __forceinline__ void ld_cols(float (&x)[TC], const float *p) {
+    if constexpr (TC == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(p);
+        x[0] = v.x; x[1] = v.y; x[2] = v.z; x[3] = v.w;
+    } else if constexpr (TC == 2) {
+        const float2 v = *reinterpret_cast<const float2 *>(p);
+        x[0] = v.x; x[1] = v.y;
+    } else {
+        x[0] = *p;
+    }
+}
+template <int TC> __device__ __forceinline__ void st_cols(float *p, const float (&x)[TC]) {
+    if constexpr (TC == 4) *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    else if constexpr (TC == 2) *reinterpret_cast<float2 *>(p) = make_float2(x[0], x[1]);
+    else *p = x[0];
+}
+template <int K> constexpr int carry_smem(int cw) { return (2 * K * carry_lda<K>() + K * (cw + 4)) * 4; }
+template <int K, int CW, bool REV>
 __global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, const float *segA, const float *segL,
                                                             float *segS0, int V, int nseg) {
+    constexpr int LDA = carry_lda<K>(), NCG = 1024 / K, TC = CW / NCG, LDS = CW + 4, RG = K / 4;
+    static_assert(TC == 1 || TC == 2 || TC == 4, "a thread holds 1, 2 or 4 columns");
     extern __shared__ __align__(16) float carry_smem_raw[];
-    constexpr int LDA = carry_lda<K>(), RS = 256 / CARRY_CW, RJ = K / RS;
-    float *sA0 = carry_smem_raw, *sS = carry_smem_raw + 2 * K * LDA;   // sS [K][CARRY_CW + 1]
+    float *sA0 = carry_smem_raw, *sS = carry_smem_raw + 2 * K * LDA;   // sS [K][LDS]
     const size_t nh = blockIdx.x;
-    const int v0 = CARRY_CW * blockIdx.y, tid = threadIdx.x, c = tid % CARRY_CW, r0 = tid / CARRY_CW;
+    const int tid = threadIdx.x, g = tid / NCG, cl = TC * (tid % NCG), c = CW * blockIdx.y + cl;
+    auto row = [&](int i) { return REV ? 4 * g + i : g + RG * i; };
     auto seg_of = [&](int it) { return nh * nseg + (REV ? nseg - 1 - it : it); };
     // A(σ) as stored, [K][K] in rows of LDA floats, by 16-byte copies
     auto copy_A = [&](int it) {
@@ -697,61 +718,92 @@ __global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, con
         for (int i = tid; i < K * K / 4; i += 256) cp_async16(dst + (i / (K / 4)) * LDA + 4 * (i % (K / 4)), A + 4 * i);
         cp_async_commit();
     };
-    for (int i = tid; i < K * CARRY_CW; i += 256) {
-        const int r = i / CARRY_CW, cc = i % CARRY_CW;
-        sS[r * (CARRY_CW + 1) + cc] = S0 ? S0[nh * K * V + (size_t)r * V + v0 + cc] : 0.f;
+    float st[4][TC];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (S0) ld_cols<TC>(st[i], S0 + nh * K * V + (size_t)row(i) * V + c);
+        else
+#pragma unroll
+            for (int t = 0; t < TC; t++) st[i][t] = 0.f;
     }
     if (nseg > 1) copy_A(0);
     for (int it = 0; it < nseg; it++) {
         const size_t seg = seg_of(it);
-        __syncthreads();   // sS holds S_start of this segment
-        for (int i = tid; i < K * CARRY_CW; i += 256) {
-            const int r = i / CARRY_CW, cc = i % CARRY_CW;
-            segS0[seg * K * V + (size_t)r * V + v0 + cc] = sS[r * (CARRY_CW + 1) + cc];
-        }
-        if (it == nseg - 1) break;
-        const float *Lm = segL + seg * K * V;
-        float acc[RJ];
 #pragma unroll
-        for (int j = 0; j < RJ; j++) acc[j] = Lm[(size_t)(r0 + RS * j) * V + v0 + c];
+        for (int i = 0; i < 4; i++) st_cols<TC>(segS0 + seg * K * V + (size_t)row(i) * V + c, st[i]);
+        if (it == nseg - 1) break;
+#pragma unroll
+        for (int i = 0; i < 4; i++) st_cols<TC>(sS + row(i) * LDS + cl, st[i]);
+        const float *Lm = segL + seg * K * V;
+        float acc[4][TC];
+#pragma unroll
+        for (int i = 0; i < 4; i++) ld_cols<TC>(acc[i], Lm + (size_t)row(i) * V + c);
         if (it + 1 < nseg - 1) {   // the next product's A, into the other buffer
             copy_A(it + 1);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
-        __syncthreads();   // this A has landed for every thread
+        __syncthreads();   // this A has landed and sS holds S_start, for every thread
         const float *sA = sA0 + (it & 1) * K * LDA;
-#pragma unroll 8
-        for (int m = 0; m < K; m++) {
-            const float sm = sS[m * (CARRY_CW + 1) + c];
+#pragma unroll 2
+        for (int m = 0; m < K; m += 4) {
+            float a[4][4], x[4][TC];   // a[i][j]: the coefficient of row(i) and m + j
 #pragma unroll
-            for (int j = 0; j < RJ; j++) {
-                const int r = r0 + RS * j;
-                acc[j] += (REV ? sA[m * LDA + r] : sA[r * LDA + m]) * sm;
+            for (int j = 0; j < 4; j++) {
+                const float4 v = *reinterpret_cast<const float4 *>(REV ? sA + (m + j) * LDA + 4 * g : sA + row(j) * LDA + m);
+                if (REV) { a[0][j] = v.x; a[1][j] = v.y; a[2][j] = v.z; a[3][j] = v.w; }
+                else { a[j][0] = v.x; a[j][1] = v.y; a[j][2] = v.z; a[j][3] = v.w; }
+                ld_cols<TC>(x[j], sS + (m + j) * LDS + cl);
             }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int t = 0; t < TC; t++) acc[i][t] += a[i][j] * x[j][t];
         }
         __syncthreads();   // every thread is done with sS and this A (refilled two segments on)
 #pragma unroll
-        for (int j = 0; j < RJ; j++) sS[(r0 + RS * j) * (CARRY_CW + 1) + c] = acc[j];
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int t = 0; t < TC; t++) st[i][t] = acc[i][t];
     }
 }
 
-cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
-    const dim3 grid((unsigned)(p->N * p->H), p->V / CARRY_CW);
-    const float *init = rev ? p->dS_out : p->S0;
-#define CARRY(KK, RR)                                                                                                  \
-    do {                                                                                                               \
-        cudaError_t e = cudaFuncSetAttribute(kda_seg_carry_kernel<KK, RR>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                             carry_smem<KK>());                                                        \
-        if (e != cudaSuccess) return e;                                                                                \
-        kda_seg_carry_kernel<KK, RR><<<grid, 256, carry_smem<KK>(), p->stream>>>(init, w.segA, w.segL, w.segS0, p->V, \
-                                                                                 w.nseg);                              \
-    } while (0)
-    if (p->K == 64) { if (rev) CARRY(64, true); else CARRY(64, false); }
-    else { if (rev) CARRY(128, true); else CARRY(128, false); }
-#undef CARRY
+// columns per carry block (KDA_CARRY_CW overrides: 8, 16 or 32 at K = 128; 16, 32 or 64 at 64):
+// the widest whose blocks still cover two thirds of the SMs
+static int carry_cw(const kda_params *p) {
+    const int lo = 1024 / p->K, forced = getenv("KDA_CARRY_CW") ? atoi(getenv("KDA_CARRY_CW")) : 0;
+    if (forced == lo || forced == 2 * lo || forced == 4 * lo) return forced;
+    const long long pairs = (long long)p->N * p->H;
+    for (int cw = 4 * lo; cw > lo; cw /= 2)
+        if (pairs * (p->V / cw) * 3 >= 2LL * kda_num_sms()) return cw;
+    return lo;
+}
+
+template <int K, int CW, bool REV>
+static cudaError_t launch_carry(const kda_params *p, const KWs &w) {
+    const dim3 grid((unsigned)(p->N * p->H), p->V / CW);
+    const int smem = carry_smem<K>(CW);
+    cudaError_t e = cudaFuncSetAttribute(kda_seg_carry_kernel<K, CW, REV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    kda_seg_carry_kernel<K, CW, REV><<<grid, 256, smem, p->stream>>>(REV ? p->dS_out : p->S0, w.segA, w.segL, w.segS0,
+                                                                     p->V, w.nseg);
     return cudaGetLastError();
+}
+
+template <int K, bool REV>
+static cudaError_t launch_carry_k(const kda_params *p, const KWs &w) {
+    const int cw = carry_cw(p) / (1024 / K);   // 1, 2 or 4 columns a thread
+    if (cw == 4) return launch_carry<K, 4096 / K, REV>(p, w);
+    if (cw == 2) return launch_carry<K, 2048 / K, REV>(p, w);
+    return launch_carry<K, 1024 / K, REV>(p, w);
+}
+
+cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
+    if (p->K == 64) return rev ? launch_carry_k<64, true>(p, w) : launch_carry_k<64, false>(p, w);
+    return rev ? launch_carry_k<128, true>(p, w) : launch_carry_k<128, false>(p, w);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -632,6 +632,9 @@ int main(int argc, char **argv) {
         make_prob(P, {1100}, 1, 128, 128, 0, 0, 12); test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
         unsetenv("KDA_SCAN_WARPS"); unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
         test_conv_decode(3, 4, 96, 4);
+        setenv("KDA_SCAN_SEGS", "3", 1); setenv("KDA_CARRY_CW", "32", 1);   // the widest carry blocks
+        make_prob(P, {200}, 2, 128, 128, 1, 0, 13); test_fwd(P, " [segs=3, carry columns 32]"); test_bwd(P, " [segs=3, carry columns 32]");
+        unsetenv("KDA_SCAN_SEGS"); unsetenv("KDA_CARRY_CW");
     } else {
         // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
         int Ts[] = {1, 15, 63, 500, 1000, 2048};
@@ -718,6 +721,26 @@ int main(int argc, char **argv) {
             make_prob(P, {500}, 2, 128, 128, 0, 0, 93); test_fwd(P, " [segs, KS=1]");
             unsetenv("KDA_SCAN_KS");
         }
+        unsetenv("KDA_SCAN_SEGS");
+
+        // the carry's column widths (automatic: the widest that still covers two thirds of the
+        // SMs — the narrowest at these few heads), forward and backward, K, V ∈ {64, 128}
+        setenv("KDA_SCAN_SEGS", "3", 1);
+        const char *cws[] = {"8", "16", "32", "64"};
+        for (const char *cw : cws) {
+            char tag[48];
+            snprintf(tag, sizeof tag, " [segs=3, carry columns %s]", cw);
+            setenv("KDA_CARRY_CW", cw, 1);
+            if (strcmp(cw, "64")) {   // K = 128: 8, 16, 32
+                make_prob(P, {500, 500}, 3, 128, 128, 0, 0, 140); test_fwd(P, tag); test_bwd(P, tag);
+                make_prob(P, {700}, 2, 128, 64, 1, 0, 141); test_fwd(P, tag); test_bwd(P, tag);
+            }
+            if (strcmp(cw, "8")) {    // K = 64: 16, 32, 64
+                make_prob(P, {1000}, 2, 64, 128, 1, 0, 142); test_fwd(P, tag); test_bwd(P, tag);
+                make_prob(P, {600, 600}, 2, 64, 64, 0, 0, 143); test_fwd(P, tag); test_bwd(P, tag);
+            }
+        }
+        unsetenv("KDA_CARRY_CW");
         unsetenv("KDA_SCAN_SEGS");
 
         // the scans' 64-token steps over the merged W~, U~ (automatic under 512 value slices: most
