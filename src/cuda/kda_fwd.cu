@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     size_t hc = (size_t)h * a.NC + gc;
-    constexpr int CPL = K / 32, VPL = V / 32, RPW = 16 / (PREP_THREADS / 32);
+    constexpr int CPL = K / 32, RPW = 16 / (PREP_THREADS / 32);
 
     // the chunk's rows of q, k, f, v into shared memory by 16-byte copies (rows past the end
     // zero-filled), read from there by channel and by row: one copy per 16 bytes instead of a
@@ -234,13 +234,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     float fr[16], qr[16], kr[16];
     if (cch < K) chunk_channel<K>(fr, qr, kr, S.u.in.q, S.u.in.k, S.u.in.f, cch);
     // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
-    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2], rvx[RPW][VPL / 2];
+    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
         int r = warp + i * (PREP_THREADS / 32);
         ld_bf16x<CPL>(rqx[i], &S.u.in.q[r][lane * CPL], true);
         ld_bf16x<CPL>(rkx[i], &S.u.in.k[r][lane * CPL], true);
-        ld_bf16x<VPL>(rvx[i], &S.u.in.v[r][lane * VPL], true);
     }
     for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
         (&S.L[0][0])[e] = 0.f;
@@ -264,8 +263,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             sk += __shfl_xor_sync(0xffffffffu, sk, o);
             if constexpr (EXACT) sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
         }
-#pragma unroll
-        for (int e = 0; e < VPL; e++) S.VT[lane * VPL + e][r] = __float2bfloat16(bf_at(rvx[i], e));
         if (lane == 0) {
             float iq = rsqrtf(sq + 1e-6f), ik = rsqrtf(sk + 1e-6f);
             S.rq[r] = iq;
@@ -274,12 +271,26 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             if constexpr (EXACT) S.qk[r] = sqk * iq * ik * a.scale;
         }
     }
+    // raw v transposed: a thread per value channel, its 16 rows as two 16-byte stores (rows of
+    // VT are 48 bytes apart, so a warp's 16-byte stores fall in distinct banks; 2-byte stores
+    // from a thread per row were 16-way bank conflicts, ncu session 16)
+    if (tid < V) {
+        uint32_t pk[8];
+#pragma unroll
+        for (int r = 0; r < 16; r += 2)
+            pk[r / 2] = (uint32_t)__bfloat16_as_ushort(S.u.in.v[r][tid]) |
+                        ((uint32_t)__bfloat16_as_ushort(S.u.in.v[r + 1][tid]) << 16);
+        uint4 *dst = reinterpret_cast<uint4 *>(&S.VT[tid][0]);
+        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+    }
     __syncthreads();
 
     // per channel: gate, cumulative sum (log2), decayed rows; from here on qr holds scale·q̂
     // and kr holds k̂ (the exact path's tree levels read them with Gs)
     float Gs[16];
     uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
+    uint32_t kep[8];   // its K̂⊙e^G rows, likewise, for KeT (two 16-byte stores, as VT above)
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
         float G = 0.f;
@@ -294,7 +305,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             float E = ex2f_(G);
             if (r & 1) qgp[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(qs * E)) << 16;
             else qgp[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(qs * E));
-            S.KeT[cch][r] = __float2bfloat16(kr[r] * E);
+            if (r & 1) kep[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(kr[r] * E)) << 16;
+            else kep[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(kr[r] * E));
             if constexpr (!EXACT) {
                 float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
                 S.u.fac.A0[r][cch] = qs * Fd;
@@ -306,6 +318,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             tree_store<K, 3>(S.u.tree[0], cch, Gs, kr, qr);
             tree_store<K, 2>(S.u.tree[1], cch, Gs, kr, qr);
         }
+        uint4 *ke = reinterpret_cast<uint4 *>(&S.KeT[cch][0]);
+        ke[0] = make_uint4(kep[0], kep[1], kep[2], kep[3]);
+        ke[1] = make_uint4(kep[4], kep[5], kep[6], kep[7]);
         a.gl[hc * K + cch] = ex2f_(G);
         uint32_t pk[8];
 #pragma unroll
