@@ -359,7 +359,8 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
                 *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
                 // S·dS'ᵀ of tile h2: rows n0 + g (+8), columns n0 + 8·h2 + 2t (+1); the diagonal
                 // is row 8·h2 + g = column 8·h2 + 2t + (e & 1), i.e. e = 2·h2 + (g & 1), g >> 1 == t
-                if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = ag[h2][2 * h2 + (g & 1)];
+                // (selected, not indexed by g & 1: a run-time index put ag in local memory)
+                if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
             }
         }
         if (warp == NW - 1) {   // dM = dO V'ᵀ (inclusive lower triangle)
