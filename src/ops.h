@@ -169,7 +169,9 @@ typedef struct lm_ops {
 
     // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
     void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n);
-    void (*sigmoid_gate_bwd)(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n);
+    // dx, dz accumulate (assign: written, their contents on entry do not matter)
+    void (*sigmoid_gate_bwd)(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n,
+                             int assign);
 
     // ---- GLU: h = act(g) ⊙ u, act = SiLU (LM_ACT_SWIGLU) or SiTU (LM_ACT_SITU, caps 4 and 25) ----
     void (*glu_fwd)(real *h, const real *g, const real *u, size_t n, int act);
@@ -198,16 +200,20 @@ typedef struct lm_ops {
     //   kv [N, H, Dn+Dv] (kv_b_proj output), kpe [N, De];
     //   k [N, H, Dn+De] = [kv[..., :Dn], kpe], v [N, H, Dv] = kv[..., Dn:]
     void (*mla_split_fwd)(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
-    void (*mla_split_bwd)(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
+    // dkv, dkpe accumulate (assign: written whole, zeros where dk or dv is NULL)
+    void (*mla_split_bwd)(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
+                          int assign);
     // causal softmax attention without positions, blockwise with online softmax:
     //   q, k [B,T,H,Dqk], v [B,T,H,Dv], o [B,T,H,Dv]; lse [B,H,T] saved for backward
     //   o_t = Σ_{s≤t} softmax_s(scale·q_t·k_s) v_s per (b,h); lse_t = log Σ_{s≤t} exp(scale·q_t·k_s).
     //   Backward recomputes the probabilities from lse (no T×T matrix is stored) and
-    //   accumulates dq, dk [B,T,H,Dqk], dv [B,T,H,Dv] (any may be NULL).
+    //   accumulates dq, dk [B,T,H,Dqk], dv [B,T,H,Dv] (any may be NULL; assign: written, their
+    //   contents on entry do not matter).
     void (*attn_fwd)(real *o, real *lse, const real *q, const real *k, const real *v,
                      int B, int T, int H, int Dqk, int Dv, real scale);
     void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
-                     const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+                     const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale,
+                     int assign);
     // the same forward for T queries that follow P earlier positions (chunked prefill over a
     // cache; inference only): q, o [B,T,H,·]; k, v [B,P+T,H,·]; query t is position P + t and
     // sees keys 0..P+t. P = 0 equals attn_fwd.

@@ -272,7 +272,7 @@ static void test_attn_grads(void **state) {
     c.o = tu_alloc(nv); c.lse = tu_alloc((size_t)c.B * c.H * c.T); c.P = tu_randn(nv, &r, 1);
     at_loss(&c);
     real *dq = tu_alloc(nq), *dk = tu_alloc(nq), *dv = tu_alloc(nv);
-    ops->attn_bwd(dq, dk, dv, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale);
+    ops->attn_bwd(dq, dk, dv, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale, 0);
 
     // against the materialised reference backward (sharp in both builds)
     double *rq = malloc(sizeof(double) * nq), *rk = malloc(sizeof(double) * nq), *rv = malloc(sizeof(double) * nv);
@@ -288,11 +288,11 @@ static void test_attn_grads(void **state) {
     // accumulation, and NULL gradients: a second call with only dk adds the same dk again
     at_loss(&c);
     real *dk2 = tu_copy(dk, nq);
-    ops->attn_bwd(NULL, dk2, NULL, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale);
+    ops->attn_bwd(NULL, dk2, NULL, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale, 0);
     for (size_t i = 0; i < nq; i++) dk[i] *= 2;
     tu_check("attn bwd accumulates (dk only, dq = dv = NULL)", tu_rel_rms(dk2, dk, nq), TOL(1e-15, 1e-6));
     real *dv2 = tu_copy(dv, nv);
-    ops->attn_bwd(NULL, NULL, dv2, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale);
+    ops->attn_bwd(NULL, NULL, dv2, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, c.Dqk, c.Dv, c.scale, 0);
     for (size_t i = 0; i < nv; i++) dv[i] *= 2;
     tu_check("attn bwd accumulates (dv only)", tu_rel_rms(dv2, dv, nv), TOL(1e-15, 1e-6));
     free(c.q); free(c.k); free(c.v); free(c.o); free(c.lse); free(c.P);
@@ -314,7 +314,7 @@ static void test_attn_thread_determinism(void **state) {
         o[run] = tu_alloc(nv); l[run] = tu_alloc(nl);
         dq[run] = tu_alloc(nq); dk[run] = tu_alloc(nq); dv[run] = tu_alloc(nv);
         ops->attn_fwd(o[run], l[run], q, k, v, B, T, H, Dqk, Dv, scale);
-        ops->attn_bwd(dq[run], dk[run], dv[run], g, q, k, v, o[run], l[run], B, T, H, Dqk, Dv, scale);
+        ops->attn_bwd(dq[run], dk[run], dv[run], g, q, k, v, o[run], l[run], B, T, H, Dqk, Dv, scale, 0);
     }
     omp_set_num_threads(keep);
     double d = tu_worst(tu_max_abs_diff(o[0], o[1], nv), tu_max_abs_diff(l[0], l[1], nl));
@@ -364,21 +364,52 @@ static void test_mla_split(void **state) {
     tu_check("mla_split values (exact)", d, 0);
 
     real *dk = tu_alloc(nk), *dv = tu_alloc(nv), *dkv = tu_alloc(nkv), *dkpe = tu_alloc((size_t)N * c.De);
-    ops->attn_bwd(NULL, dk, dv, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, Dk, c.Dv, c.scale);
-    ops->mla_split_bwd(dkv, dkpe, dk, dv, N, c.H, c.Dn, c.De, c.Dv);
+    ops->attn_bwd(NULL, dk, dv, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, Dk, c.Dv, c.scale, 0);
+    ops->mla_split_bwd(dkv, dkpe, dk, dv, N, c.H, c.Dn, c.De, c.Dv, 0);
     tu_check("mla_split+attn d_kv (FD)", tu_gradcheck(c.kv, dkv, nkv, sp_loss, &c, TU_H, 200, &r), TOL(1e-6, 2e-2));
     tu_check("mla_split+attn d_kpe (FD, summed over heads)",
              tu_gradcheck(c.kpe, dkpe, (size_t)N * c.De, sp_loss, &c, TU_H, 200, &r), TOL(1e-6, 2e-2));
 
     // NULL upstream/outputs: dk only reaches dkv[:Dn] and dkpe, dv only dkv[Dn:]; accumulation
     real *a = tu_copy(dkv, nkv), *ap = tu_copy(dkpe, (size_t)N * c.De);
-    ops->mla_split_bwd(a, NULL, dk, NULL, N, c.H, c.Dn, c.De, c.Dv);
-    ops->mla_split_bwd(a, ap, NULL, dv, N, c.H, c.Dn, c.De, c.Dv);
-    ops->mla_split_bwd(NULL, ap, dk, dv, N, c.H, c.Dn, c.De, c.Dv);
+    ops->mla_split_bwd(a, NULL, dk, NULL, N, c.H, c.Dn, c.De, c.Dv, 0);
+    ops->mla_split_bwd(a, ap, NULL, dv, N, c.H, c.Dn, c.De, c.Dv, 0);
+    ops->mla_split_bwd(NULL, ap, dk, dv, N, c.H, c.Dn, c.De, c.Dv, 0);
     for (size_t i = 0; i < nkv; i++) dkv[i] *= 2;
     for (size_t i = 0; i < (size_t)N * c.De; i++) dkpe[i] *= 2;
     tu_check("mla_split bwd accumulates, NULL pieces (dkv)", tu_rel_rms(a, dkv, nkv), TOL(1e-14, 1e-6));
     tu_check("mla_split bwd accumulates, NULL pieces (dkpe)", tu_rel_rms(ap, dkpe, (size_t)N * c.De), TOL(1e-14, 1e-6));
+
+    // written (assign): what the outputs held (NaN here) replaced, the result equal to adding
+    // into zeros — attention's dq, dk, dv and the split's dkv, dkpe; without dv, dkv[Dn:] = 0
+    {
+        const size_t npe = (size_t)N * c.De;
+        real *dq0 = tu_alloc(nk), *dk0 = tu_alloc(nk), *dv0 = tu_alloc(nv), *kv0 = tu_alloc(nkv), *pe0 = tu_alloc(npe);
+        real *dqw = tu_alloc(nk), *dkw = tu_alloc(nk), *dvw = tu_alloc(nv), *kvw = tu_alloc(nkv), *pew = tu_alloc(npe);
+        ops->attn_bwd(dq0, dk0, dv0, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, Dk, c.Dv, c.scale, 0);
+        ops->mla_split_bwd(kv0, pe0, dk0, dv0, N, c.H, c.Dn, c.De, c.Dv, 0);
+        for (size_t i = 0; i < nk; i++) dqw[i] = dkw[i] = NAN;
+        for (size_t i = 0; i < nv; i++) dvw[i] = NAN;
+        for (size_t i = 0; i < nkv; i++) kvw[i] = NAN;
+        for (size_t i = 0; i < npe; i++) pew[i] = NAN;
+        ops->attn_bwd(dqw, dkw, dvw, c.P, c.q, c.k, c.v, c.o, c.lse, c.B, c.T, c.H, Dk, c.Dv, c.scale, 1);
+        ops->mla_split_bwd(kvw, pew, dkw, dvw, N, c.H, c.Dn, c.De, c.Dv, 1);
+        double m = 0;
+        for (size_t i = 0; i < nk; i++) m = tu_worst(tu_worst(m, fabs(dqw[i] - dq0[i])), fabs(dkw[i] - dk0[i]));
+        for (size_t i = 0; i < nv; i++) m = tu_worst(m, fabs(dvw[i] - dv0[i]));
+        for (size_t i = 0; i < nkv; i++) m = tu_worst(m, fabs(kvw[i] - kv0[i]));
+        for (size_t i = 0; i < npe; i++) m = tu_worst(m, fabs(pew[i] - pe0[i]));
+        tu_check("attn and mla_split bwd written (assign) == added into zeros (max abs)", m, 0);
+        for (size_t i = 0; i < nkv; i++) kvw[i] = NAN;
+        ops->mla_split_bwd(kvw, NULL, dkw, NULL, N, c.H, c.Dn, c.De, c.Dv, 1);
+        m = 0;
+        for (size_t i = 0; i < nkv; i++) {
+            const int d = (int)(i % (size_t)(c.Dn + c.Dv));
+            m = tu_worst(m, fabs(kvw[i] - (d < c.Dn ? kv0[i] : 0)));
+        }
+        tu_check("mla_split bwd written without dv: zeros there (max abs)", m, 0);
+        free(dq0); free(dk0); free(dv0); free(kv0); free(pe0); free(dqw); free(dkw); free(dvw); free(kvw); free(pew);
+    }
     free(c.q); free(c.kv); free(c.kpe); free(c.k); free(c.v); free(c.o); free(c.lse); free(c.P);
     free(dk); free(dv); free(dkv); free(dkpe); free(a); free(ap);
 }

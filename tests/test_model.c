@@ -496,6 +496,11 @@ static void test_written_gradients(void **state) {
     c.n_shared = 0;
     c.first_dense = 2;
     repeat_over_nan(c, "dense FFN layers, no shared expert");
+    c = small_hybrid("KMM");
+    c.q_lora_rank = 6;
+    c.mla_gated = 0;
+    c.qk_extra_dim = 0;
+    repeat_over_nan(c, "MLA ungated, low-rank queries, no shared extra dims");
 }
 
 int main(void) {

@@ -7,12 +7,12 @@ void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = x[i] * lm_sigmoid(z[i]);
 }
 
-void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n) {
+void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        real s = lm_sigmoid(z[i]);
-        if (dx) dx[i] += dout[i] * s;
-        if (dz) dz[i] += dout[i] * x[i] * s * (1 - s);
+        real s = lm_sigmoid(z[i]), gx = dout[i] * s, gz = dout[i] * x[i] * s * (1 - s);
+        if (dx) dx[i] = assign ? gx : dx[i] + gx;
+        if (dz) dz[i] = assign ? gz : dz[i] + gz;
     }
 }
 

@@ -31,18 +31,21 @@ void cpu_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N,
 
 // dk [N,H,Dn+De], dv [N,H,Dv] (either may be NULL = zero) → dkv [N,H,Dn+Dv] +=,
 // dkpe [N,De] += Σ_h dk[..., Dn:] (heads summed in order 0..H-1, the shared extra dims
-// receive every head's gradient)
-void cpu_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv) {
+// receive every head's gradient); assign: = instead of +=
+void cpu_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
+                       int assign) {
     int Dkv = Dn + Dv, Dk = Dn + De;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
+        if (dkpe && assign)
+            for (int d = 0; d < De; d++) dkpe[(size_t)n * De + d] = 0;
         for (int h = 0; h < H; h++) {
             const real *gk = dk ? dk + ((size_t)n * H + h) * Dk : NULL;
             const real *gv = dv ? dv + ((size_t)n * H + h) * Dv : NULL;
             if (dkv) {
                 real *g = dkv + ((size_t)n * H + h) * Dkv;
-                if (gk) for (int d = 0; d < Dn; d++) g[d] += gk[d];
-                if (gv) for (int d = 0; d < Dv; d++) g[Dn + d] += gv[d];
+                for (int d = 0; d < Dn; d++) g[d] = (assign ? 0 : g[d]) + (gk ? gk[d] : 0);
+                for (int d = 0; d < Dv; d++) g[Dn + d] = (assign ? 0 : g[Dn + d]) + (gv ? gv[d] : 0);
             }
             if (dkpe && gk) {
                 real *g = dkpe + (size_t)n * De;
@@ -161,9 +164,10 @@ void cpu_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, i
 //   dv_s += Σ_t P_ts do_t;  dS_ts = scale·P_ts (do_t·v_s − D_t);
 //   dk_s += Σ_t dS_ts q_t;  dq_t += Σ_s dS_ts k_s  (dq of a row is only touched by its task).
 // (D_t = Σ_s P_ts do_t·v_s, the softmax Jacobian's correction term, read off o.)
-// Gradients [like their inputs] are accumulated; any of dq, dk, dv may be NULL.
+// Gradients [like their inputs] are accumulated (assign: written); any of dq, dk, dv may be NULL.
 void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
-                  const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
+                  const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale,
+                  int assign) {
     if (B == 0 || T == 0 || H == 0 || (!dq && !dk && !dv)) return;
     const int BS = ATTN_BLOCK, nb = lm_cdiv(T, BS);
     const size_t ldq = (size_t)H * Dqk, ldv = (size_t)H * Dv;
@@ -183,6 +187,8 @@ void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, 
             size_t qoff = (size_t)b * T * ldq + (size_t)h * Dqk, voff = (size_t)b * T * ldv + (size_t)h * Dv;
             const real *qh = q + qoff, *kh = k + qoff, *vh = v + voff, *oh = o + voff, *doh = d_o + voff;
             const real *lh = lse + (size_t)bh * T;
+            if (dq && assign)   // this task's rows of dq, added into block by block below
+                for (int t = 0; t < T; t++) memset(dq + qoff + (size_t)t * ldq, 0, (size_t)Dqk * sizeof(real));
             for (int t = 0; t < T; t++) {
                 const real *a = doh + (size_t)t * ldv, *c = oh + (size_t)t * ldv;
                 real sum = 0;
@@ -237,11 +243,11 @@ void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, 
                 for (int c = 0; c < nk; c++) {
                     if (dk) {
                         real *g = dk + qoff + (size_t)(s0 + c) * ldq;
-                        for (int d = 0; d < Dqk; d++) g[d] += dKj[(size_t)c * Dqk + d];
+                        for (int d = 0; d < Dqk; d++) g[d] = (assign ? 0 : g[d]) + dKj[(size_t)c * Dqk + d];
                     }
                     if (dv) {
                         real *g = dv + voff + (size_t)(s0 + c) * ldv;
-                        for (int d = 0; d < Dv; d++) g[d] += dVj[(size_t)c * Dv + d];
+                        for (int d = 0; d < Dv; d++) g[d] = (assign ? 0 : g[d]) + dVj[(size_t)c * Dv + d];
                     }
                 }
             }

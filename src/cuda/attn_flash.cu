@@ -481,7 +481,7 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
 }
 
 int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
-                        const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
+                        const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
     if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||
         !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v))
         return 0;
@@ -497,7 +497,8 @@ int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const rea
     lm_cuda_to_bf16(kb, k, nq);
     lm_cuda_to_bf16(vb, v, nv);
     lm_cuda_to_bf16(dob, d_o, nv);
-    if (cuda_attn_flash_wg_bwd(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, Dqk, Dv, scale)) return 1;
+    if (cuda_attn_flash_wg_bwd(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, Dqk, Dv, scale, assign)) return 1;
+    if (assign) lm_cuda_zero_attn_grads(dq, dk, dv, nq, nv);   // these kernels add
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_bwd<a, c>(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, scale);
     FA_DIMS(FA_CASE)

@@ -279,7 +279,7 @@ template <int DQK, int DV> struct FwBwdCfg {
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(FW_THREADS, 1)
     fa_wg_dkdv_k(float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v,
-                 const float *lse, const float *D, int T, int H, float scale, float scale_log2) {
+                 const float *lse, const float *D, int T, int H, float scale, float scale_log2, int assign) {
     typedef FwBwdCfg<DQK, DV> C;
     constexpr int BQ = C::BQ;
     extern __shared__ uint8_t fw_raw[];
@@ -373,7 +373,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             float *r = dv + voff + (size_t)key * ldv + 2 * (l & 3);
 #pragma unroll
             for (int n = 0; n < DV / 8; n++) {
-                const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
                 *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dva[4 * n + 2 * hr], x.y + dva[4 * n + 2 * hr + 1]);
             }
         }
@@ -381,7 +381,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             float *r = dk + qoff + (size_t)key * ldq + 2 * (l & 3);
 #pragma unroll
             for (int n = 0; n < DQK / 8; n++) {
-                const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
                 *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dka[4 * n + 2 * hr], x.y + dka[4 * n + 2 * hr + 1]);
             }
         }
@@ -403,7 +403,7 @@ template <int DQK, int DV> struct FwDqCfg {
 template <int DQK, int DV>
 __global__ static void __launch_bounds__(FW_THREADS, 1)
     fa_wg_dq_k(float *dq, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k, const fw_bf16 *v, const float *lse,
-               const float *D, int T, int H, float scale, float scale_log2) {
+               const float *D, int T, int H, float scale, float scale_log2, int assign) {
     typedef FwDqCfg<DQK, DV> C;
     constexpr int BN = C::BN;
     extern __shared__ uint8_t fw_raw[];
@@ -488,7 +488,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         float *r = dq + qoff + (size_t)row * ldq + 2 * (l & 3);
 #pragma unroll
         for (int n = 0; n < DQK / 8; n++) {
-            const float2 x = *reinterpret_cast<float2 *>(r + 8 * n);
+            const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
             *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dqa[4 * n + 2 * hr], x.y + dqa[4 * n + 2 * hr + 1]);
         }
     }
@@ -512,7 +512,8 @@ static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, 
 
 template <int DQK, int DV>
 static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k,
-                      const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, float scale) {
+                      const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, float scale,
+                      int assign) {
     static int ready;
     if (!ready) {
         cudaCheck(cudaFuncSetAttribute(fa_wg_dkdv_k<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -524,12 +525,12 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
     dim3 grid((T + 127) / 128, H, B);
     if (dk || dv) {
         fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
-            dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E);
+            dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();
     }
     if (dq) {
         fa_wg_dq_k<DQK, DV><<<grid, FW_THREADS, FwDqCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
-            dq, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E);
+            dq, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();
     }
 }
@@ -574,11 +575,11 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16
 
 int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k,
                            const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, int Dqk, int Dv,
-                           float scale) {
+                           float scale, int assign) {
     if (lm_cuda_fa_wg() == 0) return 0;
 #define FW_CASE(a, c)                                                          \
     if (Dqk == a && Dv == c) {                                                 \
-        fa_wg_bwd<a, c>(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, scale);     \
+        fa_wg_bwd<a, c>(dq, dk, dv, d_o, q, k, v, lse, D, B, T, H, scale, assign); \
         return 1;                                                              \
     }
     FW_DIMS(FW_CASE)

@@ -82,18 +82,19 @@ void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);
 void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
-void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n);
+void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign);
 void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act);
 void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 void cuda_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
 void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W, int assign);
 void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
 void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
-void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv);
+void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
+                        int assign);
 void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
 void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
 void cuda_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk, int Dv, real scale);
-void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 // D [B,H,T] = rowsum(dO∘O) per head (o, d_o [B,T,H,Dv]): the softmax-backward term of both attention kernels
 void cuda_attn_D(real *D, const real *d_o, const real *o, int B, int T, int H, int Dv);
 // The flash attention's kernels for Dqk/Dv ∈ {192/128, 128/128, 64/64} (attn_flash_wg.cu, wgmma):
@@ -104,7 +105,8 @@ void lm_cuda_set_fa_wg(int bn);
 // tensor-core attention (attn_flash.cu): returns 0, doing nothing, for head dims or pointer
 // alignments it does not handle (the caller falls back to the fp32 kernels of mla.cu).
 int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk, int Dv, real scale);
-int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale);
+void lm_cuda_zero_attn_grads(float *dq, float *dk, float *dv, size_t nqk, size_t nv);
+int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 void cuda_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
 void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
 void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);

@@ -8,11 +8,12 @@
 __global__ static void sgate_fwd_k(float *out, const float *x, const float *z, size_t n) {
     GRID_STRIDE(i, n) out[i] = x[i] * dsigmoid(z[i]);
 }
-__global__ static void sgate_bwd_k(float *dx, float *dz, const float *dout, const float *x, const float *z, size_t n) {
+__global__ static void sgate_bwd_k(float *dx, float *dz, const float *dout, const float *x, const float *z, size_t n,
+                                   int assign) {
     GRID_STRIDE(i, n) {
-        float s = dsigmoid(z[i]);
-        if (dx) dx[i] += dout[i] * s;
-        if (dz) dz[i] += dout[i] * x[i] * s * (1 - s);
+        const float s = dsigmoid(z[i]), gx = dout[i] * s, gz = dout[i] * x[i] * s * (1 - s);
+        if (dx) dx[i] = assign ? gx : dx[i] + gx;
+        if (dz) dz[i] = assign ? gz : dz[i] + gz;
     }
 }
 
@@ -21,9 +22,9 @@ void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
     sgate_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, x, z, n);
     cudaLaunchCheck();
 }
-void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n) {
+void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign) {
     if (!n || (!dx && !dz)) return;
-    sgate_bwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, n);
+    sgate_bwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, n, assign);
     cudaLaunchCheck();
 }
 

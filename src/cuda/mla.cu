@@ -39,39 +39,44 @@ void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N
     cudaLaunchCheck();
 }
 
+// dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros
 __global__ static void split_bwd_kv_k(float *dkv, const float *dk, const float *dv, int N, int H, int Dn, int De,
-                                      int Dv) {
+                                      int Dv, int assign) {
     const int Dkv = Dn + Dv, Dk = Dn + De;
     size_t n = (size_t)N * H * Dkv;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t nh = e / Dkv;
         int d = (int)(e % Dkv);
-        if (d < Dn) { if (dk) dkv[e] += dk[nh * Dk + d]; }
-        else if (dv) dkv[e] += dv[nh * Dv + (d - Dn)];
+        const float g = d < Dn ? (dk ? dk[nh * Dk + d] : 0.f) : (dv ? dv[nh * Dv + (d - Dn)] : 0.f);
+        dkv[e] = assign ? g : dkv[e] + g;
     }
 }
-// dkpe[n,d] += Σ_h dk[n,h,Dn+d], heads in order 0..H-1
-__global__ static void split_bwd_kpe_k(float *dkpe, const float *dk, int N, int H, int Dn, int De) {
+// dkpe[n,d] += (assign: =) Σ_h dk[n,h,Dn+d], heads in order 0..H-1
+__global__ static void split_bwd_kpe_k(float *dkpe, const float *dk, int N, int H, int Dn, int De, int assign) {
     const int Dk = Dn + De;
     size_t n = (size_t)N * De;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t nn = e / De;
         int d = (int)(e % De);
-        float g = dkpe[e];
+        float g = assign ? 0.f : dkpe[e];
         for (int h = 0; h < H; h++) g += dk[(nn * H + h) * Dk + Dn + d];
         dkpe[e] = g;
     }
 }
 
-void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv) {
+void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
+                        int assign) {
     if (N <= 0 || H <= 0) return;
     size_t n = (size_t)N * H * (Dn + Dv);
-    if (dkv && n && (dk || dv)) {
-        split_bwd_kv_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv);
+    if (dkv && n && (dk || dv || assign)) {
+        split_bwd_kv_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv, assign);
         cudaLaunchCheck();
     }
-    if (dkpe && dk && De > 0) {
-        split_bwd_kpe_k<<<lm_cuda_blocks((size_t)N * De, 256), 256, 0, lm_cuda_stream()>>>(dkpe, dk, N, H, Dn, De);
+    if (dkpe && De > 0 && !dk && assign) {
+        cudaCheck(cudaMemsetAsync(dkpe, 0, (size_t)N * De * sizeof(float), lm_cuda_stream()));
+    } else if (dkpe && dk && De > 0) {
+        split_bwd_kpe_k<<<lm_cuda_blocks((size_t)N * De, 256), 256, 0, lm_cuda_stream()>>>(dkpe, dk, N, H, Dn, De,
+                                                                                            assign);
         cudaLaunchCheck();
     }
 }
@@ -270,11 +275,21 @@ __global__ static void __launch_bounds__(32 * ATT_WARPS) attn_dkdv_k(float *dk, 
     }
 }
 
+// the attention gradients that are not NULL set to zero (backward kernels that only add, when
+// the caller asked for them written)
+void lm_cuda_zero_attn_grads(float *dq, float *dk, float *dv, size_t nqk, size_t nv) {
+    if (dq) cudaCheck(cudaMemsetAsync(dq, 0, nqk * sizeof(float), lm_cuda_stream()));
+    if (dk) cudaCheck(cudaMemsetAsync(dk, 0, nqk * sizeof(float), lm_cuda_stream()));
+    if (dv) cudaCheck(cudaMemsetAsync(dv, 0, nv * sizeof(float), lm_cuda_stream()));
+}
+
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
-                   const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale) {
+                   const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale,
+                   int assign) {
     if (B <= 0 || T <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
-    if (cuda_attn_flash_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale)) return;
+    if (cuda_attn_flash_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale, assign)) return;
     attn_check_dims(Dqk, Dv);
+    if (assign) lm_cuda_zero_attn_grads(dq, dk, dv, (size_t)B * T * H * Dqk, (size_t)B * T * H * Dv);
     long rows = (long)B * H * T;
     unsigned grid = (unsigned)((rows + ATT_WARPS - 1) / ATT_WARPS);
     float *D = (float *)lm_cuda_scratch((size_t)rows * sizeof(float));

@@ -25,17 +25,18 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         lm_mla_acts *m = &a->mla;
         const int64_t Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c), Dn = c->qk_nope_dim, De = c->qk_extra_dim;
         const int64_t Dv = c->v_head_dim, R = c->kv_lora_rank, Rq = c->q_lora_rank;
-        ADD(m->xn, 0, N, d); ADD(m->rstd, 0, N);
-        if (Rq > 0) { ADD(m->qa, 0, N, Rq); ADD(m->qa_rstd, 0, N); ADD(m->qan, 0, N, Rq); }
-        ADD(m->q, 0, N, Hm * Dqk);
-        ADD(m->craw, 0, N, R); ADD(m->c_rstd, 0, N); ADD(m->c, 0, N, R);
-        if (De > 0) ADD(m->kpe, 0, N, De);
-        ADD(m->kv, 0, N, Hm * (Dn + Dv));
-        ADD(m->k, 0, N, Hm * Dqk); ADD(m->v, 0, N, Hm * Dv);
-        ADD(m->o, 0, N, Hm * Dv); ADD(m->lse, 0, N * Hm);
-        if (c->mla_gated) { ADD(m->z, 0, N, Hm * Dv); ADD(m->og, 0, N, Hm * Dv); }
-        // the absorbed decode's work tensors (inference only: no backward)
+        // as in a KDA layer, each of these gradients has one writer (mla_layer.c), which writes it
         const unsigned ng = LM_T_NO_GRAD_ZERO;
+        ADD(m->xn, ng, N, d); ADD(m->rstd, ng, N);
+        if (Rq > 0) { ADD(m->qa, ng, N, Rq); ADD(m->qa_rstd, ng, N); ADD(m->qan, ng, N, Rq); }
+        ADD(m->q, ng, N, Hm * Dqk);
+        ADD(m->craw, ng, N, R); ADD(m->c_rstd, ng, N); ADD(m->c, ng, N, R);
+        if (De > 0) ADD(m->kpe, ng, N, De);
+        ADD(m->kv, ng, N, Hm * (Dn + Dv));
+        ADD(m->k, ng, N, Hm * Dqk); ADD(m->v, ng, N, Hm * Dv);
+        ADD(m->o, ng, N, Hm * Dv); ADD(m->lse, ng, N * Hm);
+        if (c->mla_gated) { ADD(m->z, ng, N, Hm * Dv); ADD(m->og, ng, N, Hm * Dv); }
+        // the absorbed decode's work tensors (inference only: no backward)
         ADD(m->q_nope, ng, N, Hm * Dn); if (De > 0) ADD(m->q_pe, ng, N, Hm * De);
         ADD(m->q_lat, ng, N, Hm * R); ADD(m->o_lat, ng, N, Hm * R);
         ADD(m->step_q_lat, ng, (int64_t)B * Hm * R); if (De > 0) ADD(m->step_q_pe, ng, (int64_t)B * Hm * De);

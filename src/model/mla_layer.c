@@ -139,21 +139,24 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
     const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank, Rq = c->q_lora_rank;
+    // every intermediate gradient below has one writer, which writes it (the slots are not
+    // zeroed: acts.c)
     if (c->mla_gated) {
-        o->matmul_bwd(da->og, g->o_proj, NULL, dout, a->og, p->o_proj, N, Hm * Dv, d);
-        o->sigmoid_gate_bwd(da->o, da->z, da->og, a->o, a->z, (size_t)N * Hm * Dv);
+        lm_linear_bwd_written(o, da->og, g->o_proj, dout, a->og, p->o_proj, N, Hm * Dv, d);
+        o->sigmoid_gate_bwd(da->o, da->z, da->og, a->o, a->z, (size_t)N * Hm * Dv, 1);
     } else {
-        o->matmul_bwd(da->o, g->o_proj, NULL, dout, a->o, p->o_proj, N, Hm * Dv, d);
+        lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d);
     }
-    o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
-    o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv);
-    o->matmul_bwd(da->c, g->kv_b, NULL, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv));
-    o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 0);
+    o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c), 1);
+    o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv, 1);
+    lm_linear_bwd_written(o, da->c, g->kv_b, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv));
+    o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 1);
     if (Rq > 0) {
-        o->matmul_bwd(da->qan, g->mq_b, NULL, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk);
-        o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq, 0);
+        lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk);
+        o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq, 1);
     }
-    const lm_linears L = xn_linears(c, p, NULL, g, da);
+    lm_linears L = xn_linears(c, p, NULL, g, da);
+    L.dinp_assign = 1;
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
 }

@@ -388,10 +388,20 @@ static void t_gates(void) {
     CPU->sigmoid_gate_fwd(out, x, z, n);
     GPU->sigmoid_gate_fwd(gout, gx, gz, n);
     cmp("sigmoid_gate", "fwd out", gout, out, n, TOL);
-    CPU->sigmoid_gate_bwd(dx, dz, dout, x, z, n);
-    GPU->sigmoid_gate_bwd(gdx, gdz, gdout, gx, gz, n);
+    CPU->sigmoid_gate_bwd(dx, dz, dout, x, z, n, 0);
+    GPU->sigmoid_gate_bwd(gdx, gdz, gdout, gx, gz, n, 0);
     cmp("sigmoid_gate", "bwd dx", gdx, dx, n, TOL);
     cmp("sigmoid_gate", "bwd dz", gdz, dz, n, TOL);
+    {   // written (assign): 5 on the CPU and NaN on the GPU on entry, replaced
+        float *dx2 = lm_malloc(n * sizeof(float)), *dz2 = lm_malloc(n * sizeof(float));
+        for (size_t j = 0; j < n; j++) dx2[j] = dz2[j] = 5.0f;
+        float *gdx2 = dpoison(n), *gdz2 = dpoison(n);
+        CPU->sigmoid_gate_bwd(dx2, dz2, dout, x, z, n, 1);
+        GPU->sigmoid_gate_bwd(gdx2, gdz2, gdout, gx, gz, n, 1);
+        cmp("sigmoid_gate", "bwd dx written (assign)", gdx2, dx2, n, TOL);
+        cmp("sigmoid_gate", "bwd dz written (assign)", gdz2, dz2, n, TOL);
+        DFREE(gdx2, gdz2); HFREE(dx2, dz2);
+    }
     for (int act = 0; act < 2; act++) {
         const char *op = act == LM_ACT_SITU ? "glu (situ)" : "glu (swiglu)";
         float *g = hrandn(n, act ? 8 : 2), *u = hrandn(n, act ? 30 : 2);   // SiTU: reach the tanh caps
@@ -467,10 +477,22 @@ static void t_mla_split(int De) {
     GPU->mla_split_fwd(gk, gv, gkv, gkpe, N, H, Dn, De, Dv);
     cmp(op, "fwd k", gk, k, (size_t)N * H * Dk, 0);
     cmp(op, "fwd v", gv, v, (size_t)N * H * Dv, 0);
-    CPU->mla_split_bwd(dkv, dkpe, dk, dv, N, H, Dn, De, Dv);
-    GPU->mla_split_bwd(gdkv, gdkpe, gdk, gdv, N, H, Dn, De, Dv);
+    CPU->mla_split_bwd(dkv, dkpe, dk, dv, N, H, Dn, De, Dv, 0);
+    GPU->mla_split_bwd(gdkv, gdkpe, gdk, gdv, N, H, Dn, De, Dv, 0);
     cmp(op, "bwd dkv", gdkv, dkv, (size_t)N * H * Dkv, TOL);
     if (De) cmp(op, "bwd dkpe", gdkpe, dkpe, (size_t)N * De, TOL);
+    // written (assign): 5 on the CPU and NaN on the GPU on entry; with dv, then without (zeros)
+    for (int pass = 0; pass < 2; pass++) {
+        const size_t nkv = (size_t)N * H * Dkv, npe = (size_t)N * (De ? De : 1);
+        for (size_t j = 0; j < nkv; j++) dkv[j] = 5.0f;
+        for (size_t j = 0; j < npe; j++) dkpe[j] = 5.0f;
+        float *gdkv2 = dpoison(nkv), *gdkpe2 = dpoison(npe);
+        CPU->mla_split_bwd(dkv, dkpe, dk, pass ? NULL : dv, N, H, Dn, De, Dv, 1);
+        GPU->mla_split_bwd(gdkv2, gdkpe2, gdk, pass ? NULL : gdv, N, H, Dn, De, Dv, 1);
+        cmp(op, pass ? "bwd dkv written, no dv (assign)" : "bwd dkv written (assign)", gdkv2, dkv, nkv, TOL);
+        if (De) cmp(op, "bwd dkpe written (assign)", gdkpe2, dkpe, (size_t)N * De, TOL);
+        DFREE(gdkv2, gdkpe2);
+    }
     DFREE(gkv, gkpe, gk, gv, gdk, gdv, gdkv, gdkpe); HFREE(kv, kpe, dk, dv, dkv, dkpe, k, v);
 }
 
@@ -497,14 +519,28 @@ static void t_attn(int B, int T, int H, int Dqk, int Dv, double tol_fwd, double 
     GPU->attn_fwd(go, glse, gq, gk, gv, B, T, H, Dqk, Dv, scale);
     cmp(op, "fwd o", go, o, nv, tol_fwd);
     cmp(op, "fwd lse", glse, lse, nl, tol_fwd);
-    CPU->attn_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale);
-    GPU->attn_bwd(gdq, gdk, gdv, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale);
+    CPU->attn_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale, 0);
+    GPU->attn_bwd(gdq, gdk, gdv, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale, 0);
     cmp(op, "bwd dq", gdq, dq, nq, tol_bwd);
     cmp(op, "bwd dk", gdk, dk, nq, tol_bwd);
     cmp(op, "bwd dv", gdv, dv, nv, tol_bwd);
-    CPU->attn_bwd(NULL, dk, NULL, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale);
-    GPU->attn_bwd(NULL, gdk, NULL, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale);
+    CPU->attn_bwd(NULL, dk, NULL, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale, 0);
+    GPU->attn_bwd(NULL, gdk, NULL, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale, 0);
     cmp(op, "bwd dk only", gdk, dk, nq, tol_bwd);
+    // written (assign): 5 on the CPU and NaN on the GPU on entry, replaced; then dv alone
+    for (size_t j = 0; j < nq; j++) dq[j] = dk[j] = 5.0f;
+    for (size_t j = 0; j < nv; j++) dv[j] = 5.0f;
+    float *gdq2 = dpoison(nq), *gdk2 = dpoison(nq), *gdv2 = dpoison(nv), *gdv3 = dpoison(nv);
+    CPU->attn_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale, 1);
+    GPU->attn_bwd(gdq2, gdk2, gdv2, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale, 1);
+    if (T > 1) {   // at T = 1 the true dq, dk are 0 (P = 1, o = v): a relative error is meaningless
+        cmp(op, "bwd dq written (assign)", gdq2, dq, nq, tol_bwd);
+        cmp(op, "bwd dk written (assign)", gdk2, dk, nq, tol_bwd);
+    }
+    cmp(op, "bwd dv written (assign)", gdv2, dv, nv, tol_bwd);
+    GPU->attn_bwd(NULL, NULL, gdv3, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale, 1);
+    cmp(op, "bwd dv alone written (assign)", gdv3, dv, nv, tol_bwd);
+    DFREE(gdq2, gdk2, gdv2, gdv3);
     DFREE(gq, gk, gv, gdo, go, glse, gdq, gdk, gdv); HFREE(q, k, v, d_o, dq, dk, dv, o, lse);
 }
 
@@ -1558,7 +1594,7 @@ static void t_bench(void) {
             char lk[80];
             snprintf(lk, sizeof lk, "%s LM_FA_WG=%d", lb, kernels[kk2]);
             lm_cuda_set_fa_wg(kernels[kk2]);
-            BENCH(lk, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f), q);
+            BENCH(lk, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f, 0), q);
         }
         lm_cuda_set_fa_wg(def);
     }
