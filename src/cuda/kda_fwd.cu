@@ -831,6 +831,8 @@ cudaError_t kda_check_params(const kda_params *p) {
     if (p->gate_mode == 0 && !(p->lb >= -5.f && p->lb < 0.f)) return cudaErrorInvalidValue;
     if (!p->ws && !p->ws_fwd) return cudaErrorInvalidValue;
     if (((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->f) % 16) return cudaErrorMisalignedAddress;
+    // the two-level scans' carry reads the initial state and dS_out by 16-byte vectors
+    if (((uintptr_t)p->S0 | (uintptr_t)p->dS_out) % 16) return cudaErrorMisalignedAddress;
     return cudaSuccess;
 }
 

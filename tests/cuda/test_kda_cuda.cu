@@ -587,6 +587,10 @@ static void test_bad_params() {
     p.f = f0 + 4;   // 8 bytes off
     check("bad params: misaligned f, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
     p.f = f0;
+    const float *s00 = p.S0;
+    p.S0 = s00 + 1;   // 4 bytes off
+    check("bad params: misaligned S0, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
+    p.S0 = s00;
     p.K = 96;
     check("bad params: K = 96 refused (error code)", kda_fwd(&p) == cudaErrorInvalidValue ? 0 : 1, 0);
     CU(cudaDeviceSynchronize());
