@@ -88,14 +88,17 @@ __device__ __forceinline__ void axpy(float &a, float s, float b) { a += s * b; }
 __device__ __forceinline__ void axpy(float4 &a, float s, float4 b) {
     a.x += s * b.x; a.y += s * b.y; a.z += s * b.z; a.w += s * b.w;
 }
-// p[0..3] += a·u − b·v (16-byte aligned): a norm backward's dx update
-__device__ __forceinline__ void add_axmby4(float *p, float a, float4 u, float b, float4 v) {
-    float4 *d = reinterpret_cast<float4 *>(p), o = *d;
-    o.x += a * u.x - b * v.x;
-    o.y += a * u.y - b * v.y;
-    o.z += a * u.z - b * v.z;
-    o.w += a * u.w - b * v.w;
-    *d = o;
+// p[0..3] += a·u − b·v, or = when assign (p not read) (16-byte aligned): a norm backward's
+// dx update
+__device__ __forceinline__ void axmby4(float *p, float a, float4 u, float b, float4 v, int assign) {
+    float4 *d = reinterpret_cast<float4 *>(p);
+    const float4 r = make_float4(a * u.x - b * v.x, a * u.y - b * v.y, a * u.z - b * v.z, a * u.w - b * v.w);
+    if (assign) {
+        *d = r;
+    } else {
+        const float4 o = *d;
+        *d = make_float4(o.x + r.x, o.y + r.y, o.z + r.z, o.w + r.w);
+    }
 }
 // the register kernels' launch shape: threads for C/4 float4 lanes (whole warps), and rows
 // per block for kernels that also sum a parameter gradient over their rows (enough blocks

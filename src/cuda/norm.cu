@@ -93,13 +93,7 @@ __global__ static void rmsnorm_bwd_reg_k(float *dinp, float *part, const float *
         block_sums<1>(v, red, tot);
         __syncthreads();
         const float k = r * r * r * tot[0] / C;
-        if (on && assign) {
-            const float4 u = mul4(g, dy);
-            *reinterpret_cast<float4 *>(dinp + e) =
-                make_float4(r * u.x - k * x.x, r * u.y - k * x.y, r * u.z - k * x.z, r * u.w - k * x.w);
-        } else if (on) {
-            add_axmby4(dinp + e, r, mul4(g, dy), k, x);
-        }
+        if (on) axmby4(dinp + e, r, mul4(g, dy), k, x, assign);
     }
     if (part && on) *reinterpret_cast<float4 *>(part + (size_t)blockIdx.x * C + c) = dg;
 }
@@ -226,13 +220,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         }
         if (!dx) continue;
         const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
-        if (on && assign) {
-            const float4 u = mul4(wv, dys);
-            *reinterpret_cast<float4 *>(dx + e) =
-                make_float4(rs * u.x - k * xv.x, rs * u.y - k * xv.y, rs * u.z - k * xv.z, rs * u.w - k * xv.w);
-        } else if (on) {
-            add_axmby4(dx + e, rs, mul4(wv, dys), k, xv);
-        }
+        if (on) axmby4(dx + e, rs, mul4(wv, dys), k, xv, assign);
     }
     if (!part) return;
     wpart[wi][lane] = dw;
