@@ -62,6 +62,21 @@ typedef struct {
     // to the backward of the same inputs (the forward fills it, the backward reads it
     // instead of recomputing); NULL = the backward recomputes them
     void *saved;
+    // Optional: the KDA layer's short conv + SiLU in front of q, k, v, inside the op
+    // (conv_W ≥ 1; no conv cache; not for kda_decode). The op then forms
+    //   q = SiLU(conv(qkv_pre[0], conv_w[0])), k and v likewise (conv_silu_fwd's definition)
+    // itself and ignores the q, k, v pointers: qkv_pre [B,T,H·K] ×2 and [B,T,H·V], conv_w
+    // [H·K, conv_W] ×2 and [H·V, conv_W]. So that a backend can keep q, k, v in its own
+    // precision only (the CUDA backend writes its bf16 copies straight from the conv and
+    // the backward's conv reads the bf16 gradients): qkv_out is where a backend that keeps
+    // them in fp32 does (the CPU: written by the forward, read by the backward), and in the
+    // backward dq, dk, dv are its work buffers (undefined afterwards). The backward adds the
+    // conv's backward: dqkv_pre written or added as grads_assign says, dconv_w accumulate
+    // (NULL entries skipped).
+    int conv_W;
+    const real *qkv_pre[3], *conv_w[3];
+    real *qkv_out[3];
+    real *dqkv_pre[3], *dconv_w[3];
 } lm_kda_args;
 
 // A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a

@@ -455,6 +455,98 @@ static void test_kda_prefix(void **state) {
 
 // ---------------------------------------------------------------------------
 // timings of the tiny preset's shape (printed, never asserted)
+// ---------------------------------------------------------------------------
+// the op with its conv (lm_kda_args.conv_W) equals conv_silu_fwd / _bwd around the op, bit for
+// bit: forward (o, S_out, the conv outputs), backward written and accumulated (the pre-conv
+// gradients, the conv weights' gradients, df and the rest as the op alone gives them)
+static void test_kda_conv_in_op(void **state) {
+    (void)state;
+    const int B = 2, T = 37, H = 2, K = 64, V = 32, W = 4;
+    const int C[3] = {H * K, H * K, H * V};
+    lm_rng r; lm_rng_seed(&r, 91);
+    for (int gate = 0; gate < 2; gate++)
+        for (int assign = 0; assign < 2; assign++) {
+            kp p;
+            kp_init(&p, B, T, H, K, V, gate, 16, 70 + gate);
+            real *pre[3], *cw[3], *ref_out[3], *out[3];
+            for (int j = 0; j < 3; j++) {
+                pre[j] = tu_randn((size_t)B * T * C[j], &r, 1);
+                cw[j] = tu_randn((size_t)C[j] * W, &r, 0.5);
+                ref_out[j] = tu_alloc((size_t)B * T * C[j]);
+                out[j] = tu_alloc((size_t)B * T * C[j]);
+            }
+            // reference: the conv op, then the op on its outputs
+            for (int j = 0; j < 3; j++) ops->conv_silu_fwd(ref_out[j], pre[j], cw[j], NULL, B, T, C[j], W);
+            lm_kda_args ra = p.a;
+            ra.q = ref_out[0]; ra.k = ref_out[1]; ra.v = ref_out[2];
+            ops->kda_fwd(&ra);
+            real *ro = tu_copy(p.o, p.nv), *rS = tu_copy(p.S, p.ns);
+            // the op with its conv (q, k, v pointers left at unrelated data: ignored)
+            lm_kda_args ca = p.a;
+            ca.conv_W = W;
+            for (int j = 0; j < 3; j++) { ca.qkv_pre[j] = pre[j]; ca.conv_w[j] = cw[j]; ca.qkv_out[j] = out[j]; }
+            ops->kda_fwd(&ca);
+            double e = tu_max_abs_diff(p.o, ro, p.nv);
+            e = tu_worst(e, tu_max_abs_diff(p.S, rS, p.ns));
+            for (int j = 0; j < 3; j++) e = tu_worst(e, tu_max_abs_diff(out[j], ref_out[j], (size_t)B * T * C[j]));
+            printf("kda with its conv, %s: forward max |diff| %.3g\n", gate_name[gate], e);
+            assert_true(e == 0);
+            // backward: gradients of the reference chain vs the op's, onto the same starting values
+            real *d_o = tu_randn(p.nv, &r, 1), *dS = tu_randn(p.ns, &r, 1);
+            grads rg, cg;
+            grads_alloc(&rg, &p); grads_alloc(&cg, &p);
+            real *rdpre[3], *cdpre[3], *rdw[3], *cdw[3];
+            for (int j = 0; j < 3; j++) {
+                const size_t n = (size_t)B * T * C[j];
+                rdpre[j] = tu_randn(n, &r, 1); cdpre[j] = tu_copy(rdpre[j], n);
+                if (assign) for (size_t i = 0; i < n; i++) cdpre[j][i] = NAN;   // written: contents ignored
+                rdw[j] = tu_randn((size_t)C[j] * W, &r, 1); cdw[j] = tu_copy(rdw[j], (size_t)C[j] * W);
+            }
+            for (size_t i = 0; i < p.nqk; i++) cg.df[i] = rg.df[i] = (real)i / p.nqk;
+            lm_kda_args rb = ra;
+            rb.d_o = d_o; rb.dS_out = dS; rb.grads_assign = 1;
+            rb.dq = rg.dq; rb.dk = rg.dk; rb.dv = rg.dv; rb.df = rg.df; rb.dbeta_logit = rg.dbl;
+            rb.dA_log = rg.dA; rb.ddt_bias = rg.ddb; rb.dS0 = rg.dS0;
+            if (!assign) {   // df, dβ accumulate: the reference adds onto the same values
+                rb.grads_assign = 0;
+                memset(rg.dq, 0, p.nqk * sizeof(real)); memset(rg.dk, 0, p.nqk * sizeof(real));
+                memset(rg.dv, 0, p.nv * sizeof(real));
+            }
+            ops->kda_bwd(&rb);
+            const real *rd[3] = {rg.dq, rg.dk, rg.dv};
+            for (int j = 0; j < 3; j++)
+                ops->conv_silu_bwd(rdpre[j], rdw[j], rd[j], pre[j], cw[j], NULL, B, T, C[j], W, assign);
+            lm_kda_args cb = ca;
+            cb.d_o = d_o; cb.dS_out = dS; cb.grads_assign = assign;
+            cb.dq = cg.dq; cb.dk = cg.dk; cb.dv = cg.dv; cb.df = cg.df; cb.dbeta_logit = cg.dbl;
+            cb.dA_log = cg.dA; cb.ddt_bias = cg.ddb; cb.dS0 = cg.dS0;
+            for (int j = 0; j < 3; j++) {
+                cb.dqkv_pre[j] = cdpre[j]; cb.dconv_w[j] = cdw[j];
+                if (!assign) memset(j == 0 ? cg.dq : j == 1 ? cg.dk : cg.dv, 0x7f, (size_t)B * T * C[j] * sizeof(real));
+            }
+            ops->kda_bwd(&cb);
+            e = tu_max_abs_diff(cg.df, rg.df, p.nqk);
+            e = tu_worst(e, tu_max_abs_diff(cg.dbl, rg.dbl, p.nb));
+            e = tu_worst(e, tu_max_abs_diff(cg.dA, rg.dA, H));
+            e = tu_worst(e, tu_max_abs_diff(cg.ddb, rg.ddb, (size_t)H * K));
+            e = tu_worst(e, tu_max_abs_diff(cg.dS0, rg.dS0, p.ns));
+            for (int j = 0; j < 3; j++) {
+                e = tu_worst(e, tu_max_abs_diff(cdpre[j], rdpre[j], (size_t)B * T * C[j]));
+                e = tu_worst(e, tu_max_abs_diff(cdw[j], rdw[j], (size_t)C[j] * W));
+            }
+            printf("kda with its conv, %s, gradients %s: max |diff| %.3g\n", gate_name[gate],
+                   assign ? "written" : "accumulated", e);
+            assert_true(e == 0);
+            for (int j = 0; j < 3; j++) {
+                free(pre[j]); free(cw[j]); free(ref_out[j]); free(out[j]);
+                free(rdpre[j]); free(cdpre[j]); free(rdw[j]); free(cdw[j]);
+            }
+            grads_free(&rg); grads_free(&cg);
+            free(d_o); free(dS); free(ro); free(rS);
+            kp_free(&p);
+        }
+}
+
 static void test_kda_timing(void **state) {
     (void)state;
 #if defined(__SANITIZE_ADDRESS__)
@@ -493,7 +585,7 @@ int main(void) {
         cmocka_unit_test(test_kda_bound_pinned),     cmocka_unit_test(test_kda_unbounded_overflow),
         cmocka_unit_test(test_kda_grads),            cmocka_unit_test(test_kda_decode),
         cmocka_unit_test(test_kda_inplace),          cmocka_unit_test(test_kda_prefix),
-        cmocka_unit_test(test_kda_timing),
+        cmocka_unit_test(test_kda_conv_in_op),       cmocka_unit_test(test_kda_timing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

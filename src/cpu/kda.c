@@ -53,8 +53,28 @@ void kda_check_args(const lm_kda_args *a) {
     LM_CHECK(a->form >= LM_KDA_AUTO && a->form <= LM_KDA_CHUNK_EXACT, "kda: bad form %d", a->form);
 }
 
+// The op with its conv (lm_kda_args.conv_W): q, k, v = SiLU(conv(qkv_pre)) into qkv_out,
+// then the op on them. Returns the arguments of that inner call (q, k, v = qkv_out, no conv).
+lm_kda_args kda_conv_inputs(const lm_kda_args *a, int run_conv) {
+    LM_CHECK(a->conv_W >= 1 && a->conv_W <= 8, "kda: conv width %d outside [1, 8]", a->conv_W);
+    const int C[3] = {a->H * a->K, a->H * a->K, a->H * a->V};
+    for (int j = 0; j < 3; j++) {
+        LM_CHECK(a->qkv_pre[j] && a->conv_w[j] && a->qkv_out[j], "kda: conv input %d without its tensors", j);
+        if (run_conv) cpu_conv_silu_fwd(a->qkv_out[j], a->qkv_pre[j], a->conv_w[j], NULL, a->B, a->T, C[j], a->conv_W);
+    }
+    lm_kda_args in = *a;
+    in.conv_W = 0;
+    in.q = a->qkv_out[0]; in.k = a->qkv_out[1]; in.v = a->qkv_out[2];
+    return in;
+}
+
 // q, k, f [B,T,H,K]; v, o [B,T,H,V]; beta_logit [B,T,H]; S0, S_out [B,H,K,V] (see lm_kda_args)
 void cpu_kda_fwd(const lm_kda_args *a) {
+    if (a->conv_W) {
+        const lm_kda_args in = kda_conv_inputs(a, 1);
+        cpu_kda_fwd(&in);
+        return;
+    }
     kda_check_args(a);
     int form = kda_resolve_form(a);
     int B = a->B, T = a->T, H = a->H, K = a->K, V = a->V;
@@ -103,6 +123,7 @@ size_t cpu_kda_saved_bytes(int B, int T, int H, int K, int V) {
 // so decoding after a prefill continues it exactly.
 void cpu_kda_decode(const lm_kda_args *a) {
     kda_check_args(a);
+    LM_CHECK(!a->conv_W, "kda_decode: the conv is not part of the decode step");
     LM_CHECK(a->T == 1, "kda_decode: T must be 1 (got %d)", a->T);
     LM_CHECK(a->state != NULL, "kda_decode: no state pool");
     int B = a->B, H = a->H, K = a->K, V = a->V;

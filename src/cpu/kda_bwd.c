@@ -100,6 +100,22 @@ static void kda_l2_bwd(real *dx, const real *x, real rx, const real *dn, int n) 
 // d_o [B,T,H,V] and dS_out [B,H,K,V] may be NULL (zero). S0 is read, so it must still
 // hold the initial state (not overwritten by an in-place forward).
 void cpu_kda_bwd(const lm_kda_args *a) {
+    if (a->conv_W) {   // the op with its conv: q, k, v are the forward's qkv_out; dq, dk, dv work buffers
+        lm_kda_args in = kda_conv_inputs(a, 0);
+        real *d[3] = {a->dq, a->dk, a->dv};
+        const int C[3] = {a->H * a->K, a->H * a->K, a->H * a->V};
+        for (int j = 0; j < 3; j++)
+            LM_CHECK(d[j] || (!a->dqkv_pre[j] && !a->dconv_w[j]), "kda_bwd: conv gradient %d without its work buffer", j);
+        if (!a->grads_assign)   // dq, dk, dv are written either way (work buffers); df, dβ follow grads_assign
+            for (int j = 0; j < 3; j++)
+                if (d[j]) memset(d[j], 0, (size_t)a->B * a->T * C[j] * sizeof(real));
+        cpu_kda_bwd(&in);
+        for (int j = 0; j < 3; j++)
+            if (a->dqkv_pre[j] || a->dconv_w[j])
+                cpu_conv_silu_bwd(a->dqkv_pre[j], a->dconv_w[j], d[j], a->qkv_pre[j], a->conv_w[j], NULL, a->B, a->T,
+                                  C[j], a->conv_W, a->grads_assign);
+        return;
+    }
     kda_check_args(a);
     int B = a->B, T = a->T, H = a->H, K = a->K, V = a->V;
     if (a->grads_assign) {   // written = added onto zeros

@@ -46,6 +46,10 @@ static inline void kda_fpmode_leave(unsigned old) {
 #define KDA_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
+// the conv of lm_kda_args.conv_W (kda.c): runs it into qkv_out when run_conv and returns the
+// arguments of the op on those q, k, v without the conv
+lm_kda_args kda_conv_inputs(const lm_kda_args *a, int run_conv);
+
 // row index of (b, t, h) in the [B,T,H,·] input tensors
 static inline size_t kda_row(const lm_kda_args *a, int b, int t, int h) {
     return ((size_t)b * a->T + t) * a->H + h;

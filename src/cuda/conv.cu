@@ -10,6 +10,12 @@
 // divisions per element) take every other case. H200, `small` preset training step (ncu,
 // 12 KDA layers × q, k, v of 4096 × 1024): the element kernels spent 7.8 ms of a 97 ms step.
 // Both forms sum in the CPU's order over j (z, dinp); dw's sum over positions differs.
+//
+// The KDA op runs the conv of its q, k, v itself (lm_kda_args.conv_W; cuda_ops.cu): then the
+// forward writes bf16 (the KDA kernels' inputs, without an fp32 tensor and a rounding pass)
+// and the backward reads the KDA kernels' bf16 gradients — the kernels below are templated on
+// that one type, with the same arithmetic, so the results equal the fp32 op's followed (or
+// preceded) by a conversion, bit for bit.
 #include "cuda_common.cuh"
 
 #define CONV_WMAX 8
@@ -28,7 +34,30 @@ __device__ __forceinline__ float conv_z(const float *inp, const float *w, const 
     return s;
 }
 
-__global__ static void conv_fwd_k(float *out, const float *inp, const float *w, const float *cache, int B, int T,
+// one value (or four consecutive values, 16-byte aligned in fp32 / 8 in bf16) to or from the
+// conv's fp32 arithmetic
+__device__ __forceinline__ void conv_st(float *p, float x) { *p = x; }
+__device__ __forceinline__ void conv_st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16(x); }
+__device__ __forceinline__ float conv_ld(const float *p) { return *p; }
+__device__ __forceinline__ float conv_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void conv_st4(float *p, float4 x) { *reinterpret_cast<float4 *>(p) = x; }
+__device__ __forceinline__ void conv_st4(__nv_bfloat16 *p, float4 x) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 u;
+    u.x = *reinterpret_cast<unsigned *>(&lo);
+    u.y = *reinterpret_cast<unsigned *>(&hi);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+__device__ __forceinline__ float4 conv_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 conv_ld4(const __nv_bfloat16 *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <typename TO>
+__global__ static void conv_fwd_k(TO *out, const float *inp, const float *w, const float *cache, int B, int T,
                                   int C, int W) {
     size_t n = (size_t)B * T * C;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -36,7 +65,7 @@ __global__ static void conv_fwd_k(float *out, const float *inp, const float *w, 
         size_t bt = e / C;
         int b = (int)(bt / T), t = (int)(bt % T);
         float z = conv_z(inp, w, cache, b, t, c, T, C, W);
-        out[e] = z * dsigmoid(z);
+        conv_st(out + e, z * dsigmoid(z));
     }
 }
 
@@ -70,8 +99,8 @@ template <int W> __device__ __forceinline__ float4 run_z(const float4 (&wj)[W], 
 __device__ __forceinline__ float silu1(float z) { return z * dsigmoid(z); }
 __device__ __forceinline__ float dsilu1(float z) { float s = dsigmoid(z); return s * (1 + z * (1 - s)); }
 
-template <int W>
-__global__ static void conv_fwd_run_k(float *out, const float *inp, const float *w, const float *cache, int T, int C,
+template <int W, typename TO>
+__global__ static void conv_fwd_run_k(TO *out, const float *inp, const float *w, const float *cache, int T, int C,
                                       int run, int runs) {
     const int c4 = blockIdx.y * blockDim.x + threadIdx.x;
     if (4 * c4 >= C) return;
@@ -86,8 +115,7 @@ __global__ static void conv_fwd_run_k(float *out, const float *inp, const float 
         for (int j = 0; j < W - 1; j++) x[j] = x[j + 1];
         x[W - 1] = f4_load(inp + ((size_t)b * T + t) * C + 4 * c4);
         const float4 z = run_z<W>(wj, x);
-        *reinterpret_cast<float4 *>(out + ((size_t)b * T + t) * C + 4 * c4) =
-            make_float4(silu1(z.x), silu1(z.y), silu1(z.z), silu1(z.w));
+        conv_st4(out + ((size_t)b * T + t) * C + 4 * c4, make_float4(silu1(z.x), silu1(z.y), silu1(z.z), silu1(z.w)));
     }
 }
 
@@ -95,8 +123,8 @@ __global__ static void conv_fwd_run_k(float *out, const float *inp, const float 
 // x[t − (W-1) + j] over the block's runs r ∈ [blockIdx.x · rpb, +rpb) (runs numbered b · runs +
 // i, so a group may cross sequences). dz is recomputed from the inputs for t in [t0, t1 + W − 1).
 // assign: dinp written (its old values not read), else added into
-template <int W>
-__global__ static void conv_bwd_run_k(float *dinp, float *part, const float *dout, const float *inp, const float *w,
+template <int W, typename TI>
+__global__ static void conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w,
                                       const float *cache, int B, int T, int C, int run, int runs, int rpb,
                                       int assign) {
     const int c4 = blockIdx.y * blockDim.x + threadIdx.x;
@@ -119,7 +147,7 @@ __global__ static void conv_bwd_run_k(float *dinp, float *part, const float *dou
             for (int j = 0; j < W - 1; j++) { x[j] = x[j + 1]; dz[j] = dz[j + 1]; }
             if (t < T) {
                 x[W - 1] = f4_load(inp + ((size_t)b * T + t) * C + 4 * c4);
-                const float4 z = run_z<W>(wj, x), g = f4_load(dout + ((size_t)b * T + t) * C + 4 * c4);
+                const float4 z = run_z<W>(wj, x), g = conv_ld4(dout + ((size_t)b * T + t) * C + 4 * c4);
                 dz[W - 1] = make_float4(g.x * dsilu1(z.x), g.y * dsilu1(z.y), g.z * dsilu1(z.z), g.w * dsilu1(z.w));
             } else {
                 dz[W - 1] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -173,21 +201,29 @@ static int conv_run_ok(int C, int W) { return C % 4 == 0 && W >= 1 && W <= CONV_
     default: { constexpr int WW = 8; CALL; } break;                                               \
     }
 
-void cuda_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W) {
+template <typename TO>
+static void conv_silu_fwd(TO *out, const float *inp, const float *w, const float *cache, int B, int T, int C, int W) {
     size_t n = (size_t)B * T * C;
     if (!n) return;
     if (conv_run_ok(C, W) && lm_aligned16({out, inp, cache})) {
         const int run = conv_run_len(B, T, C), runs = (T + run - 1) / run;
         const dim3 grid(B * runs, (C / 4 + 63) / 64);
-        CONV_W_SWITCH(W, (conv_fwd_run_k<WW><<<grid, 64, 0, lm_cuda_stream()>>>(out, inp, w, cache, T, C, run, runs)));
+        CONV_W_SWITCH(W, (conv_fwd_run_k<WW, TO><<<grid, 64, 0, lm_cuda_stream()>>>(out, inp, w, cache, T, C, run, runs)));
     } else {
-        conv_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, inp, w, cache, B, T, C, W);
+        conv_fwd_k<TO><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, inp, w, cache, B, T, C, W);
     }
     cudaLaunchCheck();
 }
+void cuda_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W) {
+    conv_silu_fwd(out, inp, w, cache, B, T, C, W);
+}
+void lm_cuda_conv_silu_fwd_bf16(__nv_bfloat16 *out, const float *inp, const float *w, int B, int T, int C, int W) {
+    conv_silu_fwd(out, inp, w, NULL, B, T, C, W);
+}
 
 // dz = dout · silu'(z), silu'(z) = σ(z)(1 + z(1 − σ(z)))
-__global__ static void conv_dz_k(float *dz, const float *dout, const float *inp, const float *w, const float *cache,
+template <typename TI>
+__global__ static void conv_dz_k(float *dz, const TI *dout, const float *inp, const float *w, const float *cache,
                                  int B, int T, int C, int W) {
     size_t n = (size_t)B * T * C;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -195,7 +231,7 @@ __global__ static void conv_dz_k(float *dz, const float *dout, const float *inp,
         size_t bt = e / C;
         int b = (int)(bt / T), t = (int)(bt % T);
         float z = conv_z(inp, w, cache, b, t, c, T, C, W), s = dsigmoid(z);
-        dz[e] = dout[e] * s * (1 + z * (1 - s));
+        dz[e] = conv_ld(dout + e) * s * (1 + z * (1 - s));
     }
 }
 // dinp[b,p,c] += Σ_j w[c][j] · dz[b, p+(W-1)-j, c]
@@ -223,17 +259,35 @@ struct conv_dw_f {
     }
 };
 
-void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
-                        const real *cache, int B, int T, int C, int W, int assign) {
+// the run kernels' backward blocks: each takes rpb runs of `run` positions
+typedef struct { int run, runs, rpb, groups; } conv_bwd_grid;
+static conv_bwd_grid conv_bwd_blocks(int B, int T, int C) {
+    conv_bwd_grid g;
+    g.run = conv_run_len(B, T, C);
+    g.runs = (T + g.run - 1) / g.run;
+    const int nr = B * g.runs;
+    g.rpb = (nr + CONV_GROUPS_MAX - 1) / CONV_GROUPS_MAX;
+    g.groups = (nr + g.rpb - 1) / g.rpb;
+    return g;
+}
+size_t lm_cuda_conv_bwd_part_floats(int B, int T, int C, int W) {
+    return B > 0 && T > 0 ? (size_t)conv_bwd_blocks(B, T, C).groups * C * W : 0;
+}
+
+// part: the run kernels' dw partials (lm_cuda_conv_bwd_part_floats), NULL = the workspace
+template <typename TI>
+static void conv_silu_bwd(float *dinp, float *dw, float *part, const TI *dout, const float *inp, const float *w,
+                          const float *cache, int B, int T, int C, int W, int assign) {
     size_t n = (size_t)B * T * C;
     if (!n || (!dinp && !dw)) return;
     if (conv_run_ok(C, W) && lm_aligned16({dinp, dout, inp, cache})) {
-        const int run = conv_run_len(B, T, C), runs = (T + run - 1) / run, nr = B * runs;
-        const int rpb = (nr + CONV_GROUPS_MAX - 1) / CONV_GROUPS_MAX, groups = (nr + rpb - 1) / rpb;
-        float *part = dw ? (float *)lm_cuda_scratch((size_t)groups * C * W * sizeof(float)) : NULL;
+        const conv_bwd_grid bg = conv_bwd_blocks(B, T, C);
+        const int run = bg.run, runs = bg.runs, rpb = bg.rpb, groups = bg.groups;
+        if (!dw) part = NULL;
+        else if (!part) part = (float *)lm_cuda_scratch((size_t)groups * C * W * sizeof(float));
         const dim3 grid(groups, (C / 4 + 63) / 64);
-        CONV_W_SWITCH(W, (conv_bwd_run_k<WW><<<grid, 64, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, w, cache, B, T,
-                                                                                C, run, runs, rpb, assign)));
+        CONV_W_SWITCH(W, (conv_bwd_run_k<WW, TI><<<grid, 64, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, w, cache, B,
+                                                                                    T, C, run, runs, rpb, assign)));
         cudaLaunchCheck();
         if (dw) {
             lm_cuda_colsum_final(dw, part, groups, C * W, 1);
@@ -244,7 +298,7 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
     size_t wsf = dw ? colsum_ws_floats(B * T, C * W) : 0;
     float *ws = (float *)lm_cuda_scratch((dzf + wsf) * sizeof(float));
     float *dz = ws;
-    conv_dz_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dz, dout, inp, w, cache, B, T, C, W);
+    conv_dz_k<TI><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dz, dout, inp, w, cache, B, T, C, W);
     cudaLaunchCheck();
     if (dinp) {
         if (assign) cudaCheck(cudaMemsetAsync(dinp, 0, n * sizeof(float), lm_cuda_stream()));   // the element kernel adds
@@ -255,6 +309,18 @@ void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp,
         float *sums = colsum(ws + dzf, B * T, C * W, conv_dw_f{dz, inp, cache, T, C, W});
         lm_cuda_acc_vec(dw, sums, NULL, C * W);
     }
+}
+void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                        const real *cache, int B, int T, int C, int W, int assign) {
+    conv_silu_bwd(dinp, dw, (float *)NULL, dout, inp, w, cache, B, T, C, W, assign);
+}
+void lm_cuda_conv_silu_bwd_bf16(float *dinp, float *dw, float *part, const __nv_bfloat16 *dout, const float *inp,
+                                const float *w, int B, int T, int C, int W, int assign) {
+    // the element kernels' dz would go to the workspace, where the caller's buffers are
+    LM_CHECK(conv_run_ok(C, W) && lm_aligned16({dinp, dout, inp}), "cuda conv_silu_bwd (bf16): needs C %% 4 == 0 "
+             "(got %d), W <= %d (got %d) and 16-byte aligned tensors", C, CONV_WMAX, W);
+    LM_CHECK(!dw || part, "cuda conv_silu_bwd (bf16): no buffer for the weight gradient's partial sums");
+    conv_silu_bwd(dinp, dw, part, dout, inp, w, NULL, B, T, C, W, assign);
 }
 
 // cache [B,W-1,C] ← the last W-1 rows of [cache ++ inp]; one thread per (b, c) column

@@ -202,6 +202,16 @@ void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n);
 // y [rows, ldy]: columns 0..cols−1 of each row = x [rows, cols] rounded to bf16 (a column
 // block of a wider bf16 matrix)
 void lm_cuda_to_bf16_rows(__nv_bfloat16 *y, long ldy, const float *x, long rows, long cols);
+// conv_silu_fwd / conv_silu_bwd without a cache (conv.cu) with a bf16 output / bf16 dout: the
+// KDA op's own conv (lm_kda_args.conv_W). The same arithmetic as the fp32 ops, so equal to
+// them followed by rounding / preceded by widening, bit for bit. The backward takes its dw
+// partial sums in part (lm_cuda_conv_bwd_part_floats; the caller's, since the caller's own
+// buffers live in the workspace) and only the vectorised form: C % 4 == 0, W ≤ 8, dinp,
+// dout, inp 16-byte aligned (refused otherwise).
+void lm_cuda_conv_silu_fwd_bf16(__nv_bfloat16 *out, const float *inp, const float *w, int B, int T, int C, int W);
+size_t lm_cuda_conv_bwd_part_floats(int B, int T, int C, int W);
+void lm_cuda_conv_silu_bwd_bf16(float *dinp, float *dw, float *part, const __nv_bfloat16 *dout, const float *inp,
+                                const float *w, int B, int T, int C, int W, int assign);
 // bf16 copy of the n fp32 weights at W (weight_cache.cu), made at the first use after they
 // may have changed and kept until then. "May have changed" = lm_cuda_weights_written()
 // covered them, or lm_cuda_weights_changed() was called, since the copy was made

@@ -143,6 +143,9 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
              a->gate_mode);
     LM_CHECK(a->gate_mode != LM_GATE_BOUNDED || (a->lb >= -5 && a->lb < 0), "cuda kda: lower bound %g outside [-5, 0)",
              (double)a->lb);
+    LM_CHECK(a->conv_W >= 0 && a->conv_W <= 8, "cuda kda: conv width %d outside [1, 8]", a->conv_W);
+    for (int j = 0; j < 3 && a->conv_W; j++)
+        LM_CHECK(a->qkv_pre[j] && a->conv_w[j], "cuda kda: conv input %d without its tensors", j);
     memset(c, 0, sizeof *c);
     c->nqk = (size_t)a->B * a->T * a->H * a->K;
     c->nv = (size_t)a->B * a->T * a->H * a->V;
@@ -162,7 +165,8 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
     p->S0 = a->S0;
     p->stream = lm_cuda_stream();
 }
-// carve the bf16 input copies (and convert them once the carver has memory)
+// carve the bf16 input copies (and convert them once the carver has memory; with the op's
+// conv, q, k, v come from it in bf16 directly)
 static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a, int convert) {
     c->q = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
     c->k = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
@@ -170,10 +174,17 @@ static void kda_call_inputs(kda_call *c, carver *cv, const lm_kda_args *a, int c
     c->f = (__nv_bfloat16 *)carve(cv, c->nqk * 2);
     c->beta = (__nv_bfloat16 *)carve(cv, c->nb * 2);
     if (!cv->base) return;
-    if (convert) {
+    if (convert && a->conv_W) {
+        const int B = a->B, T = a->T, HK = a->H * a->K, HV = a->H * a->V, W = a->conv_W;
+        lm_cuda_conv_silu_fwd_bf16(c->q, a->qkv_pre[0], a->conv_w[0], B, T, HK, W);
+        lm_cuda_conv_silu_fwd_bf16(c->k, a->qkv_pre[1], a->conv_w[1], B, T, HK, W);
+        lm_cuda_conv_silu_fwd_bf16(c->v, a->qkv_pre[2], a->conv_w[2], B, T, HV, W);
+    } else if (convert) {
         to_bf16(c->q, a->q, c->nqk);
         to_bf16(c->k, a->k, c->nqk);
         to_bf16(c->v, a->v, c->nv);
+    }
+    if (convert) {
         to_bf16(c->f, a->f, c->nqk);
         to_bf16(c->beta, a->beta_logit, c->nb);
     }
@@ -243,13 +254,16 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     size_t wsb = kda_workspace_size(p, 1);
     carver cv = {NULL, 0};
     __nv_bfloat16 *d_o = NULL, *g = NULL;
-    float *pg = NULL;
+    float *pg = NULL, *conv_part = NULL;
+    const int HK = H * K, HV = H * a->V, W = a->conv_W;
+    const size_t nconv = W ? lm_cuda_conv_bwd_part_floats(a->B, a->T, HK > HV ? HK : HV, W) : 0;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
         if (!a->saved) kda_call_inputs(&c, &cv, a, 1);
         d_o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
         g = (__nv_bfloat16 *)carve(&cv, (3 * c.nqk + c.nv + c.nb) * 2);
         pg = (float *)carve(&cv, ((size_t)H + (size_t)H * K + ns) * sizeof(float));
+        if (W) conv_part = (float *)carve(&cv, nconv * sizeof(float));
         p->ws = carve(&cv, wsb);
     }
     to_bf16(d_o, a->d_o, c.nv);
@@ -258,10 +272,19 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
     cudaCheck(kda_bwd(p));
     const int add = !a->grads_assign;
-    from_bf16(a->dq, p->dq, c.nqk, add);
-    from_bf16(a->dk, p->dk, c.nqk, add);
+    if (W) {   // the conv's backward reads the bf16 gradients of q, k, v (dq, dk, dv untouched)
+        const __nv_bfloat16 *dg[3] = {p->dq, p->dk, p->dv};
+        const int C[3] = {HK, HK, HV};
+        for (int j = 0; j < 3; j++)
+            if (a->dqkv_pre[j] || a->dconv_w[j])
+                lm_cuda_conv_silu_bwd_bf16(a->dqkv_pre[j], a->dconv_w[j], conv_part, dg[j], a->qkv_pre[j], a->conv_w[j],
+                                           a->B, a->T, C[j], W, a->grads_assign);
+    } else {
+        from_bf16(a->dq, p->dq, c.nqk, add);
+        from_bf16(a->dk, p->dk, c.nqk, add);
+        from_bf16(a->dv, p->dv, c.nv, add);
+    }
     from_bf16(a->df, p->df, c.nqk, add);
-    from_bf16(a->dv, p->dv, c.nv, add);
     from_bf16(a->dbeta_logit, p->dbeta, c.nb, add);
     acc_f32(a->dA_log, p->dA_log, H);
     acc_f32(a->ddt_bias, p->ddt_bias, (size_t)H * K);
@@ -270,6 +293,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
 
 static void cu_kda_decode(const lm_kda_args *a) {
     LM_CHECK(a->T == 1, "cuda kda_decode: T must be 1 (got %d)", a->T);
+    LM_CHECK(!a->conv_W, "cuda kda_decode: the conv is not part of the decode step");
     LM_CHECK(a->state != NULL, "cuda kda_decode: no state pool");
     kda_call c;
     kda_call_init(&c, a);

@@ -1,6 +1,7 @@
 // kda_layer.c — the KDA token mixer (SPEC §1.1) as a sublayer:
 //   xn = RMSNorm(x);  q,k,v = SiLU(conv4(W_{q,k,v} xn));  f = f_b(f_a(xn));  β-logit = b_proj(xn)
-//   o = KDA(q, k, v, f, β) (L2 norm, gate activation and sigmoid fused in the op)
+//   o = KDA(q, k, v, f, β) (L2 norm, gate activation and sigmoid fused in the op; without a
+//   cache the conv too, so that a backend keeps q, k, v and their gradients in its own precision)
 //   out = o_proj( RMSNorm_headwise(o) ⊙ sigmoid(g_b(g_a(xn))) )
 #include "model/layers.h"
 
@@ -14,6 +15,13 @@ static lm_kda_args kda_args(const lm_step_ctx *s, const lm_layer_params *p, cons
     k.q = a->q; k.k = a->k; k.v = a->v; k.f = a->f; k.beta_logit = a->bl;
     k.A_log = p->A_log; k.dt_bias = p->dt_bias;
     return k;
+}
+// the op's own conv (lm_kda_args.conv_W): q, k, v from the pre-conv projections
+static void kda_args_conv(lm_kda_args *k, const lm_config *c, const lm_layer_params *p, const lm_kda_acts *a) {
+    k->conv_W = c->kda_conv;
+    k->qkv_pre[0] = a->qp; k->qkv_pre[1] = a->kp; k->qkv_pre[2] = a->vp;
+    k->conv_w[0] = p->q_conv; k->conv_w[1] = p->k_conv; k->conv_w[2] = p->v_conv;
+    k->qkv_out[0] = a->q; k->qkv_out[1] = a->k; k->qkv_out[2] = a->v;
 }
 
 // The projections of xn as one list: the forward's outputs from a, the backward's output
@@ -42,21 +50,25 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps);
     const lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
     o->linears_fwd(&L, a->xn, N, d);
-    // with a cache the conv sees the previous W−1 inputs and the core starts from the
-    // carried state; both are updated for the next chunk
-    lm_cache *kc = s->cache;
-    real *const *conv = kc ? kc->conv[s->layer] : NULL;
-    const real *pre[3] = {a->qp, a->kp, a->vp};
-    real *post[3] = {a->q, a->k, a->v};
-    const real *w[3] = {p->q_conv, p->k_conv, p->v_conv};
-    for (int j = 0; j < 3; j++) {
-        o->conv_silu_fwd(post[j], pre[j], w[j], conv && W > 1 ? conv[j] : NULL, s->B, s->T, HK, W);
-        if (conv && W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, HK, W);
-    }
     o->matmul_fwd(a->f, a->fa, p->f_b, NULL, N, K, HK);
     lm_kda_args k = kda_args(s, p, a);
     k.o = a->o;
-    if (kc) k.S0 = k.S_out = kc->kda_state[s->layer];
+    // with a cache the conv sees the previous W−1 inputs and the core starts from the
+    // carried state; both are updated for the next chunk. Without one the op runs the conv.
+    lm_cache *kc = s->cache;
+    if (kc) {
+        real *const *conv = kc->conv[s->layer];
+        const real *pre[3] = {a->qp, a->kp, a->vp};
+        real *post[3] = {a->q, a->k, a->v};
+        const real *w[3] = {p->q_conv, p->k_conv, p->v_conv};
+        for (int j = 0; j < 3; j++) {
+            o->conv_silu_fwd(post[j], pre[j], w[j], W > 1 ? conv[j] : NULL, s->B, s->T, HK, W);
+            if (W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, HK, W);
+        }
+        k.S0 = k.S_out = kc->kda_state[s->layer];
+    } else {
+        kda_args_conv(&k, c, p, a);
+    }
     o->kda_fwd(&k);
     if (!c->kda_full_rank_gate) o->matmul_fwd(a->gz, a->ga, p->g_b, NULL, N, K, HK);
     o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps);
@@ -70,20 +82,22 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
                       lm_kda_acts *da, const real *x, const real *dout, real *dx) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
-    const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
+    const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
     lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d);
     o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1);
     if (!c->kda_full_rank_gate) lm_linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK);
+    // the op takes the conv's backward too (the conv cache, inference only, gets no gradient);
+    // dq, dk, dv are its work buffers
     lm_kda_args k = kda_args(s, p, a);
+    kda_args_conv(&k, c, p, a);
     k.d_o = da->o;
     k.dq = da->q; k.dk = da->k; k.dv = da->v; k.df = da->f; k.dbeta_logit = da->bl;
+    k.dqkv_pre[0] = da->qp; k.dqkv_pre[1] = da->kp; k.dqkv_pre[2] = da->vp;
+    k.dconv_w[0] = g->q_conv; k.dconv_w[1] = g->k_conv; k.dconv_w[2] = g->v_conv;
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
     o->kda_bwd(&k);
     lm_linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK);
-    o->conv_silu_bwd(da->qp, g->q_conv, da->q, a->qp, p->q_conv, NULL, s->B, s->T, HK, W, 1);
-    o->conv_silu_bwd(da->kp, g->k_conv, da->k, a->kp, p->k_conv, NULL, s->B, s->T, HK, W, 1);
-    o->conv_silu_bwd(da->vp, g->v_conv, da->v, a->vp, p->v_conv, NULL, s->B, s->T, HK, W, 1);
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
     o->linears_bwd(&L, da->xn, a->xn, N, d);

@@ -433,6 +433,8 @@ void lm_model_backward(lm_model *m, real dloss) {
     const lm_ops *o = m->ops;
     const lm_config *c = &m->cfg;
     const int N = m->ctx.N, d = c->d_model;
+    // a forward over a cache (inference) continued earlier tokens: its conv and state inputs get no gradient
+    LM_CHECK(!m->ctx.cache, "backward: the forward ran with a cache (inference only)");
     reserve_grads(m);
     lm_acts *a = &m->acts, *da = &m->dacts;
     zero_dacts(m);

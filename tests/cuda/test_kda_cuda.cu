@@ -568,6 +568,141 @@ static void test_ops(int B, int T, int H, int K, int gate) {
     for (float *b : bufs) g->free(b);
 }
 
+// the lm_ops entries with the op's own conv (lm_kda_args.conv_W): against the CUDA conv ops
+// around the CUDA op — bit for bit (the conv writes the bf16 the op would round to, and reads the
+// bf16 gradients the op would widen), recomputed and saved, gradients written and accumulated —
+// and against the CPU op with its conv
+static void test_ops_conv(int B, int T, int H, int K, int gate) {
+    Prob P;
+    make_prob(P, std::vector<int>(B, T), H, K, K, gate, 0, 555 + T);
+    const lm_ops *g = &lm_cuda_ops;
+    const int W = 4, HK = H * K;
+    const size_t n = (size_t)B * T * HK, nw = (size_t)HK * W, nb = P.bl.size(), ns = P.S0.size();
+    auto up = [&](const std::vector<float> &x) {
+        float *d = (float *)g->alloc(x.size() * sizeof(float));
+        g->to_device(d, x.data(), x.size() * sizeof(float));
+        return d;
+    };
+    auto down = [&](const float *d, size_t m) {
+        std::vector<float> h(m);
+        g->to_host(h.data(), d, m * 4);
+        return h;
+    };
+    auto diff = [&](const float *x, const float *y, size_t m) {
+        std::vector<float> hx = down(x, m), hy = down(y, m);
+        return max_abs(hx.data(), hy.data(), m);
+    };
+    std::vector<float> pre[3], cw[3], start[3];
+    for (int j = 0; j < 3; j++) {
+        pre[j].resize(n); cw[j].resize(nw); start[j].resize(n);
+        for (auto &x : pre[j]) x = (float)nrand();
+        for (auto &x : cw[j]) x = (float)(0.5 * nrand());
+        for (auto &x : start[j]) x = (float)nrand();
+    }
+    float *dpre[3], *dcw[3];
+    for (int j = 0; j < 3; j++) { dpre[j] = up(pre[j]); dcw[j] = up(cw[j]); }
+    float *f = up(P.f), *bl = up(P.bl), *A = up(P.A), *db = up(P.db), *S0 = up(P.S0), *dO = up(P.dO), *dSo = up(P.dSo);
+    lm_kda_args base;
+    memset(&base, 0, sizeof base);
+    base.B = B; base.T = T; base.H = H; base.K = K; base.V = K; base.gate_mode = gate; base.lb = P.lb;
+    base.form = LM_KDA_AUTO; base.chunk = 64; base.scale = P.scale; base.f = f; base.beta_logit = bl; base.A_log = A;
+    base.dt_bias = db; base.S0 = S0; base.d_o = dO; base.dS_out = dSo;
+    char w[200];
+    const char *gn = gate ? "unbounded" : "bounded";
+    for (int saved = 0; saved < 2; saved++)
+        for (int assign = 0; assign < 2; assign++) {
+            // reference chain: conv ops, the op on their outputs (dq, dk, dv written), conv backward
+            lm_kda_args r = base;
+            float *qkv[3], *dqkv[3], *rdpre[3], *rdw[3], *cdpre[3], *cdw[3];
+            for (int j = 0; j < 3; j++) {
+                qkv[j] = (float *)g->alloc(n * 4); dqkv[j] = (float *)g->alloc(n * 4);
+                rdpre[j] = up(start[j]); rdw[j] = up(cw[j]);   // accumulated onto (ignored when written)
+                cdpre[j] = up(start[j]); cdw[j] = up(cw[j]);
+                g->conv_silu_fwd(qkv[j], dpre[j], dcw[j], NULL, B, T, HK, W);
+            }
+            r.q = qkv[0]; r.k = qkv[1]; r.v = qkv[2];
+            r.o = (float *)g->alloc(n * 4); r.S_out = (float *)g->alloc(ns * 4);
+            r.dq = dqkv[0]; r.dk = dqkv[1]; r.dv = dqkv[2];
+            r.df = up(P.f); r.dbeta_logit = up(P.bl); r.dA_log = (float *)g->alloc(H * 4);
+            r.ddt_bias = (float *)g->alloc((size_t)HK * 4); r.dS0 = (float *)g->alloc(ns * 4);
+            r.grads_assign = assign;
+            lm_kda_args c = r;   // the op with its conv: q, k, v unused (NULL), its own gradient buffers
+            c.q = c.k = c.v = NULL;
+            c.conv_W = W;
+            for (int j = 0; j < 3; j++) {
+                c.qkv_pre[j] = dpre[j]; c.conv_w[j] = dcw[j]; c.dqkv_pre[j] = cdpre[j]; c.dconv_w[j] = cdw[j];
+            }
+            c.dq = c.dk = c.dv = NULL;   // work buffers the CUDA backend does not use
+            c.o = (float *)g->alloc(n * 4); c.S_out = (float *)g->alloc(ns * 4);
+            c.df = up(P.f); c.dbeta_logit = up(P.bl); c.dA_log = (float *)g->alloc(H * 4);
+            c.ddt_bias = (float *)g->alloc((size_t)HK * 4); c.dS0 = (float *)g->alloc(ns * 4);
+            if (saved) {
+                r.saved = g->alloc(g->kda_saved_bytes(B, T, H, K, K));
+                c.saved = g->alloc(g->kda_saved_bytes(B, T, H, K, K));
+            }
+            g->kda_fwd(&r);
+            g->kda_fwd(&c);
+            g->kda_bwd(&r);   // dq, dk, dv: added onto zeros (alloc) when not written, the same values
+            for (int j = 0; j < 3; j++) g->conv_silu_bwd(rdpre[j], rdw[j], dqkv[j], dpre[j], dcw[j], NULL, B, T, HK, W, assign);
+            g->kda_bwd(&c);
+            double e = worst(diff(r.o, c.o, n), diff(r.S_out, c.S_out, ns));
+            e = worst(e, worst(diff(r.df, c.df, n), diff(r.dbeta_logit, c.dbeta_logit, nb)));
+            e = worst(e, worst(diff(r.dA_log, c.dA_log, H), diff(r.ddt_bias, c.ddt_bias, (size_t)HK)));
+            e = worst(e, diff(r.dS0, c.dS0, ns));
+            for (int j = 0; j < 3; j++) e = worst(e, worst(diff(rdpre[j], cdpre[j], n), diff(rdw[j], cdw[j], nw)));
+            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s, conv in the op%s, gradients %s: == conv ops around it",
+                     B, T, H, K, gn, saved ? ", saved" : "", assign ? "written" : "accumulated");
+            check(w, e, 0);
+            if (saved && assign) {   // against the CPU op with its conv (the GPU rounds q, k, v, f, β to bf16)
+                lm_kda_args h = c;
+                std::vector<float> ho(n), hS(ns), hq[3], hdq[3], hdpre[3], hdw[3], hdf(n), hdb(nb), hA(H), hddb(HK), hdS0(ns);
+                for (int j = 0; j < 3; j++) {
+                    hq[j].resize(n); hdq[j].resize(n); hdpre[j].assign(n, NAN); hdw[j] = cw[j];
+                    h.qkv_pre[j] = pre[j].data(); h.conv_w[j] = cw[j].data(); h.qkv_out[j] = hq[j].data();
+                    h.dqkv_pre[j] = hdpre[j].data(); h.dconv_w[j] = hdw[j].data();
+                }
+                h.saved = NULL; h.form = LM_KDA_NAIVE;
+                h.f = P.f.data(); h.beta_logit = P.bl.data(); h.A_log = P.A.data(); h.dt_bias = P.db.data();
+                h.S0 = P.S0.data(); h.d_o = P.dO.data(); h.dS_out = P.dSo.data();
+                h.o = ho.data(); h.S_out = hS.data(); h.dq = hdq[0].data(); h.dk = hdq[1].data(); h.dv = hdq[2].data();
+                h.df = hdf.data(); h.dbeta_logit = hdb.data(); h.dA_log = hA.data(); h.ddt_bias = hddb.data();
+                h.dS0 = hdS0.data();
+                cpu_kda_fwd(&h);
+                cpu_kda_bwd(&h);
+                auto vs = [&](const char *what, const float *d, const std::vector<float> &cpu, double tol) {
+                    std::vector<float> gv = down(d, cpu.size());
+                    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s, conv in the op: %s vs CPU", B, T, H, K, gn,
+                             what);
+                    check(w, rel_rms(gv.data(), cpu.data(), cpu.size()), tol);
+                };
+                vs("o", c.o, ho, 5e-3);
+                vs("dq_pre (written)", cdpre[0], hdpre[0], 8e-3);
+                vs("dk_pre", cdpre[1], hdpre[1], 8e-3);
+                vs("dv_pre", cdpre[2], hdpre[2], 8e-3);
+                // the conv weights' gradients: what they were accumulated onto (cw) subtracted
+                for (int j = 0; j < 3; j++) {
+                    std::vector<float> gd = down(cdw[j], nw);
+                    for (size_t i = 0; i < nw; i++) { gd[i] -= cw[j][i]; hdw[j][i] -= cw[j][i]; }
+                    snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s, conv in the op: dconv_w[%d] vs CPU", B, T,
+                             H, K, gn, j);
+                    check(w, rel_rms(gd.data(), hdw[j].data(), nw), 1e-2);
+                }
+                vs("df", c.df, hdf, 2e-2);
+            }
+            for (int j = 0; j < 3; j++) {
+                float *t[] = {qkv[j], dqkv[j], rdpre[j], rdw[j], cdpre[j], cdw[j]};
+                for (float *b : t) g->free(b);
+            }
+            float *t[] = {r.o, r.S_out, r.df, r.dbeta_logit, r.dA_log, r.ddt_bias, r.dS0,
+                          c.o, c.S_out, c.df, c.dbeta_logit, c.dA_log, c.ddt_bias, c.dS0};
+            for (float *b : t) g->free(b);
+            if (saved) { g->free(r.saved); g->free(c.saved); }
+        }
+    for (int j = 0; j < 3; j++) { g->free(dpre[j]); g->free(dcw[j]); }
+    float *t[] = {f, bl, A, db, S0, dO, dSo};
+    for (float *b : t) g->free(b);
+}
+
 // bad parameters are refused before any launch: a misaligned q, k, v or f (the chunk kernels load
 // rows as vectors), K outside {64, 128}; the output buffer stays as it was
 static void test_bad_params() {
@@ -817,6 +952,8 @@ int main(int argc, char **argv) {
         // the op table
         test_ops(2, 100, 2, 128, 0);
         test_ops(1, 70, 2, 64, 1);
+        test_ops_conv(2, 100, 2, 128, 0);
+        test_ops_conv(1, 70, 2, 64, 1);
     }
     printf("== %d checks, %d failed\n", n_check, n_fail);
     return n_fail ? 1 : 0;
