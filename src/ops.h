@@ -127,6 +127,12 @@ typedef struct {
     const real *dout[LM_MAX_LINEARS];
     real *dW[LM_MAX_LINEARS];
     int dinp_assign;   // backward: dinp is written (its contents on entry do not matter), not added into
+    // training: backend memory of linears_lo_bytes(N, C) bytes, or NULL. The forward leaves inp
+    // there in the backend's GEMM precision (the CUDA bf16 mode: rounded once, as it reads it),
+    // and the backward of the same inp reads it for the weight gradients instead of rounding
+    // inp again; a backend without such a form ignores it.
+    void *lo;
+    int lo_filled;     // lo already holds inp: its producer wrote it (rmsnorm_fwd's lo), the forward reads it
 } lm_linears;
 
 typedef struct lm_ops {
@@ -167,17 +173,24 @@ typedef struct lm_ops {
     // precision once for the whole list (the CUDA backend does)
     void (*linears_fwd)(const lm_linears *L, const real *inp, int N, int C);
     void (*linears_bwd)(const lm_linears *L, real *dinp, const real *inp, int N, int C);
+    // bytes of lm_linears.lo for an [N, C] input (NULL or 0: the backend keeps no such copy)
+    size_t (*linears_lo_bytes)(int N, int C);
 
     // ---- RMSNorm with gain: out = inp · rstd · gain, rstd[N] = (mean(inp²) + eps)^-1/2 ----
-    void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
+    // lo: NULL, or an lm_linears.lo home for out (linears_lo_bytes(N, C) bytes): a backend that
+    // keeps such copies writes out there too, as the linears reading out would round it, so
+    // that they need not (lm_linears.lo_filled); the CPU ignores it
+    void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps,
+                        void *lo);
     // dinp accumulates (assign: written, its contents on entry do not matter); dgain accumulates
     void (*rmsnorm_bwd)(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain,
                         const real *rstd, int N, int C, int assign);
 
     // ---- headwise gated RMSNorm (KDA output): x, z, out [N, H·V]; w [V] shared by heads;
     //      out = x · rstd_h · w ⊙ sigmoid(z), rstd [N·H] ----
+    // (lo: as rmsnorm_fwd's, for out as an [N, H·V] input)
     void (*gated_rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *z, const real *w,
-                              int N, int H, int V, real eps);
+                              int N, int H, int V, real eps, void *lo);
     // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates
     void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
                               const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);

@@ -47,7 +47,7 @@ static void test_matmul(void **state) {
 typedef struct { int N, C; real *x, *g, *out, *rstd, *P; } rn_ctx;
 static double rn_loss(void *p) {
     rn_ctx *c = p;
-    ops->rmsnorm_fwd(c->out, c->rstd, c->x, c->g, c->N, c->C, 1e-5);
+    ops->rmsnorm_fwd(c->out, c->rstd, c->x, c->g, c->N, c->C, 1e-5, NULL);
     return tu_dot(c->out, c->P, (size_t)c->N * c->C);
 }
 static void test_rmsnorm(void **state) {
@@ -78,7 +78,7 @@ static void test_rmsnorm(void **state) {
 typedef struct { int N, H, V; real *x, *z, *w, *out, *rstd, *P; } grn_ctx;
 static double grn_loss(void *p) {
     grn_ctx *c = p;
-    ops->gated_rmsnorm_fwd(c->out, c->rstd, c->x, c->z, c->w, c->N, c->H, c->V, 1e-5);
+    ops->gated_rmsnorm_fwd(c->out, c->rstd, c->x, c->z, c->w, c->N, c->H, c->V, 1e-5, NULL);
     return tu_dot(c->out, c->P, (size_t)c->N * c->H * c->V);
 }
 static void test_gated_rmsnorm(void **state) {

@@ -22,9 +22,9 @@ void cpu_matmul_fwd(real *out, const real *inp, const real *W, const real *bias,
 void cpu_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const real *inp, const real *W, int N, int C, int OC);
 void cpu_linears_fwd(const lm_linears *L, const real *inp, int N, int C);
 void cpu_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C);
-void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps);
+void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps, void *lo);
 void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C, int assign);
-void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps);
+void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps, void *lo);
 void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);
 void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
 void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign);

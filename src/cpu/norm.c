@@ -1,8 +1,8 @@
 // norm.c — RMSNorm with gain, and the headwise gated RMSNorm of the KDA output.
 #include "cpu.h"
 
-// out, inp [N,C]; gain [C]; rstd [N]
-void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps) {
+// out, inp [N,C]; gain [C]; rstd [N]; lo unused (the CPU's linears read out itself)
+void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps, void *lo) {
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const real *x = inp + (size_t)i * C;
@@ -43,7 +43,7 @@ void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp,
 
 // x, z, out [N, H·V]; w [V]; rstd [N·H]: out = x·rstd·w ⊙ sigmoid(z), per head
 void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
-                           int N, int H, int V, real eps) {
+                           int N, int H, int V, real eps, void *lo) {
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < N * H; r++) {
         const real *xr = x + (size_t)r * V, *zr = z + (size_t)r * V;

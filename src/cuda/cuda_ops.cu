@@ -330,6 +330,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .matmul_bwd = cuda_matmul_bwd,
     .linears_fwd = cuda_linears_fwd,
     .linears_bwd = cuda_linears_bwd,
+    .linears_lo_bytes = cuda_linears_lo_bytes,
     .rmsnorm_fwd = cuda_rmsnorm_fwd,
     .rmsnorm_bwd = cuda_rmsnorm_bwd,
     .gated_rmsnorm_fwd = cuda_gated_rmsnorm_fwd,

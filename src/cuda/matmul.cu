@@ -54,8 +54,10 @@ void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
             cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
         } else if (use_bf16(N)) {   // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
             const __nv_bfloat16 *wb = lm_cuda_weight_bf16(L->W[i], (size_t)OC * C);
-            if (!xb) {
-                __nv_bfloat16 *x = (__nv_bfloat16 *)lm_cuda_scratch((size_t)N * C * 2);
+            if (!xb && L->lo && L->lo_filled) {   // inp's producer wrote its bf16 copy
+                xb = (const __nv_bfloat16 *)L->lo;
+            } else if (!xb) {   // into the list's lo when it has one: the backward's weight gradients read it there
+                __nv_bfloat16 *x = L->lo ? (__nv_bfloat16 *)L->lo : (__nv_bfloat16 *)lm_cuda_scratch((size_t)N * C * 2);
                 lm_cuda_to_bf16(x, inp, (size_t)N * C);
                 xb = x;
             }
@@ -108,9 +110,10 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
         if (!soc) return;   // (dinp: no products, zeroed above if written)
         const size_t nx = (size_t)N * C, bx = lm_align256(nx * 2), bd = lm_align256((size_t)N * soc * 2);
         char *ws = (char *)lm_cuda_scratch(bx + bd + (dinp ? (size_t)soc * C * 2 : 0));
-        __nv_bfloat16 *xb = (__nv_bfloat16 *)ws, *db = (__nv_bfloat16 *)(ws + bx);
-        __nv_bfloat16 *wcat = (__nv_bfloat16 *)(ws + bx + bd);
-        if (any_dw) lm_cuda_to_bf16(xb, inp, nx);
+        const __nv_bfloat16 *xb = (const __nv_bfloat16 *)ws;
+        __nv_bfloat16 *db = (__nv_bfloat16 *)(ws + bx), *wcat = (__nv_bfloat16 *)(ws + bx + bd);
+        if (any_dw && L->lo) xb = (const __nv_bfloat16 *)L->lo;   // the forward's copy of this inp
+        else if (any_dw) lm_cuda_to_bf16((__nv_bfloat16 *)ws, inp, nx);
         for (int i = 0, off = 0; i < L->n; i++) {
             const int OC = L->OC[i];
             if (OC <= 0 || (!dinp && !L->dW[i])) continue;
@@ -138,6 +141,8 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
                                     &one, L->dW[i], C));
     }
 }
+
+size_t cuda_linears_lo_bytes(int N, int C) { return use_bf16(N) && C > 0 ? (size_t)N * C * 2 : 0; }
 
 // out [N,H,OC] = per head h: inp[:,h,:] [N,C] times W_h = W + h·w_head_stride
 //   transpose = 0: W_h [OC,C], out = inp·W_hᵀ;  transpose = 1: W_h [C,OC], out = inp·W_h

@@ -19,9 +19,18 @@ static inline int gated_rows_per_block(int rows) {
     return r < GATED_WARPS ? GATED_WARPS : r > 256 ? 256 : r;
 }
 
+// lo (rmsnorm_fwd's, or NULL): out again in bf16 [N,C], as lm_cuda_to_bf16 would round it
+__device__ __forceinline__ void st4_lo(__nv_bfloat16 *lo, size_t e, float4 y) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(y.x, y.y), b = __floats2bfloat162_rn(y.z, y.w);
+    uint2 u;
+    u.x = *reinterpret_cast<unsigned *>(&a);
+    u.y = *reinterpret_cast<unsigned *>(&b);
+    *reinterpret_cast<uint2 *>(lo + e) = u;
+}
+
 // out, inp [N,C]; gain [C]; rstd [N]; one row per block, thread t owns channels 4t..4t+3
 __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *inp, const float *gain, int C,
-                                         float eps) {
+                                         float eps, __nv_bfloat16 *lo) {
     __shared__ float red[32], tot[1];
     const int c = 4 * threadIdx.x;
     const bool on = c < C;
@@ -34,11 +43,14 @@ __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *i
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     if (!on) return;
     const float4 g = ld4(gain + c, true);
-    *reinterpret_cast<float4 *>(out + e) = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
+    const float4 y = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
+    *reinterpret_cast<float4 *>(out + e) = y;
+    if (lo) st4_lo(lo, e, y);
 }
 
 // out, inp [N,C]; gain [C]; rstd [N]
-__global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *gain, int C, float eps) {
+__global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *gain, int C, float eps,
+                                     __nv_bfloat16 *lo) {
     __shared__ float sh[32];
     const float *x = inp + (size_t)blockIdx.x * C;
     float *y = out + (size_t)blockIdx.x * C;
@@ -47,15 +59,20 @@ __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, 
     ss = block_sum(ss, sh);
     float r = 1.0f / sqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = x[c] * r * gain[c];
+    __nv_bfloat16 *yl = lo ? lo + (size_t)blockIdx.x * C : NULL;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        y[c] = x[c] * r * gain[c];
+        if (yl) yl[c] = __float2bfloat16(y[c]);
+    }
 }
 
-void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps) {
+void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps, void *lo) {
     if (N <= 0 || C <= 0) return;
+    __nv_bfloat16 *lb = (__nv_bfloat16 *)lo;
     if (rms_reg_ok(C))
-        rmsnorm_fwd_reg_k<<<N, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
+        rmsnorm_fwd_reg_k<<<N, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps, lb);
     else
-        rmsnorm_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps);
+        rmsnorm_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps, lb);
     cudaLaunchCheck();
 }
 
@@ -132,7 +149,7 @@ void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp
 
 // x, z, out [N·H rows of V]; w [V]; rstd [N·H]
 __global__ static void gated_fwd_k(float *out, float *rstd, const float *x, const float *z, const float *w, int V,
-                                   float eps) {
+                                   float eps, __nv_bfloat16 *lo) {
     __shared__ float sh[32];
     const size_t row = (size_t)blockIdx.x * V;
     const float *xr = x + row, *zr = z + row;
@@ -142,12 +159,15 @@ __global__ static void gated_fwd_k(float *out, float *rstd, const float *x, cons
     ss = block_sum(ss, sh);
     float rs = 1.0f / sqrtf(ss / V + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) yr[c] = xr[c] * rs * w[c] * dsigmoid(zr[c]);
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        yr[c] = xr[c] * rs * w[c] * dsigmoid(zr[c]);
+        if (lo) lo[row + c] = __float2bfloat16(yr[c]);
+    }
 }
 
 // the same, one warp per row (V ≤ 128: lane l owns channels 4l..4l+3)
 __global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x, const float *z, const float *w,
-                                        int rows, int V, float eps) {
+                                        int rows, int V, float eps, __nv_bfloat16 *lo) {
     const int row = blockIdx.x * GATED_WARPS + (threadIdx.x >> 5), c = 4 * (threadIdx.x & 31);
     if (row >= rows) return;
     const bool on = c < V;
@@ -157,20 +177,22 @@ __global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x,
     if (c == 0) rstd[row] = rs;
     if (!on) return;
     const float4 zv = ld4(z + e, true), wv = ld4(w + c, true);
-    *reinterpret_cast<float4 *>(out + e) =
-        make_float4(xv.x * rs * wv.x * dsigmoid(zv.x), xv.y * rs * wv.y * dsigmoid(zv.y),
-                    xv.z * rs * wv.z * dsigmoid(zv.z), xv.w * rs * wv.w * dsigmoid(zv.w));
+    const float4 y = make_float4(xv.x * rs * wv.x * dsigmoid(zv.x), xv.y * rs * wv.y * dsigmoid(zv.y),
+                                 xv.z * rs * wv.z * dsigmoid(zv.z), xv.w * rs * wv.w * dsigmoid(zv.w));
+    *reinterpret_cast<float4 *>(out + e) = y;
+    if (lo) st4_lo(lo, e, y);
 }
 
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
-                            int N, int H, int V, real eps) {
+                            int N, int H, int V, real eps, void *lo) {
     if (N <= 0 || H <= 0 || V <= 0) return;
     const int rows = N * H;
+    __nv_bfloat16 *lb = (__nv_bfloat16 *)lo;
     if (gated_reg_ok(V))
         gated_fwd_warp_k<<<(rows + GATED_WARPS - 1) / GATED_WARPS, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
-            out, rstd, x, z, w, rows, V, eps);
+            out, rstd, x, z, w, rows, V, eps, lb);
     else
-        gated_fwd_k<<<rows, row_threads(V), 0, lm_cuda_stream()>>>(out, rstd, x, z, w, V, eps);
+        gated_fwd_k<<<rows, row_threads(V), 0, lm_cuda_stream()>>>(out, rstd, x, z, w, V, eps, lb);
     cudaLaunchCheck();
 }
 

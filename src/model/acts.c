@@ -77,3 +77,18 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
         }
     }
 }
+
+void lm_layer_lo_widths(const lm_config *c, int i, int C[LM_LO_N]) {
+    for (int j = 0; j < LM_LO_N; j++) C[j] = 0;
+    C[LM_LO_ATTN_XN] = C[LM_LO_FFN_XN] = c->d_model;
+    if (!lm_layer_is_mla(c, i)) {
+        C[LM_LO_ATTN_OUT] = c->kda_heads * c->kda_head_dim;
+        C[LM_LO_ATTN_A] = c->kda_head_dim;                              // fa → f_b
+        if (!c->kda_full_rank_gate) C[LM_LO_ATTN_B] = c->kda_head_dim;  // ga → g_b
+    } else {
+        C[LM_LO_ATTN_OUT] = c->mla_heads * c->v_head_dim;
+        C[LM_LO_ATTN_A] = c->kv_lora_rank;                              // c → kv_b
+        C[LM_LO_ATTN_B] = c->q_lora_rank;                               // qan → mq_b (0: none)
+    }
+    C[LM_LO_FFN_H] = !lm_layer_is_moe(c, i) ? c->d_ff_dense : c->n_shared * c->d_ff_expert;
+}

@@ -11,13 +11,13 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
-    lm_linears L = {0};
+    lm_linears L = {.lo = lm_lo(s, LM_LO_FFN_XN), .lo_filled = 1};   // the norm writes xn's copy
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps, L.lo);
     lm_linears_add(&L, p->ffn_w1, F, a->a, NULL, NULL);
     lm_linears_add(&L, p->ffn_w3, F, a->b, NULL, NULL);
     o->linears_fwd(&L, a->xn, N, d);
     o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act);
-    o->matmul_fwd(out, a->h, p->ffn_w2, NULL, N, F, d);
+    lm_linear_fwd(o, out, a->h, p->ffn_w2, N, F, d, lm_lo(s, LM_LO_FFN_H));
 }
 
 void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
@@ -26,12 +26,13 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     // h and xn have one writer each here (written, not zeroed: acts.c); a, b are added into
-    lm_linear_bwd_written(o, da->h, g->ffn_w2, dout, a->h, p->ffn_w2, N, F, d);
+    lm_linear_bwd_written(o, da->h, g->ffn_w2, dout, a->h, p->ffn_w2, N, F, d, lm_lo(s, LM_LO_FFN_H));
     o->glu_bwd(da->a, da->b, da->h, a->a, a->b, (size_t)N * F, c->expert_act);
     lm_linears L = {0};
     lm_linears_add(&L, p->ffn_w1, F, NULL, da->a, g->ffn_w1);
     lm_linears_add(&L, p->ffn_w3, F, NULL, da->b, g->ffn_w3);
     L.dinp_assign = 1;
+    L.lo = lm_lo(s, LM_LO_FFN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
 }
@@ -71,8 +72,10 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps);
-    const lm_linears L = xn_linears(c, p, a, NULL, NULL);   // router logits z among them
+    lm_linears L = xn_linears(c, p, a, NULL, NULL);   // router logits z among them
+    L.lo = lm_lo(s, LM_LO_FFN_XN);
+    L.lo_filled = 1;   // by the norm
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
     // the bias (a buffer updated only between steps) decides selection only
     o->moe_route_fwd(a->idx, a->gate, a->s, a->alpha, a->z, p->route_bias, N, E, k, c->route_scale, 1);
@@ -87,7 +90,7 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         // (or zeros): no routed tensor and no separate sum pass
         if (c->n_shared > 0) {
             o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
-            o->matmul_fwd(out, a->sh, p->sh_w2, NULL, N, Fs, d);
+            lm_linear_fwd(o, out, a->sh, p->sh_w2, N, Fs, d, lm_lo(s, LM_LO_FFN_H));
         } else {
             o->zero(out, (size_t)N * d * sizeof(real));
         }
@@ -95,11 +98,11 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     } else {
         o->zero(a->y, (size_t)N * dl * sizeof(real));
         o->moe_experts_fwd(&ex, a->y, xin);
-        o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps);
+        o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps, NULL);
         o->matmul_fwd(a->routed, a->un, p->lat_up, NULL, N, dl, d);
         if (c->n_shared > 0) {
             o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
-            o->matmul_fwd(a->so, a->sh, p->sh_w2, NULL, N, Fs, d);
+            lm_linear_fwd(o, a->so, a->sh, p->sh_w2, N, Fs, d, lm_lo(s, LM_LO_FFN_H));
             o->add(out, a->routed, a->so, (size_t)N * d);
         } else {
             o->copy(out, a->routed, (size_t)N * d * sizeof(real));
@@ -117,7 +120,7 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
     if (c->n_shared > 0) {
         const int Fs = c->n_shared * F;
-        lm_linear_bwd_written(o, da->sh, g->sh_w2, dout, a->sh, p->sh_w2, N, Fs, d);   // sh: one writer
+        lm_linear_bwd_written(o, da->sh, g->sh_w2, dout, a->sh, p->sh_w2, N, Fs, d, lm_lo(s, LM_LO_FFN_H));   // one writer
         o->glu_bwd(da->sa, da->sb, da->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
     }
     const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged
@@ -140,6 +143,7 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     // its only writer and write it. Neither slot is zeroed (acts.c).
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = c->moe_latent_dim != 0;
+    L.lo = lm_lo(s, LM_LO_FFN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
 }

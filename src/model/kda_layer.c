@@ -47,10 +47,12 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps);
-    const lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
+    lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
+    L.lo = lm_lo(s, LM_LO_ATTN_XN);
+    L.lo_filled = 1;   // by the norm
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
-    o->matmul_fwd(a->f, a->fa, p->f_b, NULL, N, K, HK);
+    lm_linear_fwd(o, a->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A));
     lm_kda_args k = kda_args(s, p, a);
     k.o = a->o;
     // with a cache the conv sees the previous W−1 inputs and the core starts from the
@@ -70,9 +72,11 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
         kda_args_conv(&k, c, p, a);
     }
     o->kda_fwd(&k);
-    if (!c->kda_full_rank_gate) o->matmul_fwd(a->gz, a->ga, p->g_b, NULL, N, K, HK);
-    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps);
-    o->matmul_fwd(out, a->on, p->o_proj, NULL, N, HK, d);
+    if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B));
+    const lm_linears Lo = {.n = 1, .OC = {d}, .W = {p->o_proj}, .out = {out}, .lo = lm_lo(s, LM_LO_ATTN_OUT),
+                           .lo_filled = 1};   // by the gated norm
+    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, Lo.lo);
+    o->linears_fwd(&Lo, a->on, N, HK);
 }
 
 // Every gradient of an intermediate below is written by its one producer's backward (the
@@ -83,9 +87,10 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
-    lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d);
+    lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d, lm_lo(s, LM_LO_ATTN_OUT));
     o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1);
-    if (!c->kda_full_rank_gate) lm_linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK);
+    if (!c->kda_full_rank_gate)
+        lm_linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B));
     // the op takes the conv's backward too (the conv cache, inference only, gets no gradient);
     // dq, dk, dv are its work buffers
     lm_kda_args k = kda_args(s, p, a);
@@ -97,9 +102,10 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
     o->kda_bwd(&k);
-    lm_linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK);
+    lm_linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A));
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
+    L.lo = lm_lo(s, LM_LO_ATTN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
 }

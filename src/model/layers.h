@@ -13,6 +13,13 @@
 #include "model/balancer.h"
 #include "model/cache.h"
 
+// The linear inputs of a layer whose GEMM-precision copy a training forward keeps for the
+// backward's weight gradients (lm_linears.lo; the CUDA bf16 mode), one home each:
+//   ATTN_XN: the mixer's normalised input;  ATTN_OUT: the mixer's output projection's input (KDA on,
+//   MLA og or o);  ATTN_A, ATTN_B: KDA fa, ga / MLA c, qan;  FFN_XN: the FFN's normalised input;
+//   FFN_H: the dense GLU's h, the MoE shared experts' sh.
+enum { LM_LO_ATTN_XN, LM_LO_ATTN_OUT, LM_LO_ATTN_A, LM_LO_ATTN_B, LM_LO_FFN_XN, LM_LO_FFN_H, LM_LO_N };
+
 // N = B·T tokens; shapes per field.
 typedef struct {
     real *xn, *rstd;             // [N,d], [N]        normalised input
@@ -84,11 +91,17 @@ typedef struct {
     real aux_dloss;              // weight of this micro-batch's aux/z losses in the objective
     double aux_loss;             // forward: sum of aux + z losses of the micro-batch (objective units)
     void *const *kda_saved;      // training: per layer, the KDA forward's intermediates for its backward
+    void *(*lo)[LM_LO_N];        // training: per layer, homes of its linears' inputs in GEMM precision
+                                 // (lm_linears.lo; NULL, or NULL entries, where the backend keeps none)
     int expert_grads_fresh;      // backward: write the experts' weight gradients, not add (lm_model)
     int dx_assign;               // backward: the sublayer writes its input stream's gradient, not adds
 } lm_step_ctx;
 
 void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);
+// the width C of each LM_LO_* input of layer i (0: the layer has no such linear)
+void lm_layer_lo_widths(const lm_config *c, int i, int C[LM_LO_N]);
+// the home of input `slot` of the running layer, or NULL
+static inline void *lm_lo(const lm_step_ctx *s, int slot) { return s->lo ? s->lo[s->layer][slot] : NULL; }
 
 // Appends the linear W [OC, ·] to a list of linears of one input (ops.h lm_linears): its
 // output (forward), output gradient and weight gradient (backward); the unused ones NULL.
@@ -106,10 +119,17 @@ static inline void lm_linears_add(lm_linears *L, const real *W, int OC, real *ou
 // For a sublayer's list of the linears of its normalised input (xn_linears).
 // dinp [N,C] = dout · W, written rather than added (for a gradient with this one writer in
 // the backward, whose slot is not zeroed: acts.c); dW [OC,C] += doutᵀ · inp
+// (lo: lm_linears.lo, the forward's copy of inp, or NULL)
 static inline void lm_linear_bwd_written(const lm_ops *o, real *dinp, real *dW, const real *dout, const real *inp,
-                                         const real *W, int N, int C, int OC) {
-    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1};
+                                         const real *W, int N, int C, int OC, void *lo) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1, .lo = lo};
     o->linears_bwd(&L, dinp, inp, N, C);
+}
+// out [N,OC] = inp [N,C] · W [OC,C]ᵀ, leaving inp's GEMM-precision copy in lo (or NULL)
+static inline void lm_linear_fwd(const lm_ops *o, real *out, const real *inp, const real *W, int N, int C, int OC,
+                                 void *lo) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo};
+    o->linears_fwd(&L, inp, N, C);
 }
 #define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \
     lm_linears_add(&(L), (p)->w, (oc), (a) ? (a)->t : NULL, (da) ? (da)->t : NULL, (g) ? (g)->w : NULL)

@@ -106,14 +106,20 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
     const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank, Rq = c->q_lora_rank;
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps);
-    const lm_linears L = xn_linears(c, p, a, NULL, NULL);
+    lm_linears L = xn_linears(c, p, a, NULL, NULL);
+    L.lo = lm_lo(s, LM_LO_ATTN_XN);
+    L.lo_filled = 1;   // by the norm
+    o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
     if (Rq > 0) {
-        o->rmsnorm_fwd(a->qan, a->qa_rstd, a->qa, p->mq_a_norm, N, Rq, c->norm_eps);
-        o->matmul_fwd(a->q, a->qan, p->mq_b, NULL, N, Rq, Hm * Dqk);
+        const lm_linears Lq = {.n = 1, .OC = {Hm * Dqk}, .W = {p->mq_b}, .out = {a->q}, .lo = lm_lo(s, LM_LO_ATTN_B),
+                               .lo_filled = 1};
+        o->rmsnorm_fwd(a->qan, a->qa_rstd, a->qa, p->mq_a_norm, N, Rq, c->norm_eps, Lq.lo);
+        o->linears_fwd(&Lq, a->qan, N, Rq);
     }
-    o->rmsnorm_fwd(a->c, a->c_rstd, a->craw, p->kv_norm, N, R, c->norm_eps);
+    // c's copy (for kv_b) written by its norm; only the cacheless path below reads it
+    void *c_lo = lm_lo(s, LM_LO_ATTN_A);
+    o->rmsnorm_fwd(a->c, a->c_rstd, a->craw, p->kv_norm, N, R, c->norm_eps, c_lo);
     lm_cache *kc = s->cache;
     if (kc) cache_append(s, a);
     if (kc && kc->len > 0 && s->T < PREFIX_MIN_T) {
@@ -121,7 +127,9 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     } else if (kc && kc->len > 0) {
         prefill_over_cache(s, p, a);
     } else {
-        o->matmul_fwd(a->kv, a->c, p->kv_b, NULL, N, R, Hm * (Dn + Dv));
+        const lm_linears Lkv = {.n = 1, .OC = {Hm * (Dn + Dv)}, .W = {p->kv_b}, .out = {a->kv}, .lo = c_lo,
+                                .lo_filled = 1};
+        o->linears_fwd(&Lkv, a->c, N, R);
         o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
         o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
     }
@@ -130,7 +138,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
         o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv);
         og = a->og;
     }
-    o->matmul_fwd(out, og, p->o_proj, NULL, N, Hm * Dv, d);
+    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
 }
 
 void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,
@@ -142,21 +150,22 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     // every intermediate gradient below has one writer, which writes it (the slots are not
     // zeroed: acts.c)
     if (c->mla_gated) {
-        lm_linear_bwd_written(o, da->og, g->o_proj, dout, a->og, p->o_proj, N, Hm * Dv, d);
+        lm_linear_bwd_written(o, da->og, g->o_proj, dout, a->og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
         o->sigmoid_gate_bwd(da->o, da->z, da->og, a->o, a->z, (size_t)N * Hm * Dv, 1);
     } else {
-        lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d);
+        lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
     }
     o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c), 1);
     o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv, 1);
-    lm_linear_bwd_written(o, da->c, g->kv_b, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv));
+    lm_linear_bwd_written(o, da->c, g->kv_b, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv), lm_lo(s, LM_LO_ATTN_A));
     o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 1);
     if (Rq > 0) {
-        lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk);
+        lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, lm_lo(s, LM_LO_ATTN_B));
         o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq, 1);
     }
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
+    L.lo = lm_lo(s, LM_LO_ATTN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
 }

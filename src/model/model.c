@@ -203,6 +203,7 @@ void lm_model_free(lm_model *m) {
     if (m->acts_mem) o->free(m->acts_mem);
     if (m->dacts_mem) o->free(m->dacts_mem);
     if (m->kda_saved_mem) o->free(m->kda_saved_mem);
+    if (m->lo_mem) o->free(m->lo_mem);
     lm_layout_free(&m->playout);
     lm_layout_free(&m->alayout);
     free(m);
@@ -218,6 +219,7 @@ void lm_model_reserve(lm_model *m, int B, int T) {
     if (m->acts_mem) { o->free(m->acts_mem); lm_layout_free(&m->alayout); }
     if (m->dacts_mem) { o->free(m->dacts_mem); m->dacts_mem = NULL; }
     if (m->kda_saved_mem) { o->free(m->kda_saved_mem); m->kda_saved_mem = NULL; }
+    if (m->lo_mem) { o->free(m->lo_mem); m->lo_mem = NULL; }
     lm_layout *L = &m->alayout;
     acts_layout(m, B, T, &m->acts, L);
     m->acts_mem = o->alloc(L->numel * sizeof(real));
@@ -253,6 +255,40 @@ static void *const *reserve_kda_saved(lm_model *m) {
     return m->kda_saved;
 }
 
+// Bytes of the homes of the linears' inputs (model.h lo) at B × T, each 256-byte aligned; with
+// base, the homes are set into it (lo[i][slot], lo_head). 0 without a backend that keeps them.
+static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)[LM_LO_N], void **lo_head) {
+    const lm_ops *o = m->ops;
+    if (!o || !o->linears_lo_bytes) return 0;   // lm_config_acts_bytes: no backend
+    const lm_config *c = &m->cfg;
+    const int N = B * T;
+    size_t off = 0;
+    for (int i = 0; i <= c->n_layers; i++) {   // i = n_layers: the LM head's input
+        int C[LM_LO_N] = {0};
+        if (i < c->n_layers) lm_layer_lo_widths(c, i, C);
+        else C[0] = c->d_model;
+        for (int j = 0; j < LM_LO_N; j++) {
+            const size_t b = C[j] > 0 ? o->linears_lo_bytes(N, C[j]) : 0;
+            void *home = b && base ? base + off : NULL;
+            if (i < c->n_layers && base) lo[i][j] = home;
+            else if (j == 0 && base) *lo_head = home;
+            off += (b + 255) & ~(size_t)255;
+        }
+    }
+    return off;
+}
+// the homes for a training forward (freed with the activations when the shape changes); NULL
+// when the backend keeps no such copies
+static void *(*reserve_lo(lm_model *m))[LM_LO_N] {
+    if (!m->lo_mem) {
+        const size_t bytes = lo_layout(m, m->B, m->T, NULL, NULL, NULL);
+        if (!bytes) return NULL;
+        m->lo_mem = m->ops->alloc(bytes);
+        lo_layout(m, m->B, m->T, m->lo_mem, m->lo, &m->lo_head);
+    }
+    return m->lo;
+}
+
 static void reserve_grads(lm_model *m) {
     if (m->dacts_mem) return;
     m->dacts_mem = m->ops->alloc(m->alayout.numel * sizeof(real));
@@ -269,7 +305,7 @@ size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
     lm_layout L;
     acts_layout(m, B, T, a, &L);
     size_t bytes = (with_grads ? 2 : 1) * L.numel * sizeof(real);
-    if (with_grads) bytes += kda_saved_each(m, B, T) * n_kda_layers(&m->cfg);
+    if (with_grads) bytes += kda_saved_each(m, B, T) * n_kda_layers(&m->cfg) + lo_layout(m, B, T, NULL, NULL, NULL);
     lm_layout_free(&L);
     free(a);
     return bytes;
@@ -338,7 +374,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     lm_acts *a = &m->acts;
     m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
                            .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache,
-                           .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL};
+                           .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL,
+                           .lo = opts.training && !opts.cache ? reserve_lo(m) : NULL};
     LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
     o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
     o->embed_fwd(a->stream[m->stream_embed], a->tokens, m->params.embed, N, d);
@@ -360,8 +397,11 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
             break;
         }
     }
-    o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps);
-    o->matmul_fwd(a->logits, a->fn, m->params.lm_head, NULL, N, d, c->vocab);
+    void *fn_lo = m->ctx.lo ? m->lo_head : NULL;
+    o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
+    const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .out = {a->logits}, .lo = fn_lo,
+                             .lo_filled = 1};
+    o->linears_fwd(&head, a->fn, N, d);
     if (opts.cache) opts.cache->len += T;
     m->last_count = 0;
     m->last_ce_sum = 0;
@@ -440,7 +480,9 @@ void lm_model_backward(lm_model *m, real dloss) {
     zero_dacts(m);
     m->ctx.expert_grads_fresh = m->expert_grads_fresh;
     o->xent_bwd(da->logits, a->logits, a->lse, a->targets, dloss, N, c->vocab);
-    o->matmul_bwd(da->fn, m->grads.lm_head, NULL, da->logits, a->fn, m->params.lm_head, N, d, c->vocab);
+    const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .dout = {da->logits},
+                             .dW = {m->grads.lm_head}, .lo = m->ctx.lo ? m->lo_head : NULL};
+    o->linears_bwd(&head, da->fn, a->fn, N, d);
     o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
                    m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
     for (int t = m->n_tape - 1; t >= 0; t--) {

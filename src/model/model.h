@@ -56,6 +56,12 @@ typedef struct lm_model {
     // per KDA layer, none when 0): one allocation, a pointer per layer (NULL for MLA layers)
     void *kda_saved_mem;
     void *kda_saved[LM_MAX_LAYERS];
+    // the GEMM-precision copies of the linears' inputs a training forward keeps for the backward
+    // (lm_linears.lo, ops->linears_lo_bytes; none when 0): one allocation, a home per layer and
+    // LM_LO_* input (NULL where the layer has no such input), and the LM head's
+    void *lo_mem;
+    void *lo[LM_MAX_LAYERS][LM_LO_N];
+    void *lo_head;
     // residual plan
     int n_stream, n_tape, n_mix;
     int stream_embed, stream_final;

@@ -118,6 +118,21 @@ static void cmp(const char *op, const char *what, const float *dev, const float 
     record(op, what, tu_rel_rms(h, ref, n), tol);
     free(h);
 }
+// as cmp, relative to max(rms(ref), floor): for values whose error matters absolutely below
+// `floor` (a log-sum-exp shifts every probability by e^error, whatever its own size)
+static void cmp_floor(const char *op, const char *what, const float *dev, const float *ref, size_t n, double floor,
+                      double tol) {
+    float *h = lm_malloc((n ? n : 1) * sizeof(float));
+    GPU->to_host(h, dev, n * sizeof(float));
+    double se = 0, sr = 0;
+    for (size_t i = 0; i < n; i++) {
+        se += ((double)h[i] - ref[i]) * ((double)h[i] - ref[i]);
+        sr += (double)ref[i] * ref[i];
+    }
+    const double rr = n ? sqrt(sr / n) : 0, e = n ? sqrt(se / n) : 0;
+    record(op, what, e / (rr > floor ? rr : floor), tol);
+    free(h);
+}
 static void cmp_int(const char *op, const char *what, const int *dev, const int *ref, size_t n) {
     int *h = lm_malloc((n ? n : 1) * sizeof(int));
     GPU->to_host(h, dev, n * sizeof(int));
@@ -315,11 +330,87 @@ static void t_linears(int N, int C) {
         GPU->free(gdx2);
         free(dx2);
     }
+    const size_t lb = GPU->linears_lo_bytes ? GPU->linears_lo_bytes(N, C) : 0;
+    if (lb) {   // the forward keeps x's bf16 copy in lo and the backward's dW read it there: the same
+                // bits as rounding x again (G4: no lo) — and x overwritten in between changes nothing
+        lm_linears G3 = G, G4 = G;
+        G3.lo = GPU->alloc(lb);
+        float *gx3 = dfl(x, NC), *gdx3 = dfl(dx, NC), *gdx4 = dfl(dx, NC), *gdW3[3], *gdW4[3], *gout3[3], *gout4[3];
+        for (int i = 0; i < n; i++) {
+            gdW3[i] = dfl(dW[i], (size_t)OC[i] * C);
+            gdW4[i] = dfl(dW[i], (size_t)OC[i] * C);
+            gout3[i] = dpoison((size_t)N * OC[i]);
+            gout4[i] = dpoison((size_t)N * OC[i]);
+            G3.out[i] = gout3[i];
+            G4.out[i] = gout4[i];
+            G3.dW[i] = i == 1 ? NULL : gdW3[i];
+            G4.dW[i] = i == 1 ? NULL : gdW4[i];
+        }
+        GPU->linears_fwd(&G4, gx, N, C);
+        GPU->linears_bwd(&G4, gdx4, gx, N, C);
+        GPU->linears_fwd(&G3, gx3, N, C);
+        float *other = hrandn(NC, 3);
+        GPU->to_device(gx3, other, NC * sizeof(float));
+        GPU->linears_bwd(&G3, gdx3, gx3, N, C);
+        for (int i = 0; i < n; i++) {
+            snprintf(what, sizeof what, "fwd out[%d] with lo == without", i);
+            cmp_dev_exact(op, what, gout3[i], gout4[i], (size_t)N * OC[i]);
+            if (i == 1) continue;
+            snprintf(what, sizeof what, "bwd dW[%d] from lo == from x", i);
+            cmp_dev_exact(op, what, gdW3[i], gdW4[i], (size_t)OC[i] * C);
+        }
+        cmp_dev_exact(op, "bwd dinp with lo == without", gdx3, gdx4, NC);
+        for (int i = 0; i < n; i++) DFREE(gdW3[i], gdW4[i], gout3[i], gout4[i]);
+        DFREE(gx3, gdx3, gdx4);
+        GPU->free(G3.lo);
+        free(other);
+    }
     for (int i = 0; i < n; i++) {
         DFREE(gW[i], gdout[i], gdW[i], gout[i], gdW1[i], gout1[i]);
         HFREE(W[i], dout[i], dW[i], out[i]);
     }
     DFREE(gx, gdx, gdx1); HFREE(x, dx);
+}
+
+// The norms' lo (their output's bf16 copy for the linears that read it, lm_linears.lo_filled):
+// a linear reading it gives the bits of the same linear rounding the output itself — for the
+// register and general kernels of both norms, with the fp32 outputs unchanged by writing lo
+static void t_norm_lo(int N, int C, int H, int V) {
+    const size_t lb = GPU->linears_lo_bytes ? GPU->linears_lo_bytes(N, C) : 0;
+    const size_t lbg = GPU->linears_lo_bytes ? GPU->linears_lo_bytes(N, H * V) : 0;
+    if (!lb || !lbg) return;   // the CPU table (harness), or not the bf16 mode
+    char op[48];
+    snprintf(op, sizeof op, "norms' lo %dx%d, %dx%dx%d", N, C, N, H, V);
+    const int OC = 40;
+    const size_t NC = (size_t)N * C, NG = (size_t)N * H * V;
+    float *x = hrandn(NC, 1.5), *g = hunif(C, 0.5, 1.5), *gx = dfl(x, NC), *gg = dfl(g, C);
+    float *xg = hrandn(NG, 1), *zg = hrandn(NG, 2), *wg = hunif(V, 0.5, 1.5);
+    float *gxg = dfl(xg, NG), *gzg = dfl(zg, NG), *gwg = dfl(wg, V);
+    float *W = hrandn((size_t)OC * C, 0.2), *Wg = hrandn((size_t)OC * H * V, 0.2);
+    float *gW = dfl(W, (size_t)OC * C), *gWg = dfl(Wg, (size_t)OC * H * V);
+    float *o1 = dpoison(NC), *o2 = dpoison(NC), *r1 = dpoison(N), *r2 = dpoison(N);
+    float *go1 = dpoison(NG), *go2 = dpoison(NG), *gr1 = dpoison((size_t)N * H), *gr2 = dpoison((size_t)N * H);
+    float *y1 = dpoison((size_t)N * OC), *y2 = dpoison((size_t)N * OC);
+    void *lo = GPU->alloc(lb), *log_ = GPU->alloc(lbg);
+    GPU->rmsnorm_fwd(o1, r1, gx, gg, N, C, 1e-5f, NULL);
+    GPU->rmsnorm_fwd(o2, r2, gx, gg, N, C, 1e-5f, lo);
+    cmp_dev_exact(op, "rmsnorm out with lo == without", o2, o1, NC);
+    cmp_dev_exact(op, "rmsnorm rstd with lo == without", r2, r1, N);
+    lm_linears A = {.n = 1, .OC = {OC}, .W = {gW}, .out = {y1}}, B = A;
+    B.out[0] = y2; B.lo = lo; B.lo_filled = 1;
+    GPU->linears_fwd(&A, o1, N, C);
+    GPU->linears_fwd(&B, o1, N, C);
+    cmp_dev_exact(op, "linear of rmsnorm's lo == of its out", y2, y1, (size_t)N * OC);
+    GPU->gated_rmsnorm_fwd(go1, gr1, gxg, gzg, gwg, N, H, V, 1e-5f, NULL);
+    GPU->gated_rmsnorm_fwd(go2, gr2, gxg, gzg, gwg, N, H, V, 1e-5f, log_);
+    cmp_dev_exact(op, "gated out with lo == without", go2, go1, NG);
+    A.W[0] = B.W[0] = gWg;
+    B.lo = log_;
+    GPU->linears_fwd(&A, go1, N, H * V);
+    GPU->linears_fwd(&B, go1, N, H * V);
+    cmp_dev_exact(op, "linear of the gated norm's lo == of its out", y2, y1, (size_t)N * OC);
+    DFREE(gx, gg, gxg, gzg, gwg, gW, gWg, o1, o2, r1, r2, go1, go2, gr1, gr2, y1, y2, lo, log_);
+    HFREE(x, g, xg, zg, wg, W, Wg);
 }
 
 static void t_rmsnorm(int N, int C) {
@@ -330,8 +421,8 @@ static void t_rmsnorm(int N, int C) {
     float *gx = dfl(x, (size_t)N * C), *gg = dfl(g, C), *gdout = dfl(dout, (size_t)N * C);
     float *gout = dpoison((size_t)N * C), *grstd = dpoison(N), *gdx = dfl(dx, (size_t)N * C), *gdg = dfl(dg, C);
     float *out = lm_malloc((size_t)N * C * sizeof(float)), *rstd = lm_malloc(N * sizeof(float));
-    CPU->rmsnorm_fwd(out, rstd, x, g, N, C, 1e-5f);
-    GPU->rmsnorm_fwd(gout, grstd, gx, gg, N, C, 1e-5f);
+    CPU->rmsnorm_fwd(out, rstd, x, g, N, C, 1e-5f, NULL);
+    GPU->rmsnorm_fwd(gout, grstd, gx, gg, N, C, 1e-5f, NULL);
     cmp(op, "fwd out", gout, out, (size_t)N * C, TOL);
     cmp(op, "fwd rstd", grstd, rstd, N, TOL);
     CPU->rmsnorm_bwd(dx, dg, dout, x, g, rstd, N, C, 0);
@@ -359,8 +450,8 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     float *gx = dfl(x, n), *gz = dfl(z, n), *gw = dfl(w, V), *gdout = dfl(dout, n);
     float *gout = dpoison(n), *grstd = dpoison((size_t)N * H), *gdx = dfl(dx, n), *gdz = dfl(dz, n), *gdw = dfl(dw, V);
     float *out = lm_malloc(n * sizeof(float)), *rstd = lm_malloc((size_t)N * H * sizeof(float));
-    CPU->gated_rmsnorm_fwd(out, rstd, x, z, w, N, H, V, 1e-5f);
-    GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f);
+    CPU->gated_rmsnorm_fwd(out, rstd, x, z, w, N, H, V, 1e-5f, NULL);
+    GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f, NULL);
     cmp(op, "fwd out", gout, out, n, TOL);
     cmp(op, "fwd rstd", grstd, rstd, (size_t)N * H, TOL);
     CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0);
@@ -518,7 +609,7 @@ static void t_attn(int B, int T, int H, int Dqk, int Dv, double tol_fwd, double 
     CPU->attn_fwd(o, lse, q, k, v, B, T, H, Dqk, Dv, scale);
     GPU->attn_fwd(go, glse, gq, gk, gv, B, T, H, Dqk, Dv, scale);
     cmp(op, "fwd o", go, o, nv, tol_fwd);
-    cmp(op, "fwd lse", glse, lse, nl, tol_fwd);
+    cmp_floor(op, "fwd lse (error / max(rms, 1 nat))", glse, lse, nl, 1.0, tol_fwd);
     CPU->attn_bwd(dq, dk, dv, d_o, q, k, v, o, lse, B, T, H, Dqk, Dv, scale, 0);
     GPU->attn_bwd(gdq, gdk, gdv, gdo, gq, gk, gv, go, glse, B, T, H, Dqk, Dv, scale, 0);
     cmp(op, "bwd dq", gdq, dq, nq, tol_bwd);
@@ -1599,7 +1690,7 @@ static void t_bench(void) {
         lm_cuda_set_fa_wg(def);
     }
     float *g = drand_big((size_t)N * d, 1), *rs = drand_big(N, 1);
-    BENCH("rmsnorm_fwd 16384x1024", 0, GPU->rmsnorm_fwd(out, rs, x, g, N, d, 1e-5f), out);
+    BENCH("rmsnorm_fwd 16384x1024", 0, GPU->rmsnorm_fwd(out, rs, x, g, N, d, 1e-5f, NULL), out);
     {   // the memory-bound row ops of a B4 training step (per call; figures for bench/RESULTS.md)
         float *u1 = drand_big((size_t)N * d, 1), *u2 = drand_big((size_t)N * d, 1), *u3 = drand_big((size_t)N * d, 1);
         float *dv = drand_big(d, 1), *dv2 = drand_big(d, 1), *w4 = drand_big((size_t)d * 4, 0.5);
@@ -1663,6 +1754,8 @@ int main(int argc, char **argv) {
         t_matmul(513, 1024, 768, 0);
         t_linears(200, 72);
         t_linears(40, 72);
+        t_norm_lo(130, 1024, 4, 128);   // the register kernels
+        t_norm_lo(70, 302, 3, 30);      // the general kernels
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_rmsnorm(65, 300);   // widths that are multiples of 4 (≤ 4096): the register kernels
         t_rmsnorm(40, 20);
