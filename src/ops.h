@@ -77,6 +77,13 @@ typedef struct {
     const real *qkv_pre[3], *conv_w[3];
     real *qkv_out[3];
     real *dqkv_pre[3], *dconv_w[3];
+    // backward, optional: memory of linears_lo_bytes(B·T, H·K) bytes — given only on a backend
+    // whose linears_lo_bytes is nonzero there — where the backward writes df in its linears'
+    // GEMM precision instead of writing df: the output gradient of the linear that made f, read
+    // by its backward as lm_linears.dout_lo (grads_assign must be set; df is left alone)
+    void *df_lo;
+    // backward, optional: d_o already in that precision (the gated norm's dx_lo), read instead of d_o
+    const void *d_o_lo;
 } lm_kda_args;
 
 // A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a
@@ -133,6 +140,9 @@ typedef struct {
     // inp again; a backend without such a form ignores it.
     void *lo;
     int lo_filled;     // lo already holds inp: its producer wrote it (rmsnorm_fwd's lo), the forward reads it
+    // backward, a list of one (n = 1): its output gradient already in the GEMM precision (e.g.
+    // lm_kda_args.df_lo), read instead of dout[0]; given only where linears_lo_bytes(N, OC) > 0
+    const void *dout_lo;
 } lm_linears;
 
 typedef struct lm_ops {
@@ -191,9 +201,13 @@ typedef struct lm_ops {
     // (lo: as rmsnorm_fwd's, for out as an [N, H·V] input)
     void (*gated_rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *z, const real *w,
                               int N, int H, int V, real eps, void *lo);
-    // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates
+    // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates.
+    // dx_lo, dz_lo: NULL, or (with assign, on a backend whose linears_lo_bytes(N, H·V) is nonzero)
+    // memory of that many bytes where dx / dz are written in the linears' GEMM precision instead
+    // of into dx / dz (for lm_kda_args.d_o_lo and lm_linears.dout_lo)
     void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
-                              const real *z, const real *w, const real *rstd, int N, int H, int V, int assign);
+                              const real *z, const real *w, const real *rstd, int N, int H, int V, int assign,
+                              void *dx_lo, void *dz_lo);
 
     // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
     void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n);

@@ -59,7 +59,9 @@ void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, 
 // a = dy ⊙ σ(z) is the gradient of the normalised, scaled value; then the RMSNorm
 // rule per head, and dz = dy · (x·r·w) · σ(z)(1 − σ(z)).
 void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
-                           const real *w, const real *rstd, int N, int H, int V, int assign) {
+                           const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo,
+                           void *dz_lo) {
+    LM_CHECK(!dx_lo && !dz_lo, "cpu gated_rmsnorm_bwd: no GEMM-precision outputs on the CPU");
     if (assign) {   // written = added onto zeros
         if (dx) memset(dx, 0, (size_t)N * H * V * sizeof(real));
         if (dz) memset(dz, 0, (size_t)N * H * V * sizeof(real));

@@ -266,9 +266,15 @@ static void cu_kda_bwd(const lm_kda_args *a) {
         if (W) conv_part = (float *)carve(&cv, nconv * sizeof(float));
         p->ws = carve(&cv, wsb);
     }
-    to_bf16(d_o, a->d_o, c.nv);
-    p->d_o = a->d_o ? d_o : NULL;
+    if (a->d_o_lo) {   // the gated norm's backward wrote it in bf16 (its dx_lo)
+        p->d_o = (__nv_bfloat16 *)a->d_o_lo;
+    } else {
+        to_bf16(d_o, a->d_o, c.nv);
+        p->d_o = a->d_o ? d_o : NULL;
+    }
     p->dq = g; p->dk = g + c.nqk; p->df = g + 2 * c.nqk; p->dv = g + 3 * c.nqk; p->dbeta = g + 3 * c.nqk + c.nv;
+    LM_CHECK(!a->df_lo || a->grads_assign, "cuda kda_bwd: df in bf16 (df_lo) is written, not added into");
+    if (a->df_lo) p->df = (__nv_bfloat16 *)a->df_lo;   // for the f projection's backward (lm_linears.dout_lo)
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
     cudaCheck(kda_bwd(p));
     const int add = !a->grads_assign;
@@ -284,7 +290,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
         from_bf16(a->dk, p->dk, c.nqk, add);
         from_bf16(a->dv, p->dv, c.nv, add);
     }
-    from_bf16(a->df, p->df, c.nqk, add);
+    if (!a->df_lo) from_bf16(a->df, p->df, c.nqk, add);
     from_bf16(a->dbeta_logit, p->dbeta, c.nb, add);
     acc_f32(a->dA_log, p->dA_log, H);
     acc_f32(a->ddt_bias, p->ddt_bias, (size_t)H * K);

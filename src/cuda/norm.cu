@@ -216,9 +216,10 @@ __global__ static void gated_bwd_k(float *dx, float *dz, const float *dout, cons
 // rows [rpb·b, rpb·b + rpb) of block b, warp w taking rows w, w + GATED_WARPS, …: dx, dz +=
 // as gated_bwd_k (NULL: skipped), part [b, V] = Σ_rows dy·σ(z)·x·rstd (NULL: dw not wanted)
 // assign: dx, dz written (their old values not read), else added into
+// dx_lo, dz_lo (with assign): the written dx / dz in bf16 there instead of in dx / dz
 __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const float *dout, const float *x,
                                         const float *z, const float *w, const float *rstd, int rows, int V, int rpb,
-                                        int assign) {
+                                        int assign, __nv_bfloat16 *dx_lo, __nv_bfloat16 *dz_lo) {
     __shared__ float4 wpart[GATED_WARPS][32];
     const int wi = threadIdx.x >> 5, lane = threadIdx.x & 31, c = 4 * lane;
     const bool on = c < V;
@@ -232,17 +233,23 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
         const float rs = rstd[row];
         const float4 dys = mul4(dy, sg);   // dy·σ(z)
         axpy(dw, rs, mul4(dys, xv));
-        if (dz && on) {   // dz += dy·x·rs·w·σ(1−σ)
+        if ((dz || dz_lo) && on) {   // dz += dy·x·rs·w·σ(1−σ)
             float4 *d = reinterpret_cast<float4 *>(dz + e), o = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
             o.x += dys.x * xv.x * rs * wv.x * (1 - sg.x);
             o.y += dys.y * xv.y * rs * wv.y * (1 - sg.y);
             o.z += dys.z * xv.z * rs * wv.z * (1 - sg.z);
             o.w += dys.w * xv.w * rs * wv.w * (1 - sg.w);
-            *d = o;
+            if (dz_lo) st4_lo(dz_lo, e, o);
+            else *d = o;
         }
-        if (!dx) continue;
+        if (!dx && !dx_lo) continue;
         const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
-        if (on) axmby4(dx + e, rs, mul4(wv, dys), k, xv, assign);
+        if (on && dx_lo) {   // axmby4's written value
+            const float4 u = mul4(wv, dys);
+            st4_lo(dx_lo, e, make_float4(rs * u.x - k * xv.x, rs * u.y - k * xv.y, rs * u.z - k * xv.z, rs * u.w - k * xv.w));
+        } else if (on) {
+            axmby4(dx + e, rs, mul4(wv, dys), k, xv, assign);
+        }
     }
     if (!part) return;
     wpart[wi][lane] = dw;
@@ -264,14 +271,17 @@ struct gated_dw_f {   // dout·σ(z)·x·rstd over rows r of V
 };
 
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
-                            const real *w, const real *rstd, int N, int H, int V, int assign) {
-    if (N <= 0 || H <= 0 || V <= 0 || (!dx && !dz && !dw)) return;
+                            const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo,
+                            void *dz_lo) {
+    if (N <= 0 || H <= 0 || V <= 0 || (!dx && !dz && !dw && !dx_lo && !dz_lo)) return;
     const int rows = N * H;
+    LM_CHECK(!(dx_lo || dz_lo) || (assign && gated_reg_ok(V)), "cuda gated_rmsnorm_bwd: bf16 outputs need assign "
+             "and V %% 4 == 0, V <= 128 (V = %d)", V);
     if (gated_reg_ok(V)) {
         const int rpb = gated_rows_per_block(rows), nb = (rows + rpb - 1) / rpb;
         float *part = dw ? (float *)lm_cuda_scratch((size_t)nb * V * sizeof(float)) : NULL;
-        gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows, V,
-                                                                          rpb, assign);
+        gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
+            dx, dz, part, dout, x, z, w, rstd, rows, V, rpb, assign, (__nv_bfloat16 *)dx_lo, (__nv_bfloat16 *)dz_lo);
         cudaLaunchCheck();
         if (dw) lm_cuda_colsum_final(dw, part, nb, V, 1);
         return;

@@ -79,6 +79,15 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     o->linears_fwd(&Lo, a->on, N, HK);
 }
 
+// A gradient [N, C] passed between two ops in the linears' GEMM precision, in its own fp32 slot
+// (then unused): in training on a backend that keeps such copies, where they fit; NULL otherwise
+static void *grad_lo_home(const lm_step_ctx *s, real *slot, int N, int C) {
+    const lm_ops *o = s->ops;
+    if (!s->lo || !o->linears_lo_bytes) return NULL;
+    const size_t b = o->linears_lo_bytes(N, C);
+    return b && b <= (size_t)N * C * sizeof(real) ? (void *)slot : NULL;
+}
+
 // Every gradient of an intermediate below is written by its one producer's backward (the
 // ops' assign forms), so none is zeroed first; dx (the residual stream's) and the parameter
 // gradients accumulate.
@@ -88,21 +97,30 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
     lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d, lm_lo(s, LM_LO_ATTN_OUT));
-    o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1);
-    if (!c->kda_full_rank_gate)
-        lm_linear_bwd_written(o, da->ga, g->g_b, da->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B));
+    // d_o for the KDA op and gz's gradient for g_b in bf16 on CUDA (grad_lo_home)
+    void *o_lo = grad_lo_home(s, da->o, N, HK), *gz_lo = c->kda_full_rank_gate ? NULL : grad_lo_home(s, da->gz, N, HK);
+    o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1, o_lo, gz_lo);
+    if (!c->kda_full_rank_gate) {
+        const lm_linears Lg = {.n = 1, .OC = {HK}, .W = {p->g_b}, .dout = {da->gz}, .dW = {g->g_b}, .dinp_assign = 1,
+                               .lo = lm_lo(s, LM_LO_ATTN_B), .dout_lo = gz_lo};
+        o->linears_bwd(&Lg, da->ga, a->ga, N, K);
+    }
     // the op takes the conv's backward too (the conv cache, inference only, gets no gradient);
     // dq, dk, dv are its work buffers
     lm_kda_args k = kda_args(s, p, a);
     kda_args_conv(&k, c, p, a);
     k.d_o = da->o;
+    k.d_o_lo = o_lo;
     k.dq = da->q; k.dk = da->k; k.dv = da->v; k.df = da->f; k.dbeta_logit = da->bl;
     k.dqkv_pre[0] = da->qp; k.dqkv_pre[1] = da->kp; k.dqkv_pre[2] = da->vp;
     k.dconv_w[0] = g->q_conv; k.dconv_w[1] = g->k_conv; k.dconv_w[2] = g->v_conv;
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
+    k.df_lo = grad_lo_home(s, da->f, N, HK);   // df straight to f_b's backward in bf16 (CUDA training)
     o->kda_bwd(&k);
-    lm_linear_bwd_written(o, da->fa, g->f_b, da->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A));
+    const lm_linears Lf = {.n = 1, .OC = {HK}, .W = {p->f_b}, .dout = {da->f}, .dW = {g->f_b}, .dinp_assign = 1,
+                           .lo = lm_lo(s, LM_LO_ATTN_A), .dout_lo = k.df_lo};
+    o->linears_bwd(&Lf, da->fa, a->fa, N, K);
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
     L.lo = lm_lo(s, LM_LO_ATTN_XN);

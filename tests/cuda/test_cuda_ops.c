@@ -133,6 +133,24 @@ static void cmp_floor(const char *op, const char *what, const float *dev, const 
     record(op, what, e / (rr > floor ? rr : floor), tol);
     free(h);
 }
+// x rounded to bf16 (to nearest, ties to even, as the CUDA backend rounds; x finite): its bits
+static uint16_t bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// n device bf16 values against the bf16 rounding of n device floats: the count that differ
+static void cmp_dev_bf16(const char *op, const char *what, const void *lo, const float *ref, size_t n) {
+    uint16_t *h = lm_malloc((n ? n : 1) * sizeof(uint16_t));
+    float *r = lm_malloc((n ? n : 1) * sizeof(float));
+    GPU->to_host(h, lo, n * 2);
+    GPU->to_host(r, ref, n * sizeof(float));
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += h[i] != bf16_bits(r[i]);
+    record(op, what, (double)bad, 0);
+    free(h);
+    free(r);
+}
 static void cmp_int(const char *op, const char *what, const int *dev, const int *ref, size_t n) {
     int *h = lm_malloc((n ? n : 1) * sizeof(int));
     GPU->to_host(h, dev, n * sizeof(int));
@@ -360,6 +378,32 @@ static void t_linears(int N, int C) {
             cmp_dev_exact(op, what, gdW3[i], gdW4[i], (size_t)OC[i] * C);
         }
         cmp_dev_exact(op, "bwd dinp with lo == without", gdx3, gdx4, NC);
+        {   // one linear whose output gradient arrives in bf16 (dout_lo): the bits of the same
+            // linear rounding its fp32 output gradient itself
+            const size_t no = (size_t)N * OC[0];
+            uint16_t *hb = lm_malloc(no * sizeof(uint16_t));
+            float *dr = lm_malloc(no * sizeof(float));
+            for (size_t j = 0; j < no; j++) {
+                hb[j] = bf16_bits(dout[0][j]);
+                const uint32_t w = (uint32_t)hb[j] << 16;
+                memcpy(&dr[j], &w, 4);
+            }
+            void *gb = GPU->alloc(no * 2);
+            GPU->to_device(gb, hb, no * 2);
+            float *gd5 = dfl(dr, no), *gdx5 = dfl(dx, NC), *gdx6 = dfl(dx, NC);
+            float *gdW5 = dfl(dW[0], (size_t)OC[0] * C), *gdW6 = dfl(dW[0], (size_t)OC[0] * C);
+            lm_linears A = {.n = 1, .OC = {OC[0]}, .W = {gW[0]}, .dout = {gd5}, .dW = {gdW5}, .lo = G3.lo};
+            lm_linears B = A;
+            B.dW[0] = gdW6;
+            B.dout[0] = NULL;
+            B.dout_lo = gb;
+            GPU->linears_bwd(&A, gdx5, gx3, N, C);
+            GPU->linears_bwd(&B, gdx6, gx3, N, C);
+            cmp_dev_exact(op, "bwd dW, dout in bf16 (dout_lo) == rounded by the op", gdW6, gdW5, (size_t)OC[0] * C);
+            cmp_dev_exact(op, "bwd dinp, dout in bf16 (dout_lo) == rounded by the op", gdx6, gdx5, NC);
+            DFREE(gb, gd5, gdx5, gdx6, gdW5, gdW6);
+            HFREE(hb, dr);
+        }
         for (int i = 0; i < n; i++) DFREE(gdW3[i], gdW4[i], gout3[i], gout4[i]);
         DFREE(gx3, gdx3, gdx4);
         GPU->free(G3.lo);
@@ -454,8 +498,8 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f, NULL);
     cmp(op, "fwd out", gout, out, n, TOL);
     cmp(op, "fwd rstd", grstd, rstd, (size_t)N * H, TOL);
-    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0);
-    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V, 0);
+    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0, NULL, NULL);
+    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V, 0, NULL, NULL);
     cmp(op, "bwd dx", gdx, dx, n, TOL);
     cmp(op, "bwd dz", gdz, dz, n, TOL);
     cmp(op, "bwd dw", gdw, dw, V, TOL);
@@ -463,10 +507,21 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     float *dx2 = lm_malloc(n * sizeof(float)), *dz2 = lm_malloc(n * sizeof(float));
     for (size_t j = 0; j < n; j++) dx2[j] = dz2[j] = 5.0f;
     float *gdx2 = dpoison(n), *gdz2 = dpoison(n);
-    CPU->gated_rmsnorm_bwd(dx2, dz2, NULL, dout, x, z, w, rstd, N, H, V, 1);
-    GPU->gated_rmsnorm_bwd(gdx2, gdz2, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1);
+    CPU->gated_rmsnorm_bwd(dx2, dz2, NULL, dout, x, z, w, rstd, N, H, V, 1, NULL, NULL);
+    GPU->gated_rmsnorm_bwd(gdx2, gdz2, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, NULL, NULL);
     cmp(op, "bwd dx written (assign)", gdx2, dx2, n, TOL);
     cmp(op, "bwd dz written (assign)", gdz2, dz2, n, TOL);
+    if (GPU->linears_lo_bytes && V % 4 == 0 && V <= 128) {   // dx, dz in bf16 instead: the written values rounded
+        void *xl = GPU->alloc(n * 2), *zl = GPU->alloc(n * 2);
+        float *gdx3 = dpoison(n), *gdz3 = dpoison(n);
+        GPU->gated_rmsnorm_bwd(gdx3, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, zl);
+        cmp_dev_bf16(op, "bwd dx in bf16 (dx_lo) == written, rounded", xl, gdx2, n);
+        cmp_dev_bf16(op, "bwd dz in bf16 (dz_lo) == written, rounded", zl, gdz2, n);
+        GPU->gated_rmsnorm_bwd(NULL, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, NULL);   // one of them
+        cmp_dev_bf16(op, "bwd dx alone in bf16", xl, gdx2, n);
+        cmp_dev_exact(op, "bwd dz beside dx in bf16 == written", gdz3, gdz2, n);
+        DFREE(xl, zl, gdx3, gdz3);
+    }
     DFREE(gdx2, gdz2); HFREE(dx2, dz2);
     DFREE(gx, gz, gw, gdout, gout, grstd, gdx, gdz, gdw); HFREE(x, z, w, dout, dx, dz, dw, out, rstd);
 }
@@ -1697,7 +1752,7 @@ static void t_bench(void) {
         float *dw4 = drand_big((size_t)d * 4, 0.5), *al = drand_big((size_t)N * 4, 0.25), *rs8 = drand_big((size_t)N * 8, 1);
         BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d, 0), out);
         BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
-              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0), out);
+              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0, NULL, NULL), out);
         BENCH("conv_silu_fwd B4 T4096 C1024 W4", 0, GPU->conv_silu_fwd(out, x, w4, NULL, 4, N / 4, d, 4), out);
         BENCH("conv_silu_bwd dinp+dw B4 T4096 C1024 W4", 0,
               GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4, 0), out);

@@ -561,6 +561,46 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         vs_cpu("dv written", wv, rdv, 8e-3);
         vs_cpu("df written", wf, rdf, 2e-2);
         vs_cpu("dbeta written", wb, rdbl, 2e-2);
+        // df in bf16 (df_lo) for the f projection's backward: the bf16 values the written fp32 df
+        // widened — bit for bit — and df itself left alone
+        lm_kda_args l = w;
+        std::vector<float> sentinel(nqk, 7.f);
+        l.df = up(sentinel);
+        l.df_lo = g->alloc(nqk * 2);
+        g->kda_bwd(&l);
+        std::vector<bf16> lo(nqk);
+        g->to_host(lo.data(), l.df_lo, nqk * 2);
+        std::vector<float> lf(nqk), ldf(nqk);
+        for (size_t i = 0; i < nqk; i++) lf[i] = __bfloat162float(lo[i]);
+        g->to_host(ldf.data(), l.df, nqk * 4);
+        char s2[200];
+        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df in bf16 (df_lo) == df written (max abs)", B, T, H,
+                 K, gate ? "unbounded" : "bounded");
+        check(s2, max_abs(lf.data(), wf.data(), nqk), 0);
+        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df left alone with df_lo (max abs)", B, T, H, K,
+                 gate ? "unbounded" : "bounded");
+        check(s2, max_abs(ldf.data(), sentinel.data(), nqk), 0);
+        g->free(l.df);
+        g->free(l.df_lo);
+        // d_o given in bf16 (d_o_lo, the gated norm's dx_lo): the gradients of the op rounding d_o itself
+        lm_kda_args m2 = w;
+        std::vector<bf16> dob(nv);
+        for (size_t i = 0; i < nv; i++) dob[i] = __float2bfloat16(P.dO[i]);
+        void *dol = g->alloc(nv * 2);
+        g->to_device(dol, dob.data(), nv * 2);
+        m2.d_o = NULL;
+        m2.d_o_lo = dol;
+        m2.dq = up(nq); m2.dv = up(nv_);
+        g->kda_bwd(&m2);
+        std::vector<float> mq(nqk), mv(nv);
+        g->to_host(mq.data(), m2.dq, nqk * 4);
+        g->to_host(mv.data(), m2.dv, nv * 4);
+        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: d_o in bf16 (d_o_lo) == rounded by the op (max abs)", B,
+                 T, H, K, gate ? "unbounded" : "bounded");
+        check(s2, worst(max_abs(mq.data(), wq.data(), nqk), max_abs(mv.data(), wv.data(), nv)), 0);
+        g->free(m2.dq);
+        g->free(m2.dv);
+        g->free(dol);
         float *wbufs[] = {w.dq, w.dk, w.df, w.dv, w.dbeta_logit, w.dA_log, w.ddt_bias, w.dS0};
         for (float *b : wbufs) g->free(b);
     }
