@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
         cuda_grouped_matmul2_fwd(ea, eb, xp, w1, w3, offsets, E, d, F, (int)NK);   // gate, up: xp rounded once
         cuda_grouped_matmul_fwd(yp, eh, w2, offsets, E, F, d, (int)NK);
     };
-    auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act); };
+    auto glu = [&] { cuda_glu_fwd(eh, ea, eb, NK * F, act, NULL); };
     auto combine = [&] {
         zero(y, (size_t)N * d * 4);
         cuda_moe_combine_fwd(y, yp, gate, slot_row, N, k, d);

@@ -216,7 +216,8 @@ typedef struct lm_ops {
                              int assign);
 
     // ---- GLU: h = act(g) ⊙ u, act = SiLU (LM_ACT_SWIGLU) or SiTU (LM_ACT_SITU, caps 4 and 25) ----
-    void (*glu_fwd)(real *h, const real *g, const real *u, size_t n, int act);
+    // (lo: as rmsnorm_fwd's, for h as the [N, F] input of a linear, n = N·F)
+    void (*glu_fwd)(real *h, const real *g, const real *u, size_t n, int act, void *lo);
     void (*glu_bwd)(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 
     // ---- causal depthwise conv of width W, no bias, then SiLU, over B sequences of T ----

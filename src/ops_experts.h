@@ -10,7 +10,7 @@ static inline void lm_experts_fwd_by_ops(const lm_ops *o, const lm_experts *ex, 
     const size_t n = (size_t)ex->R * ex->F;
     o->moe_gather_fwd(ex->xp, x, ex->row_token, ex->offsets, ex->E, ex->C);
     o->grouped_matmul2_fwd(ex->ea, ex->eb, ex->xp, ex->W1, ex->W3, ex->offsets, ex->E, ex->C, ex->F, ex->R);
-    o->glu_fwd(ex->eh, ex->ea, ex->eb, n, ex->act);
+    o->glu_fwd(ex->eh, ex->ea, ex->eb, n, ex->act, NULL);
     o->grouped_matmul_fwd(ex->yp, ex->eh, ex->W2, ex->offsets, ex->E, ex->F, ex->C, ex->R);
     o->moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, ex->C);
 }

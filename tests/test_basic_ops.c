@@ -116,7 +116,7 @@ static void test_gated_rmsnorm(void **state) {
 typedef struct { size_t n; int act, glu; real *a, *b, *out, *P; } g_ctx;
 static double g_loss(void *p) {
     g_ctx *c = p;
-    if (c->glu) ops->glu_fwd(c->out, c->a, c->b, c->n, c->act);
+    if (c->glu) ops->glu_fwd(c->out, c->a, c->b, c->n, c->act, NULL);
     else ops->sigmoid_gate_fwd(c->out, c->a, c->b, c->n);
     return tu_dot(c->out, c->P, c->n);
 }
@@ -153,8 +153,8 @@ static void test_gates(void **state) {
     check_gate(1, LM_ACT_SITU, "situ_glu", 8);   // wide inputs reach the tanh caps
     // SiTU is bounded by 100 and matches SwiGLU near zero
     real g[2] = {50, 1e-3}, u[2] = {1000, 1e-3}, h[2], hs[2];
-    ops->glu_fwd(h, g, u, 2, LM_ACT_SITU);
-    ops->glu_fwd(hs, g, u, 2, LM_ACT_SWIGLU);
+    ops->glu_fwd(h, g, u, 2, LM_ACT_SITU, NULL);
+    ops->glu_fwd(hs, g, u, 2, LM_ACT_SWIGLU, NULL);
     tu_check("situ cap |h| <= 100", fabs(h[0]) > 100 ? fabs(h[0]) - 100 : 0, 0);
     tu_check("situ ~ swiglu near 0 (rel)", fabs(h[1] - hs[1]) / fabs(hs[1]), 1e-2);
 }

@@ -528,7 +528,7 @@ static void ffn_forward(ffn_ctx *c) {
     ops->moe_gather_fwd(c->xp, c->x, c->row_token, c->offsets, E, C);
     ops->grouped_matmul_fwd(c->g, c->xp, c->W1, c->offsets, E, C, F, N * k);
     ops->grouped_matmul_fwd(c->u, c->xp, c->W3, c->offsets, E, C, F, N * k);
-    ops->glu_fwd(c->h, c->g, c->u, (size_t)c->offsets[E] * F, c->act);
+    ops->glu_fwd(c->h, c->g, c->u, (size_t)c->offsets[E] * F, c->act, NULL);
     ops->grouped_matmul_fwd(c->yp, c->h, c->W2, c->offsets, E, F, C, N * k);
     memset(c->y, 0, (size_t)N * C * sizeof(real));
     ops->moe_combine_fwd(c->y, c->yp, c->gate, c->slot_row, N, k, C);

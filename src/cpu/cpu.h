@@ -28,7 +28,7 @@ void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, 
 void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo, void *dz_lo);
 void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
 void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign);
-void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act);
+void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void *lo);
 void cpu_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 void cpu_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
 void cpu_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W, int assign);

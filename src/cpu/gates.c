@@ -18,7 +18,7 @@ void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, c
 
 // GLU h = a(g)·b(u) (SwiGLU or Kimi K3's SiTU-GLU, bounded by 4·25 = 100): the scalar
 // parts come from lm_glu_parts (ops_math.h, shared with the CUDA backend).
-void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act) {
+void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void *lo) {
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real a, da, b, db;

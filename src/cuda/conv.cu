@@ -2,8 +2,8 @@
 // layer, its backward, and the decode cache update (see src/cpu/conv.c for the layout).
 //
 // Two forms. The run kernels (C % 4 == 0, 16-byte aligned tensors, W ≤ CONV_WMAX): a thread
-// owns four channels of a run of consecutive positions (conv_run_len) of one sequence and slides a
-// window of the last W inputs along it, so each input is read once (plus a W−1 halo) and the
+// owns four (backward: two) channels of a run of consecutive positions (conv_run_len) of one
+// sequence and slides a window of the last W inputs along it, so each input is read once (plus a W−1 halo) and the
 // index arithmetic is per run, not per element; the backward is one kernel (dz recomputed
 // with a halo of W−1 positions for dinp, dw summed per run into partials that a second
 // kernel adds in run order). The element kernels (one thread per element, 64-bit index
@@ -69,53 +69,97 @@ __global__ static void conv_fwd_k(TO *out, const float *inp, const float *w, con
     }
 }
 
-// ---- run kernels: grid (B · runs, ceil(C/4 / 64)), 64 threads; thread = 4 channels × one run ----
-
-__device__ __forceinline__ float4 f4_load(const float *p) { return *reinterpret_cast<const float4 *>(p); }
-__device__ __forceinline__ void f4_fma(float4 &a, float4 w, float4 x) {
-    a.x += w.x * x.x; a.y += w.y * x.y; a.z += w.z * x.z; a.w += w.w * x.w;
+// ---- run kernels: grid (B · runs, ceil(C/CP / 64)), 64 threads; thread = CP channels × one run ----
+// CP = 4 or 2 channels per thread (conv_cp_bwd; the forward takes 4): the backward's per-thread
+// window state (inputs, output gradients and dw for W positions) is 4·W·CP floats, which bounds
+// the registers and so the occupancy of a kernel that is latency-bound (RESULTS, session 15:
+// 24% at CP = 4).
+template <int CP> struct cvec { float v[CP]; };
+template <int CP> __device__ __forceinline__ cvec<CP> cv_zero() {
+    cvec<CP> r;
+#pragma unroll
+    for (int k = 0; k < CP; k++) r.v[k] = 0.f;
+    return r;
 }
-// the input at position p of sequence b, channels 4·c4..+3 (p < 0: the cache, or zeros)
-__device__ __forceinline__ float4 run_x(const float *inp, const float *cache, int b, int p, int c4, int T, int C,
-                                       int W) {
-    if (p >= T) return make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p >= 0) return f4_load(inp + ((size_t)b * T + p) * C + 4 * c4);
-    if (!cache) return make_float4(0.f, 0.f, 0.f, 0.f);
-    return f4_load(cache + ((size_t)b * (W - 1) + (W - 1 + p)) * C + 4 * c4);
+// CP consecutive values (16-byte aligned for CP = 4 fp32; the vector's own size otherwise)
+__device__ __forceinline__ void cv_ld(cvec<4> &r, const float *p) {
+    const float4 f = *reinterpret_cast<const float4 *>(p);
+    r.v[0] = f.x; r.v[1] = f.y; r.v[2] = f.z; r.v[3] = f.w;
 }
-// w[c][j] for the thread's four channels, j < W (w [C, W])
-template <int W> __device__ __forceinline__ void run_w(float4 (&wj)[W], const float *w, int c4) {
+__device__ __forceinline__ void cv_ld(cvec<2> &r, const float *p) {
+    const float2 f = *reinterpret_cast<const float2 *>(p);
+    r.v[0] = f.x; r.v[1] = f.y;
+}
+__device__ __forceinline__ void cv_ld(cvec<4> &r, const __nv_bfloat16 *p) {
+    const float4 f = conv_ld4(p);
+    r.v[0] = f.x; r.v[1] = f.y; r.v[2] = f.z; r.v[3] = f.w;
+}
+__device__ __forceinline__ void cv_ld(cvec<2> &r, const __nv_bfloat16 *p) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+    r.v[0] = f.x; r.v[1] = f.y;
+}
+__device__ __forceinline__ void cv_st(float *p, const cvec<4> &x) {
+    *reinterpret_cast<float4 *>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+}
+__device__ __forceinline__ void cv_st(float *p, const cvec<2> &x) {
+    *reinterpret_cast<float2 *>(p) = make_float2(x.v[0], x.v[1]);
+}
+__device__ __forceinline__ void cv_st(__nv_bfloat16 *p, const cvec<4> &x) {
+    conv_st4(p, make_float4(x.v[0], x.v[1], x.v[2], x.v[3]));
+}
+__device__ __forceinline__ void cv_st(__nv_bfloat16 *p, const cvec<2> &x) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(x.v[0], x.v[1]);
+}
+template <int CP> __device__ __forceinline__ void cv_fma(cvec<CP> &a, const cvec<CP> &w, const cvec<CP> &x) {
+#pragma unroll
+    for (int k = 0; k < CP; k++) a.v[k] += w.v[k] * x.v[k];
+}
+// the input at position p of sequence b, channels c0..c0+CP−1 (p < 0: the cache, or zeros)
+template <int CP>
+__device__ __forceinline__ cvec<CP> run_x(const float *inp, const float *cache, int b, int p, int c0, int T, int C,
+                                          int W) {
+    cvec<CP> r = cv_zero<CP>();
+    if (p >= T) return r;
+    if (p >= 0) cv_ld(r, inp + ((size_t)b * T + p) * C + c0);
+    else if (cache) cv_ld(r, cache + ((size_t)b * (W - 1) + (W - 1 + p)) * C + c0);
+    return r;
+}
+// w[c][j] for the thread's channels, j < W (w [C, W])
+template <int W, int CP> __device__ __forceinline__ void run_w(cvec<CP> (&wj)[W], const float *w, int c0) {
 #pragma unroll
     for (int j = 0; j < W; j++)
-        wj[j] = make_float4(w[(4 * c4) * W + j], w[(4 * c4 + 1) * W + j], w[(4 * c4 + 2) * W + j], w[(4 * c4 + 3) * W + j]);
+#pragma unroll
+        for (int k = 0; k < CP; k++) wj[j].v[k] = w[(c0 + k) * W + j];
 }
 // z at the window's newest position: Σ_j w_j · x[j] (x[W-1] the newest), in j order
-template <int W> __device__ __forceinline__ float4 run_z(const float4 (&wj)[W], const float4 (&x)[W]) {
-    float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+template <int W, int CP> __device__ __forceinline__ cvec<CP> run_z(const cvec<CP> (&wj)[W], const cvec<CP> (&x)[W]) {
+    cvec<CP> z = cv_zero<CP>();
 #pragma unroll
-    for (int j = 0; j < W; j++) f4_fma(z, wj[j], x[j]);
+    for (int j = 0; j < W; j++) cv_fma(z, wj[j], x[j]);
     return z;
 }
 __device__ __forceinline__ float silu1(float z) { return z * dsigmoid(z); }
 __device__ __forceinline__ float dsilu1(float z) { float s = dsigmoid(z); return s * (1 + z * (1 - s)); }
 
-template <int W, typename TO>
+template <int W, int CP, typename TO>
 __global__ static void conv_fwd_run_k(TO *out, const float *inp, const float *w, const float *cache, int T, int C,
                                       int run, int runs) {
-    const int c4 = blockIdx.y * blockDim.x + threadIdx.x;
-    if (4 * c4 >= C) return;
+    const int c0 = CP * (blockIdx.y * blockDim.x + threadIdx.x);
+    if (c0 >= C) return;
     const int b = blockIdx.x / runs, t0 = (blockIdx.x % runs) * run, t1 = min(T, t0 + run);
-    float4 wj[W], x[W];
-    run_w<W>(wj, w, c4);
+    cvec<CP> wj[W], x[W];
+    run_w<W, CP>(wj, w, c0);
 #pragma unroll
-    for (int j = 0; j < W - 1; j++) x[j + 1] = run_x(inp, cache, b, t0 - (W - 1) + j, c4, T, C, W);
+    for (int j = 0; j < W - 1; j++) x[j + 1] = run_x<CP>(inp, cache, b, t0 - (W - 1) + j, c0, T, C, W);
 #pragma unroll 4
     for (int t = t0; t < t1; t++) {
 #pragma unroll
         for (int j = 0; j < W - 1; j++) x[j] = x[j + 1];
-        x[W - 1] = f4_load(inp + ((size_t)b * T + t) * C + 4 * c4);
-        const float4 z = run_z<W>(wj, x);
-        conv_st4(out + ((size_t)b * T + t) * C + 4 * c4, make_float4(silu1(z.x), silu1(z.y), silu1(z.z), silu1(z.w)));
+        cv_ld(x[W - 1], inp + ((size_t)b * T + t) * C + c0);
+        cvec<CP> y = run_z<W, CP>(wj, x);
+#pragma unroll
+        for (int k = 0; k < CP; k++) y.v[k] = silu1(y.v[k]);
+        cv_st(out + ((size_t)b * T + t) * C + c0, y);
     }
 }
 
@@ -123,67 +167,81 @@ __global__ static void conv_fwd_run_k(TO *out, const float *inp, const float *w,
 // x[t − (W-1) + j] over the block's runs r ∈ [blockIdx.x · rpb, +rpb) (runs numbered b · runs +
 // i, so a group may cross sequences). dz is recomputed from the inputs for t in [t0, t1 + W − 1).
 // assign: dinp written (its old values not read), else added into
-template <int W, typename TI>
-__global__ static void conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w,
+template <int W, int CP, typename TI>
+__global__ static void __launch_bounds__(64, CP == 2 ? 16 : 8) conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w,
                                       const float *cache, int B, int T, int C, int run, int runs, int rpb,
                                       int assign) {
-    const int c4 = blockIdx.y * blockDim.x + threadIdx.x;
-    if (4 * c4 >= C) return;
-    float4 wj[W], x[W], dz[W], dw[W];
-    run_w<W>(wj, w, c4);
+    const int c0 = CP * (blockIdx.y * blockDim.x + threadIdx.x);
+    if (c0 >= C) return;
+    cvec<CP> wj[W], x[W], dz[W], dw[W];
+    run_w<W, CP>(wj, w, c0);
 #pragma unroll
-    for (int j = 0; j < W; j++) dw[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < W; j++) dw[j] = cv_zero<CP>();
     const int r1 = min(B * runs, (int)(blockIdx.x + 1) * rpb);
     for (int r = blockIdx.x * rpb; r < r1; r++) {
         const int b = r / runs, t0 = (r % runs) * run, t1 = min(T, t0 + run);
 #pragma unroll
-        for (int j = 0; j < W; j++) dz[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < W; j++) dz[j] = cv_zero<CP>();
 #pragma unroll
-        for (int j = 0; j < W - 1; j++) x[j + 1] = run_x(inp, cache, b, t0 - (W - 1) + j, c4, T, C, W);
+        for (int j = 0; j < W - 1; j++) x[j + 1] = run_x<CP>(inp, cache, b, t0 - (W - 1) + j, c0, T, C, W);
         // position t: dz[W-1] = dz(t); dinp at p = t − (W−1) is complete once dz(t) is known
 #pragma unroll 2
         for (int t = t0; t < t1 + W - 1; t++) {
 #pragma unroll
             for (int j = 0; j < W - 1; j++) { x[j] = x[j + 1]; dz[j] = dz[j + 1]; }
             if (t < T) {
-                x[W - 1] = f4_load(inp + ((size_t)b * T + t) * C + 4 * c4);
-                const float4 z = run_z<W>(wj, x), g = conv_ld4(dout + ((size_t)b * T + t) * C + 4 * c4);
-                dz[W - 1] = make_float4(g.x * dsilu1(z.x), g.y * dsilu1(z.y), g.z * dsilu1(z.z), g.w * dsilu1(z.w));
+                cv_ld(x[W - 1], inp + ((size_t)b * T + t) * C + c0);
+                const cvec<CP> z = run_z<W, CP>(wj, x);
+                cvec<CP> g;
+                cv_ld(g, dout + ((size_t)b * T + t) * C + c0);
+#pragma unroll
+                for (int k = 0; k < CP; k++) dz[W - 1].v[k] = g.v[k] * dsilu1(z.v[k]);
             } else {
-                dz[W - 1] = make_float4(0.f, 0.f, 0.f, 0.f);
+                dz[W - 1] = cv_zero<CP>();
             }
             if (t < t1) {   // this run's own positions add to dw
 #pragma unroll
-                for (int j = 0; j < W; j++) f4_fma(dw[j], dz[W - 1], x[j]);
+                for (int j = 0; j < W; j++) cv_fma(dw[j], dz[W - 1], x[j]);
             }
             const int p = t - (W - 1);
             if (dinp && p >= t0) {   // Σ_j w_j · dz[p + (W-1) − j] = Σ_j w_j · dz-window[W−1−j], j order
-                float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+                cvec<CP> s = cv_zero<CP>();
 #pragma unroll
-                for (int j = 0; j < W; j++) f4_fma(s, wj[j], dz[W - 1 - j]);
-                float4 *d = reinterpret_cast<float4 *>(dinp + ((size_t)b * T + p) * C + 4 * c4);
-                float4 o = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
-                o.x += s.x; o.y += s.y; o.z += s.z; o.w += s.w;
-                *d = o;
+                for (int j = 0; j < W; j++) cv_fma(s, wj[j], dz[W - 1 - j]);
+                float *d = dinp + ((size_t)b * T + p) * C + c0;
+                cvec<CP> o = cv_zero<CP>();
+                if (!assign) cv_ld(o, d);
+#pragma unroll
+                for (int k = 0; k < CP; k++) o.v[k] += s.v[k];
+                cv_st(d, o);
             }
         }
     }
     if (part) {
         float *pr = part + (size_t)blockIdx.x * C * W;
 #pragma unroll
-        for (int j = 0; j < W; j++) {
-            pr[(4 * c4) * W + j] = dw[j].x;
-            pr[(4 * c4 + 1) * W + j] = dw[j].y;
-            pr[(4 * c4 + 2) * W + j] = dw[j].z;
-            pr[(4 * c4 + 3) * W + j] = dw[j].w;
-        }
+        for (int j = 0; j < W; j++)
+#pragma unroll
+            for (int k = 0; k < CP; k++) pr[(c0 + k) * W + j] = dw[j].v[k];
     }
 }
+// channels per thread of the backward's run kernel: 2 unless LM_CONV_CP=4. H200, B4·T4096·C1024
+// (test_cuda_ops --bench): 4 → 2 took the backward from 0.142 to 0.115 ms (written: 0.117 →
+// 0.091; 95 → 61 registers, twice the warps per SM); the forward (60 registers at 4) got slower
+// at 2 (0.067 → 0.073) and keeps 4.
+static int conv_cp_bwd(void) {
+    static int cp = 0;
+    if (!cp) cp = getenv("LM_CONV_CP") && atoi(getenv("LM_CONV_CP")) == 4 ? 4 : 2;
+    return cp;
+}
+#define CONV_CP_FWD 4
 // positions per run: the longest (≤ 64) that still gives ~128 K threads (a thread's loads
-// are serial along its run; the H200 needs many in flight)
-static int conv_run_len(int B, int T, int C) {
+// are serial along its run; the H200 needs many in flight; LM_CONV_THREADS overrides the 128 K)
+static int conv_run_len(int B, int T, int C, int cp) {
+    static double target = 0;
+    if (!target) target = getenv("LM_CONV_THREADS") ? atof(getenv("LM_CONV_THREADS")) : 131072.0;
     int run = 64;
-    while (run > 4 && (double)B * ((T + run - 1) / run) * (C / 4) < 131072.0) run /= 2;
+    while (run > 4 && (double)B * ((T + run - 1) / run) * (C / cp) < target) run /= 2;
     return run;
 }
 #define CONV_GROUPS_MAX 2048   // dw partials: at most this many [C, W] blocks
@@ -206,9 +264,10 @@ static void conv_silu_fwd(TO *out, const float *inp, const float *w, const float
     size_t n = (size_t)B * T * C;
     if (!n) return;
     if (conv_run_ok(C, W) && lm_aligned16({out, inp, cache})) {
-        const int run = conv_run_len(B, T, C), runs = (T + run - 1) / run;
-        const dim3 grid(B * runs, (C / 4 + 63) / 64);
-        CONV_W_SWITCH(W, (conv_fwd_run_k<WW, TO><<<grid, 64, 0, lm_cuda_stream()>>>(out, inp, w, cache, T, C, run, runs)));
+        const int run = conv_run_len(B, T, C, CONV_CP_FWD), runs = (T + run - 1) / run;
+        const dim3 grid(B * runs, (C / CONV_CP_FWD + 63) / 64);
+        CONV_W_SWITCH(W, (conv_fwd_run_k<WW, CONV_CP_FWD, TO><<<grid, 64, 0, lm_cuda_stream()>>>(out, inp, w, cache, T, C,
+                                                                                                  run, runs)));
     } else {
         conv_fwd_k<TO><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(out, inp, w, cache, B, T, C, W);
     }
@@ -263,7 +322,7 @@ struct conv_dw_f {
 typedef struct { int run, runs, rpb, groups; } conv_bwd_grid;
 static conv_bwd_grid conv_bwd_blocks(int B, int T, int C) {
     conv_bwd_grid g;
-    g.run = conv_run_len(B, T, C);
+    g.run = conv_run_len(B, T, C, conv_cp_bwd());
     g.runs = (T + g.run - 1) / g.run;
     const int nr = B * g.runs;
     g.rpb = (nr + CONV_GROUPS_MAX - 1) / CONV_GROUPS_MAX;
@@ -285,9 +344,14 @@ static void conv_silu_bwd(float *dinp, float *dw, float *part, const TI *dout, c
         const int run = bg.run, runs = bg.runs, rpb = bg.rpb, groups = bg.groups;
         if (!dw) part = NULL;
         else if (!part) part = (float *)lm_cuda_scratch((size_t)groups * C * W * sizeof(float));
-        const dim3 grid(groups, (C / 4 + 63) / 64);
-        CONV_W_SWITCH(W, (conv_bwd_run_k<WW, TI><<<grid, 64, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, w, cache, B,
-                                                                                    T, C, run, runs, rpb, assign)));
+        const dim3 grid(groups, (C / conv_cp_bwd() + 63) / 64);
+        if (conv_cp_bwd() == 4) {
+            CONV_W_SWITCH(W, (conv_bwd_run_k<WW, 4, TI><<<grid, 64, 0, lm_cuda_stream()>>>(
+                                 dinp, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
+        } else {
+            CONV_W_SWITCH(W, (conv_bwd_run_k<WW, 2, TI><<<grid, 64, 0, lm_cuda_stream()>>>(
+                                 dinp, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
+        }
         cudaLaunchCheck();
         if (dw) {
             lm_cuda_colsum_final(dw, part, groups, C * W, 1);

@@ -29,11 +29,13 @@ void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, 
 }
 
 // GLU h = a(g)·b(u): the scalar parts are lm_glu_parts of ops_math.h (the CPU's code)
-__global__ static void glu_fwd_k(float *h, const float *g, const float *u, size_t n, int act) {
+// lo (glu_fwd's, or NULL): h again in bf16
+__global__ static void glu_fwd_k(float *h, const float *g, const float *u, size_t n, int act, __nv_bfloat16 *lo) {
     GRID_STRIDE(i, n) {
         float a, da, b, db;
         lm_glu_parts(g[i], u[i], act, &a, &da, &b, &db);
         h[i] = a * b;
+        if (lo) lo[i] = __float2bfloat16(h[i]);
     }
 }
 __global__ static void glu_bwd_k(float *dg, float *du, const float *dh, const float *g, const float *u, size_t n,
@@ -46,9 +48,9 @@ __global__ static void glu_bwd_k(float *dg, float *du, const float *dh, const fl
     }
 }
 
-void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act) {
+void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void *lo) {
     if (!n) return;
-    glu_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(h, g, u, n, act);
+    glu_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(h, g, u, n, act, (__nv_bfloat16 *)lo);
     cudaLaunchCheck();
 }
 void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act) {

@@ -453,6 +453,16 @@ static void t_norm_lo(int N, int C, int H, int V) {
     GPU->linears_fwd(&A, go1, N, H * V);
     GPU->linears_fwd(&B, go1, N, H * V);
     cmp_dev_exact(op, "linear of the gated norm's lo == of its out", y2, y1, (size_t)N * OC);
+    // the GLU's lo (the same width as the gated norm's output here): h unchanged, a linear of lo == of h
+    for (int act = 0; act < 2; act++) {
+        GPU->glu_fwd(go1, gxg, gzg, NG, act, NULL);
+        GPU->glu_fwd(go2, gxg, gzg, NG, act, log_);
+        cmp_dev_exact(op, act ? "SiTU-GLU h with lo == without" : "SwiGLU h with lo == without", go2, go1, NG);
+        GPU->linears_fwd(&A, go1, N, H * V);
+        GPU->linears_fwd(&B, go1, N, H * V);
+        cmp_dev_exact(op, act ? "linear of the SiTU-GLU's lo == of h" : "linear of the SwiGLU's lo == of h", y2, y1,
+                      (size_t)N * OC);
+    }
     DFREE(gx, gg, gxg, gzg, gwg, gW, gWg, o1, o2, r1, r2, go1, go2, gr1, gr2, y1, y2, lo, log_);
     HFREE(x, g, xg, zg, wg, W, Wg);
 }
@@ -552,8 +562,8 @@ static void t_gates(void) {
         const char *op = act == LM_ACT_SITU ? "glu (situ)" : "glu (swiglu)";
         float *g = hrandn(n, act ? 8 : 2), *u = hrandn(n, act ? 30 : 2);   // SiTU: reach the tanh caps
         float *gg = dfl(g, n), *gu = dfl(u, n), *gh = dpoison(n);
-        CPU->glu_fwd(out, g, u, n, act);
-        GPU->glu_fwd(gh, gg, gu, n, act);
+        CPU->glu_fwd(out, g, u, n, act, NULL);
+        GPU->glu_fwd(gh, gg, gu, n, act, NULL);
         cmp(op, "fwd h", gh, out, n, TOL);
         CPU->glu_bwd(dx, dz, dout, g, u, n, act);
         GPU->glu_bwd(gdx, gdz, gdout, gg, gu, n, act);
