@@ -137,7 +137,9 @@ typedef struct {
     // training: backend memory of linears_lo_bytes(N, C) bytes, or NULL. The forward leaves inp
     // there in the backend's GEMM precision (the CUDA bf16 mode: rounded once, as it reads it),
     // and the backward of the same inp reads it for the weight gradients instead of rounding
-    // inp again; a backend without such a form ignores it.
+    // inp again; a backend without such a form ignores it. The backend's GEMM precision must
+    // not change between the forward and that backward (the CUDA mode is set once, from
+    // LM_CUDA_GEMM; only tests switch it, between model steps).
     void *lo;
     int lo_filled;     // lo already holds inp: its producer wrote it (rmsnorm_fwd's lo), the forward reads it
     // backward, a list of one (n = 1): its output gradient already in the GEMM precision (e.g.
@@ -204,7 +206,8 @@ typedef struct lm_ops {
     // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates.
     // dx_lo, dz_lo: NULL, or (with assign, on a backend whose linears_lo_bytes(N, H·V) is nonzero)
     // memory of that many bytes where dx / dz are written in the linears' GEMM precision instead
-    // of into dx / dz (for lm_kda_args.d_o_lo and lm_linears.dout_lo)
+    // of into dx / dz (for lm_kda_args.d_o_lo and lm_linears.dout_lo); the CUDA backend takes
+    // them for V % 4 == 0, V ≤ 128 (the KDA head dims) and refuses other V
     void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
                               const real *z, const real *w, const real *rstd, int N, int H, int V, int assign,
                               void *dx_lo, void *dz_lo);

@@ -167,10 +167,12 @@ __global__ static void conv_fwd_run_k(TO *out, const float *inp, const float *w,
 // x[t − (W-1) + j] over the block's runs r ∈ [blockIdx.x · rpb, +rpb) (runs numbered b · runs +
 // i, so a group may cross sequences). dz is recomputed from the inputs for t in [t0, t1 + W − 1).
 // assign: dinp written (its old values not read), else added into
+// (the register caps of the measured W = 4 kernels: 64 at CP = 2, 128 at 4; wider windows uncapped,
+// which would spill under them)
 template <int W, int CP, typename TI>
-__global__ static void __launch_bounds__(64, CP == 2 ? 16 : 8) conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w,
-                                      const float *cache, int B, int T, int C, int run, int runs, int rpb,
-                                      int assign) {
+__global__ static void __launch_bounds__(64, W > 4 ? 1 : CP == 2 ? 16 : 8)
+    conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w, const float *cache,
+                   int B, int T, int C, int run, int runs, int rpb, int assign) {
     const int c0 = CP * (blockIdx.y * blockDim.x + threadIdx.x);
     if (c0 >= C) return;
     cvec<CP> wj[W], x[W], dz[W], dw[W];

@@ -143,9 +143,12 @@ static void kda_call_init(kda_call *c, const lm_kda_args *a) {
              a->gate_mode);
     LM_CHECK(a->gate_mode != LM_GATE_BOUNDED || (a->lb >= -5 && a->lb < 0), "cuda kda: lower bound %g outside [-5, 0)",
              (double)a->lb);
-    LM_CHECK(a->conv_W >= 0 && a->conv_W <= 8, "cuda kda: conv width %d outside [1, 8]", a->conv_W);
-    for (int j = 0; j < 3 && a->conv_W; j++)
+    LM_CHECK(a->conv_W >= 0 && a->conv_W <= 8, "cuda kda: conv width %d outside [1, 8] (0: no conv)", a->conv_W);
+    for (int j = 0; j < 3 && a->conv_W; j++) {   // the conv's vectorised kernels, refused before any launch
         LM_CHECK(a->qkv_pre[j] && a->conv_w[j], "cuda kda: conv input %d without its tensors", j);
+        LM_CHECK(lm_aligned16({a->qkv_pre[j], a->dqkv_pre[j]}), "cuda kda: conv input %d or its gradient not "
+                 "16-byte aligned", j);
+    }
     memset(c, 0, sizeof *c);
     c->nqk = (size_t)a->B * a->T * a->H * a->K;
     c->nv = (size_t)a->B * a->T * a->H * a->V;
@@ -256,7 +259,10 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     __nv_bfloat16 *d_o = NULL, *g = NULL;
     float *pg = NULL, *conv_part = NULL;
     const int HK = H * K, HV = H * a->V, W = a->conv_W;
-    const size_t nconv = W ? lm_cuda_conv_bwd_part_floats(a->B, a->T, HK > HV ? HK : HV, W) : 0;
+    // the dw partials of the wider and of the narrower conv (narrower C: shorter runs, more of them)
+    const size_t nk = W ? lm_cuda_conv_bwd_part_floats(a->B, a->T, HK, W) : 0;
+    const size_t nvv = W ? lm_cuda_conv_bwd_part_floats(a->B, a->T, HV, W) : 0;
+    const size_t nconv = nk > nvv ? nk : nvv;
     for (int pass = 0; pass < 2; pass++) {
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
         if (!a->saved) kda_call_inputs(&c, &cv, a, 1);

@@ -131,6 +131,8 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
         if (dinp) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, C, N, soc, wcat, C, db, soc, L->dinp_assign ? 0.0f : 1.0f, dinp, C);
         return;
     }
+    // (a GEMM mode changed between the forward and this backward: dout_lo holds bf16 bits)
+    LM_CHECK(!L->dout_lo, "cuda linears_bwd: output gradient in bf16 (dout_lo) outside the bf16 GEMM mode");
     for (int i = 0, first = 1; i < L->n; i++) {
         const int OC = L->OC[i];
         if (OC <= 0) continue;

@@ -527,10 +527,20 @@ static void t_gated_rmsnorm(int N, int H, int V) {
         GPU->gated_rmsnorm_bwd(gdx3, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, zl);
         cmp_dev_bf16(op, "bwd dx in bf16 (dx_lo) == written, rounded", xl, gdx2, n);
         cmp_dev_bf16(op, "bwd dz in bf16 (dz_lo) == written, rounded", zl, gdz2, n);
-        GPU->gated_rmsnorm_bwd(NULL, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, NULL);   // one of them
-        cmp_dev_bf16(op, "bwd dx alone in bf16", xl, gdx2, n);
+        {   // dx, dz themselves left alone (NaN): the count of finite values
+            float *h = lm_malloc(2 * n * sizeof(float));
+            GPU->to_host(h, gdx3, n * sizeof(float));
+            GPU->to_host(h + n, gdz3, n * sizeof(float));
+            long touched = 0;
+            for (size_t j = 0; j < 2 * n; j++) touched += h[j] == h[j];
+            record(op, "bwd dx, dz left alone with dx_lo, dz_lo", (double)touched, 0);
+            free(h);
+        }
+        void *xl2 = GPU->alloc(n * 2);   // zeros: a call that wrote nothing would leave them
+        GPU->gated_rmsnorm_bwd(NULL, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl2, NULL);   // one of them
+        cmp_dev_bf16(op, "bwd dx alone in bf16", xl2, gdx2, n);
         cmp_dev_exact(op, "bwd dz beside dx in bf16 == written", gdz3, gdz2, n);
-        DFREE(xl, zl, gdx3, gdz3);
+        DFREE(xl, xl2, zl, gdx3, gdz3);
     }
     DFREE(gdx2, gdz2); HFREE(dx2, dz2);
     DFREE(gx, gz, gw, gdout, gout, grstd, gdx, gdz, gdw); HFREE(x, z, w, dout, dx, dz, dw, out, rstd);
@@ -1640,6 +1650,12 @@ static void t_model(void) {
     c.zloss_coef = 0.001;
     train_setup sh = {.B = 2, .T = 33, .optimizer = LM_OPT_MUON, .capacity = 10};
     model_train("small hybrid (full res, latent MoE, SiTU, aux, muon, cap)", c, sh, 1);
+    // the same under bf16 GEMMs (2 × 33 = 66 rows ≥ 64: bf16 products and the linears' bf16
+    // copies — q LoRA's qan, the latent MoE's shared experts, the SiTU GLU's — which the tiny
+    // preset does not reach)
+    lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    model_train("small hybrid, bf16 GEMMs", c, sh, 1);
+    lm_cuda_set_gemm_mode(LM_GEMM_FP32);
     // 3. stress (reported only): perturbed AttnRes queries and router biases and the full
     //    lr from step 0 make training chaotic; the GPU-vs-CPU divergence is compared with
     //    the CPU's own divergence under a 1e-6 perturbation
