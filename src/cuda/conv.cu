@@ -34,27 +34,11 @@ __device__ __forceinline__ float conv_z(const float *inp, const float *w, const 
     return s;
 }
 
-// one value (or four consecutive values, 16-byte aligned in fp32 / 8 in bf16) to or from the
-// conv's fp32 arithmetic
+// one value to or from the conv's fp32 arithmetic (the element kernels)
 __device__ __forceinline__ void conv_st(float *p, float x) { *p = x; }
 __device__ __forceinline__ void conv_st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16(x); }
 __device__ __forceinline__ float conv_ld(const float *p) { return *p; }
 __device__ __forceinline__ float conv_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void conv_st4(float *p, float4 x) { *reinterpret_cast<float4 *>(p) = x; }
-__device__ __forceinline__ void conv_st4(__nv_bfloat16 *p, float4 x) {
-    __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&lo);
-    u.y = *reinterpret_cast<unsigned *>(&hi);
-    *reinterpret_cast<uint2 *>(p) = u;
-}
-__device__ __forceinline__ float4 conv_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
-__device__ __forceinline__ float4 conv_ld4(const __nv_bfloat16 *p) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-    return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
 
 template <typename TO>
 __global__ static void conv_fwd_k(TO *out, const float *inp, const float *w, const float *cache, int B, int T,
@@ -91,7 +75,7 @@ __device__ __forceinline__ void cv_ld(cvec<2> &r, const float *p) {
     r.v[0] = f.x; r.v[1] = f.y;
 }
 __device__ __forceinline__ void cv_ld(cvec<4> &r, const __nv_bfloat16 *p) {
-    const float4 f = conv_ld4(p);
+    const float4 f = ld4_bf16(p);
     r.v[0] = f.x; r.v[1] = f.y; r.v[2] = f.z; r.v[3] = f.w;
 }
 __device__ __forceinline__ void cv_ld(cvec<2> &r, const __nv_bfloat16 *p) {
@@ -105,7 +89,7 @@ __device__ __forceinline__ void cv_st(float *p, const cvec<2> &x) {
     *reinterpret_cast<float2 *>(p) = make_float2(x.v[0], x.v[1]);
 }
 __device__ __forceinline__ void cv_st(__nv_bfloat16 *p, const cvec<4> &x) {
-    conv_st4(p, make_float4(x.v[0], x.v[1], x.v[2], x.v[3]));
+    st4_bf16(p, make_float4(x.v[0], x.v[1], x.v[2], x.v[3]));
 }
 __device__ __forceinline__ void cv_st(__nv_bfloat16 *p, const cvec<2> &x) {
     *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(x.v[0], x.v[1]);

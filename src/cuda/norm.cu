@@ -19,16 +19,8 @@ static inline int gated_rows_per_block(int rows) {
     return r < GATED_WARPS ? GATED_WARPS : r > 256 ? 256 : r;
 }
 
-// lo (rmsnorm_fwd's, or NULL): out again in bf16 [N,C], as lm_cuda_to_bf16 would round it
-__device__ __forceinline__ void st4_lo(__nv_bfloat16 *lo, size_t e, float4 y) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(y.x, y.y), b = __floats2bfloat162_rn(y.z, y.w);
-    uint2 u;
-    u.x = *reinterpret_cast<unsigned *>(&a);
-    u.y = *reinterpret_cast<unsigned *>(&b);
-    *reinterpret_cast<uint2 *>(lo + e) = u;
-}
-
-// out, inp [N,C]; gain [C]; rstd [N]; one row per block, thread t owns channels 4t..4t+3
+// out, inp [N,C]; gain [C]; rstd [N]; lo (rmsnorm_fwd's, or NULL): out again in bf16. One row per
+// block, thread t owns channels 4t..4t+3
 __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *inp, const float *gain, int C,
                                          float eps, __nv_bfloat16 *lo) {
     __shared__ float red[32], tot[1];
@@ -45,7 +37,7 @@ __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *i
     const float4 g = ld4(gain + c, true);
     const float4 y = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
     *reinterpret_cast<float4 *>(out + e) = y;
-    if (lo) st4_lo(lo, e, y);
+    if (lo) st4_bf16(lo + e, y);
 }
 
 // out, inp [N,C]; gain [C]; rstd [N]
@@ -180,7 +172,7 @@ __global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x,
     const float4 y = make_float4(xv.x * rs * wv.x * dsigmoid(zv.x), xv.y * rs * wv.y * dsigmoid(zv.y),
                                  xv.z * rs * wv.z * dsigmoid(zv.z), xv.w * rs * wv.w * dsigmoid(zv.w));
     *reinterpret_cast<float4 *>(out + e) = y;
-    if (lo) st4_lo(lo, e, y);
+    if (lo) st4_bf16(lo + e, y);
 }
 
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
@@ -239,14 +231,14 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
             o.y += dys.y * xv.y * rs * wv.y * (1 - sg.y);
             o.z += dys.z * xv.z * rs * wv.z * (1 - sg.z);
             o.w += dys.w * xv.w * rs * wv.w * (1 - sg.w);
-            if (dz_lo) st4_lo(dz_lo, e, o);
+            if (dz_lo) st4_bf16(dz_lo + e, o);
             else *d = o;
         }
         if (!dx && !dx_lo) continue;
         const float k = rs * rs * rs * warp_sum(dot4(mul4(dys, wv), xv)) / V;
         if (on && dx_lo) {   // axmby4's written value
             const float4 u = mul4(wv, dys);
-            st4_lo(dx_lo, e, make_float4(rs * u.x - k * xv.x, rs * u.y - k * xv.y, rs * u.z - k * xv.z, rs * u.w - k * xv.w));
+            st4_bf16(dx_lo + e, make_float4(rs * u.x - k * xv.x, rs * u.y - k * xv.y, rs * u.z - k * xv.z, rs * u.w - k * xv.w));
         } else if (on) {
             axmby4(dx + e, rs, mul4(wv, dys), k, xv, assign);
         }

@@ -16,10 +16,9 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     lm_linears_add(&L, p->ffn_w1, F, a->a, NULL, NULL);
     lm_linears_add(&L, p->ffn_w3, F, a->b, NULL, NULL);
     o->linears_fwd(&L, a->xn, N, d);
-    const lm_linears L2 = {.n = 1, .OC = {d}, .W = {p->ffn_w2}, .out = {out}, .lo = lm_lo(s, LM_LO_FFN_H),
-                           .lo_filled = 1};   // by the GLU
-    o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act, L2.lo);
-    o->linears_fwd(&L2, a->h, N, F);
+    void *h_lo = lm_lo(s, LM_LO_FFN_H);   // written by the GLU
+    o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act, h_lo);
+    lm_linear_fwd(o, out, a->h, p->ffn_w2, N, F, d, h_lo, 1);
 }
 
 void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
@@ -91,10 +90,9 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         // the experts op adds its sum into out, which already holds the shared experts' output
         // (or zeros): no routed tensor and no separate sum pass
         if (c->n_shared > 0) {
-            const lm_linears L2 = {.n = 1, .OC = {d}, .W = {p->sh_w2}, .out = {out}, .lo = lm_lo(s, LM_LO_FFN_H),
-                                   .lo_filled = 1};   // by the GLU
-            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act, L2.lo);
-            o->linears_fwd(&L2, a->sh, N, Fs);
+            void *sh_lo = lm_lo(s, LM_LO_FFN_H);   // written by the GLU
+            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act, sh_lo);
+            lm_linear_fwd(o, out, a->sh, p->sh_w2, N, Fs, d, sh_lo, 1);
         } else {
             o->zero(out, (size_t)N * d * sizeof(real));
         }
@@ -105,10 +103,9 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         o->rmsnorm_fwd(a->un, a->un_rstd, a->y, p->lat_norm, N, dl, c->norm_eps, NULL);
         o->matmul_fwd(a->routed, a->un, p->lat_up, NULL, N, dl, d);
         if (c->n_shared > 0) {
-            const lm_linears L2 = {.n = 1, .OC = {d}, .W = {p->sh_w2}, .out = {a->so}, .lo = lm_lo(s, LM_LO_FFN_H),
-                                   .lo_filled = 1};   // by the GLU
-            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act, L2.lo);
-            o->linears_fwd(&L2, a->sh, N, Fs);
+            void *sh_lo = lm_lo(s, LM_LO_FFN_H);   // written by the GLU
+            o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act, sh_lo);
+            lm_linear_fwd(o, a->so, a->sh, p->sh_w2, N, Fs, d, sh_lo, 1);
             o->add(out, a->routed, a->so, (size_t)N * d);
         } else {
             o->copy(out, a->routed, (size_t)N * d * sizeof(real));

@@ -52,7 +52,7 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     L.lo_filled = 1;   // by the norm
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
-    lm_linear_fwd(o, a->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A));
+    lm_linear_fwd(o, a->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A), 0);
     lm_kda_args k = kda_args(s, p, a);
     k.o = a->o;
     // with a cache the conv sees the previous W−1 inputs and the core starts from the
@@ -72,11 +72,10 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
         kda_args_conv(&k, c, p, a);
     }
     o->kda_fwd(&k);
-    if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B));
-    const lm_linears Lo = {.n = 1, .OC = {d}, .W = {p->o_proj}, .out = {out}, .lo = lm_lo(s, LM_LO_ATTN_OUT),
-                           .lo_filled = 1};   // by the gated norm
-    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, Lo.lo);
-    o->linears_fwd(&Lo, a->on, N, HK);
+    if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B), 0);
+    void *on_lo = lm_lo(s, LM_LO_ATTN_OUT);   // written by the gated norm
+    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, on_lo);
+    lm_linear_fwd(o, out, a->on, p->o_proj, N, HK, d, on_lo, 1);
 }
 
 // A gradient [N, C] passed between two ops in the linears' GEMM precision, in its own fp32 slot

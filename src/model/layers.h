@@ -125,10 +125,11 @@ static inline void lm_linear_bwd_written(const lm_ops *o, real *dinp, real *dW, 
     const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1, .lo = lo};
     o->linears_bwd(&L, dinp, inp, N, C);
 }
-// out [N,OC] = inp [N,C] · W [OC,C]ᵀ, leaving inp's GEMM-precision copy in lo (or NULL)
+// out [N,OC] = inp [N,C] · W [OC,C]ᵀ, leaving inp's GEMM-precision copy in lo (or NULL) — or,
+// with lo_filled, reading it there (inp's producer wrote it: rmsnorm_fwd's lo and the like)
 static inline void lm_linear_fwd(const lm_ops *o, real *out, const real *inp, const real *W, int N, int C, int OC,
-                                 void *lo) {
-    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo};
+                                 void *lo, int lo_filled) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo, .lo_filled = lo_filled};
     o->linears_fwd(&L, inp, N, C);
 }
 #define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \

@@ -112,10 +112,9 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
     if (Rq > 0) {
-        const lm_linears Lq = {.n = 1, .OC = {Hm * Dqk}, .W = {p->mq_b}, .out = {a->q}, .lo = lm_lo(s, LM_LO_ATTN_B),
-                               .lo_filled = 1};
-        o->rmsnorm_fwd(a->qan, a->qa_rstd, a->qa, p->mq_a_norm, N, Rq, c->norm_eps, Lq.lo);
-        o->linears_fwd(&Lq, a->qan, N, Rq);
+        void *qan_lo = lm_lo(s, LM_LO_ATTN_B);   // written by its norm
+        o->rmsnorm_fwd(a->qan, a->qa_rstd, a->qa, p->mq_a_norm, N, Rq, c->norm_eps, qan_lo);
+        lm_linear_fwd(o, a->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, qan_lo, 1);
     }
     // c's copy (for kv_b) written by its norm; only the cacheless path below reads it
     void *c_lo = lm_lo(s, LM_LO_ATTN_A);
@@ -127,9 +126,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     } else if (kc && kc->len > 0) {
         prefill_over_cache(s, p, a);
     } else {
-        const lm_linears Lkv = {.n = 1, .OC = {Hm * (Dn + Dv)}, .W = {p->kv_b}, .out = {a->kv}, .lo = c_lo,
-                                .lo_filled = 1};
-        o->linears_fwd(&Lkv, a->c, N, R);
+        lm_linear_fwd(o, a->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv), c_lo, 1);
         o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
         o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
     }
@@ -138,7 +135,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
         o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv);
         og = a->og;
     }
-    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
+    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT), 0);
 }
 
 void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,

@@ -399,9 +399,7 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     }
     void *fn_lo = m->ctx.lo ? m->lo_head : NULL;
     o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
-    const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .out = {a->logits}, .lo = fn_lo,
-                             .lo_filled = 1};
-    o->linears_fwd(&head, a->fn, N, d);
+    lm_linear_fwd(o, a->logits, a->fn, m->params.lm_head, N, d, c->vocab, fn_lo, 1);   // fn_lo: by the norm
     if (opts.cache) opts.cache->len += T;
     m->last_count = 0;
     m->last_ce_sum = 0;
