@@ -366,6 +366,18 @@ typedef struct lm_ops {
                         int N, int C, real eps);
     void (*attnres_bwd)(lm_source_grads dsrc, real *dw, real *dgamma, const real *dout, lm_sources src,
                         const real *alpha, const real *w, const real *gamma, int N, int C, real eps);
+    // The mixer fused with the RMSNorm that reads its output (the next sublayer's input norm,
+    //   or the final norm; SPEC §1.4's fused mixer): xn = RMSNorm(attnres(src)) ⊙ gain [N,C],
+    //   rstd [N], alpha [N,n] as attnres_fwd's, lo as rmsnorm_fwd's. x [N,C] is the backend's:
+    //   it may hold the mix there for its backward, or nothing (a fused kernel recomputes the
+    //   mix from the sources and α); the caller keeps it unchanged until that backward.
+    void (*attnres_norm_fwd)(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src,
+                             const real *w, const real *gamma, const real *gain, int N, int C, real eps);
+    //   bwd from dxn [N,C]: dgain [C] += (NULL allowed), then dsrc, dw, dgamma as attnres_bwd's.
+    //   dx [N,C]: the backend's scratch for the mix's gradient (its contents on entry do not matter)
+    void (*attnres_norm_bwd)(lm_source_grads dsrc, real *dw, real *dgamma, real *dgain, real *dx,
+                             const real *dxn, const real *x, lm_sources src, const real *alpha, const real *rstd,
+                             const real *w, const real *gamma, const real *gain, int N, int C, real eps);
 
     // ---- loss: softmax cross-entropy, logits [N,V], targets [N] (< 0 = ignored) ----
     //   losses [N] (0 where ignored), lse [N] saved

@@ -503,6 +503,57 @@ static void test_written_gradients(void **state) {
     repeat_over_nan(c, "MLA ungated, low-rank queries, no shared extra dims");
 }
 
+// The mixers run the RMSNorm that reads their output (ops attnres_norm_*; LM_MIX_NORM=0: the
+// sublayers run it): on the CPU the fused op is the two ops in turn, so a step gives the same
+// loss and gradients bit for bit either way — and every mixer of these plans does run it
+static void test_mix_norm_plan(void **state) {
+    (void)state;
+    const int residual[2] = {LM_RES_BLOCK, LM_RES_FULL};
+    for (int v = 0; v < 2; v++) {
+        lm_config c = small_hybrid("KMKM");
+        c.residual = residual[v];
+        assert_int_equal(lm_config_finalize(&c), LM_OK);
+        lm_rng r;
+        lm_rng_seed(&r, 21);
+        int *tok, *tgt;
+        make_batch(2, 30, c.vocab, &r, &tok, &tgt);
+        real *g[2];
+        double loss[2];
+        for (int k = 0; k < 2; k++) {
+            if (k == 0) setenv("LM_MIX_NORM", "0", 1);
+            lm_model *m = lm_model_create(&c, ops, 8);
+            unsetenv("LM_MIX_NORM");
+            int fused = 0, readers = m->final_normed;   // mixers running a norm; sublayers / final norm skipping theirs
+            for (int t = 0; t < m->n_tape; t++) {
+                fused += m->tape[t].kind == LM_TP_MIX && m->tape[t].normed;
+                readers += m->tape[t].kind != LM_TP_MIX && m->tape[t].normed;
+            }
+            assert_int_equal(fused, readers);
+            char what[120];
+            snprintf(what, sizeof what, "%s, LM_MIX_NORM %s: mixers not running their reader's norm (of %d)",
+                     v ? "full" : "block", k ? "unset" : "0", m->n_mix);
+            tu_check(what, k ? m->n_mix - fused : fused, 0);
+            if (k) assert_true(m->n_mix > 0 && m->final_normed);
+            lm_rng pr;   // the same perturbation for both plans
+            lm_rng_seed(&pr, 22);
+            perturb_special(m, &pr);
+            lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
+            lm_model_zero_grads(m);
+            loss[k] = lm_model_forward(m, tok, tgt, 2, 30, o);
+            lm_model_backward(m, (real)(1.0 / m->last_count));
+            g[k] = tu_alloc(m->playout.numel);
+            lm_model_get_grads(m, g[k]);
+            if (k) {
+                snprintf(what, sizeof what, "%s: fused vs unfused mixer norms, |loss diff| and max |grad diff|",
+                         v ? "full" : "block");
+                tu_check(what, fabs(loss[1] - loss[0]) + tu_max_abs_diff(g[0], g[1], m->playout.numel), 0);
+            }
+            lm_model_free(m);
+        }
+        free(g[0]); free(g[1]); free(tok); free(tgt);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_param_counts),
@@ -520,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_micro_batches_sum),
         cmocka_unit_test(test_written_gradients),
+        cmocka_unit_test(test_mix_norm_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

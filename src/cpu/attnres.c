@@ -136,3 +136,18 @@ void cpu_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *d
         free(cq);
     }
 }
+
+// The mixer and the RMSNorm of its output, in turn: x [N,C] keeps the mix for the backward,
+// dx [N,C] takes its gradient. The reference for the CUDA backend's fused kernels.
+void cpu_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src, const real *w,
+                          const real *gamma, const real *gain, int N, int C, real eps) {
+    cpu_attnres_fwd(x, alpha, src, w, gamma, N, C, eps);
+    cpu_rmsnorm_fwd(xn, rstd, x, gain, N, C, eps, lo);
+}
+
+void cpu_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *dgain, real *dx, const real *dxn,
+                          const real *x, lm_sources src, const real *alpha, const real *rstd, const real *w,
+                          const real *gamma, const real *gain, int N, int C, real eps) {
+    cpu_rmsnorm_bwd(dx, dgain, dxn, x, gain, rstd, N, C, 1);
+    cpu_attnres_bwd(dsrc, dw, dgamma, dx, src, alpha, w, gamma, N, C, eps);
+}

@@ -66,6 +66,8 @@ double cpu_moe_zloss_fwd(const real *z, int N, int E, real coef);
 void cpu_moe_zloss_bwd(real *dz, const real *z, int N, int E, real coef, real dloss);
 void cpu_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, const real *gamma, int N, int C, real eps);
 void cpu_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *dout, lm_sources src, const real *alpha, const real *w, const real *gamma, int N, int C, real eps);
+void cpu_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src, const real *w, const real *gamma, const real *gain, int N, int C, real eps);
+void cpu_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *dgain, real *dx, const real *dxn, const real *x, lm_sources src, const real *alpha, const real *rstd, const real *w, const real *gamma, const real *gain, int N, int C, real eps);
 void cpu_xent_fwd(real *losses, real *lse, const real *logits, const int *targets, int N, int V);
 void cpu_xent_bwd(real *dlogits, const real *logits, const real *lse, const int *targets, real dloss, int N, int V);
 void cpu_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd, real bc1, real bc2, real gscale);

@@ -13,7 +13,25 @@
 #include "cuda_common.cuh"
 
 #define AR_REG_SOURCES 8
+// The register kernels are templates over the sources they hold (NS ≥ n): 4, 6 or 8 — each
+// source slot costs 4 registers per thread in the forward and ~10 in the backward, whose
+// occupancy registers bound. AR_LAUNCH runs K<NS>, AR_KERNEL names it (for lm_cuda_fits).
+static inline int ar_ns(int n) { return n <= 4 ? 4 : n <= 6 ? 6 : 8; }
+#define AR_LAUNCH(n, K, grid, th, ...)                                                   \
+    do {                                                                                 \
+        switch (ar_ns(n)) {                                                              \
+        case 4: K<4><<<(grid), (th), 0, lm_cuda_stream()>>>(__VA_ARGS__); break;         \
+        case 6: K<6><<<(grid), (th), 0, lm_cuda_stream()>>>(__VA_ARGS__); break;         \
+        default: K<8><<<(grid), (th), 0, lm_cuda_stream()>>>(__VA_ARGS__); break;        \
+        }                                                                                \
+    } while (0)
+#define AR_KERNEL(n, K) \
+    (ar_ns(n) == 4 ? (const void *)K<4> : ar_ns(n) == 6 ? (const void *)K<6> : (const void *)K<8>)
 static inline int ar_reg_ok(int n, int C) { return n >= 2 && n <= AR_REG_SOURCES && C % 4 == 0 && C <= 4096; }
+// Rows whose register-kernel blocks the register file cannot hold (lm_cuda_fits) take the
+// general kernels: the backward's with more than 4 sources past C ≈ 2900. The fused mixer +
+// norm (ar_norm_fused_ok, after its kernels) runs where its kernels fit — up to C ≈ 3500 —
+// else the two ops in turn.
 
 // u[j] = this thread's four channels of source j at element `row` (zeros past n or C)
 template <int NS>
@@ -22,25 +40,18 @@ __device__ __forceinline__ void load_sources(float4 (&u)[NS], const lm_sources &
     for (int j = 0; j < NS; j++) u[j] = ld4(src.p[j < src.n ? j : 0] + row, on && j < src.n);
 }
 
-// out [N, C] = Σ_j α_j u_j, one row per block, thread t owns channels 4t..4t+3.
+// α of one row from its sources' four channels per thread u (q = γ ⊙ w, this thread's): into
+// tot[0..n) for every thread on return, and alpha_row[0..n). red: [32·2·NS], tot: [2·NS] shared.
 template <int NS>
-__global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources src, const float *w,
-                                         const float *gamma, int C, float eps) {
-    __shared__ float red[32 * 2 * NS], tot[2 * NS];
-    const int n = src.n, c = 4 * threadIdx.x;
-    const bool on = c < C;
-    const size_t row = (size_t)blockIdx.x * C + c;
-    const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
-    const float4 q = mul4(wv, gv);
-    float4 u[NS];
-    load_sources<NS>(u, src, row, on);
+__device__ __forceinline__ void mix_alpha(const float4 (&u)[NS], float4 q, int n, int C, float eps, float *red,
+                                          float *tot, float *alpha_row) {
     float part[2 * NS];
 #pragma unroll
     for (int j = 0; j < NS; j++) {
         part[2 * j] = dot4(u[j], u[j]);
         part[2 * j + 1] = dot4(q, u[j]);
     }
-    block_sums<2 * NS>(part, red, tot);   // every source read happens before out (maybe a source) is written
+    block_sums<2 * NS>(part, red, tot);
     if (threadIdx.x == 0) {
         float sc[NS], m = -INFINITY, sum = 0;
 #pragma unroll
@@ -51,15 +62,63 @@ __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources sr
             if (j < n) { sc[j] = expf(sc[j] - m); sum += sc[j]; }
 #pragma unroll
         for (int j = 0; j < NS; j++)
-            if (j < n) { tot[j] = sc[j] / sum; alpha[(size_t)blockIdx.x * n + j] = tot[j]; }
+            if (j < n) { tot[j] = sc[j] / sum; alpha_row[j] = tot[j]; }
     }
     __syncthreads();
-    if (!on) return;
+}
+
+// y = Σ_j α_j u_j over this thread's four channels (α in tot, as mix_alpha leaves it)
+template <int NS>
+__device__ __forceinline__ float4 mix_sum(const float4 (&u)[NS], const float *a, int n) {
     float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < NS; j++)
-        if (j < n) axpy(y, tot[j], u[j]);
-    *reinterpret_cast<float4 *>(out + row) = y;
+        if (j < n) axpy(y, a[j], u[j]);
+    return y;
+}
+
+// out [N, C] = Σ_j α_j u_j, one row per block, thread t owns channels 4t..4t+3.
+template <int NS>
+__global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources src, const float *w,
+                                         const float *gamma, int C, float eps) {
+    __shared__ float red[32 * 2 * NS], tot[2 * NS];
+    const int c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const size_t row = (size_t)blockIdx.x * C + c;
+    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
+    float4 u[NS];
+    load_sources<NS>(u, src, row, on);
+    // every source read happens before out (maybe a source) is written
+    mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
+    if (on) *reinterpret_cast<float4 *>(out + row) = mix_sum<NS>(u, tot, src.n);
+}
+
+// The mixer and the RMSNorm of its output in one pass (attnres_norm_fwd): as attnres_fwd_reg_k,
+// then rmsnorm_fwd_reg_k on the mix y, which stays in registers (neither stored nor read back).
+// xn [N, C], rstd [N], lo: xn in bf16 (or NULL).
+template <int NS>
+__global__ static void attnres_norm_fwd_reg_k(float *xn, float *rstd, __nv_bfloat16 *lo, float *alpha,
+                                              lm_sources src, const float *w, const float *gamma, const float *gain,
+                                              int C, float eps) {
+    __shared__ float red[32 * 2 * NS], tot[2 * NS], ss[1];
+    const int c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const size_t row = (size_t)blockIdx.x * C + c;
+    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
+    float4 u[NS];
+    load_sources<NS>(u, src, row, on);
+    mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
+    const float4 y = mix_sum<NS>(u, tot, src.n);   // zeros past C
+    float v[1] = {dot4(y, y)};
+    block_sums<1>(v, red, ss);
+    __syncthreads();
+    const float r = 1.0f / sqrtf(ss[0] / C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    if (!on) return;
+    const float4 g = ld4(gain + c, true);
+    const float4 o = make_float4(y.x * r * g.x, y.y * r * g.y, y.z * r * g.z, y.w * r * g.w);
+    *reinterpret_cast<float4 *>(xn + row) = o;
+    if (lo) st4_bf16(lo + row, o);
 }
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }
@@ -107,10 +166,9 @@ void cuda_attnres_fwd(real *out, real *alpha, lm_sources src, const real *w, con
                       real eps) {
     LM_CHECK(src.n >= 1 && src.n <= LM_MAX_SOURCES, "attnres: %d sources", src.n);
     if (N <= 0 || C <= 0) return;
-    if (ar_reg_ok(src.n, C)) {
-        const int th = lm_reg_row_threads(C);
-        if (src.n <= 4) attnres_fwd_reg_k<4><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
-        else attnres_fwd_reg_k<8><<<N, th, 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
+    const int th = lm_reg_row_threads(C);
+    if (ar_reg_ok(src.n, C) && lm_cuda_fits(AR_KERNEL(src.n, attnres_fwd_reg_k), th)) {
+        AR_LAUNCH(src.n, attnres_fwd_reg_k, N, th, out, alpha, src, w, gamma, C, eps);
     } else {
         attnres_fwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(out, alpha, src, w, gamma, C, eps);
     }
@@ -167,9 +225,47 @@ __global__ static void attnres_bwd_k(lm_source_grads dsrc, float *cq, const floa
     }
 }
 
+// One row's backward coefficients, by one thread: from the per-source sums in tot[S·j ..] —
+// ‖u_j‖², q·u_j, t_j = g·u_j (g: the mix's output gradient) — and α (a), the coefficients of
+// ∂u_j = α_j g + k_j q − m_j u_j replace them: α_j, k_j = c_j ρ_j, m_j = c_j s_j ρ_j² / C with
+// c_j = α_j (t_j − Σ_l α_l t_l) (as attnres_bwd_k).
+__device__ __forceinline__ void mix_bwd_coefs(float *tot, int S, const float *a, int n, int C, float eps) {
+    float gout = 0;
+    for (int j = 0; j < n; j++) gout += a[j] * tot[S * j + 2];
+    for (int j = 0; j < n; j++) {
+        const float rho = 1.0f / sqrtf(tot[S * j] / C + eps), sj = rho * tot[S * j + 1];
+        const float cj = a[j] * (tot[S * j + 2] - gout);
+        tot[S * j] = a[j];
+        tot[S * j + 1] = cj * rho;                  // k_j
+        tot[S * j + 2] = cj * sj * rho * rho / C;   // m_j
+    }
+}
+
+// This thread's channels of one row: ∂u_j += α_j g + k_j q − m_j u_j (coefficients as
+// mix_bwd_coefs leaves them, stride S), dq += Σ_j k_j u_j.
+template <int NS>
+__device__ __forceinline__ void mix_bwd_apply(const lm_source_grads &dsrc, size_t row, const float4 (&u)[NS], int n,
+                                              float4 g, float4 q, const float *tot, int S, float4 &dq) {
+#pragma unroll
+    for (int j = 0; j < NS; j++) {
+        if (j >= n) continue;
+        const float aj = tot[S * j], kj = tot[S * j + 1], mj = tot[S * j + 2];
+        axpy(dq, kj, u[j]);
+        if (j >= dsrc.n || !dsrc.p[j]) continue;
+        // one entry at a time: a buffer listed twice gets both updates
+        float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row);
+        float4 v = dsrc.assign >> j & 1 ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
+        v.x += aj * g.x + kj * q.x - mj * u[j].x;
+        v.y += aj * g.y + kj * q.y - mj * u[j].y;
+        v.z += aj * g.z + kj * q.z - mj * u[j].z;
+        v.w += aj * g.w + kj * q.w - mj * u[j].w;
+        *d = v;
+    }
+}
+
 // The backward of rows [rpb·b, rpb·b + rpb) of block b, thread t owning channels 4t..4t+3:
-// ∂u_j += α_j g + k_j q − m_j u_j with k_j = c_j ρ_j, m_j = c_j s_j ρ_j² / C (as attnres_bwd_k),
-// and dq_part [b, C] = Σ_rows Σ_j k_j u_j (NULL: ∂q not wanted).
+// ∂u_j += α_j g + k_j q − m_j u_j (mix_bwd_coefs), and dq_part [b, C] = Σ_rows Σ_j k_j u_j
+// (NULL: ∂q not wanted).
 template <int NS>
 __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, const float *dout, lm_sources src,
                                          const float *alpha, const float *w, const float *gamma, int N, int C,
@@ -177,8 +273,7 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
     __shared__ float red[32 * 3 * NS], tot[3 * NS];
     const int n = src.n, c = 4 * threadIdx.x;
     const bool on = c < C;
-    const float4 wv = ld4(w + c, on), gv = ld4(gamma + c, on);
-    const float4 q = mul4(wv, gv);
+    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
     float4 dq = make_float4(0.f, 0.f, 0.f, 0.f);
     const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
     for (int i = i0; i < i1; i++) {
@@ -194,38 +289,67 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
             part[3 * j + 2] = dot4(g, u[j]);
         }
         block_sums<3 * NS>(part, red, tot);   // all reads of g (maybe a dsrc buffer) are done
-        if (threadIdx.x == 0) {
-            const float *a = alpha + (size_t)i * n;
-            float gout = 0;
-            for (int j = 0; j < n; j++) gout += a[j] * tot[3 * j + 2];
-            for (int j = 0; j < n; j++) {
-                const float rho = 1.0f / sqrtf(tot[3 * j] / C + eps), sj = rho * tot[3 * j + 1];
-                const float cj = a[j] * (tot[3 * j + 2] - gout);
-                tot[3 * j] = a[j];
-                tot[3 * j + 1] = cj * rho;                  // k_j
-                tot[3 * j + 2] = cj * sj * rho * rho / C;   // m_j
-            }
-        }
+        if (threadIdx.x == 0) mix_bwd_coefs(tot, 3, alpha + (size_t)i * n, n, C, eps);
         __syncthreads();
-        if (on) {
-#pragma unroll
-            for (int j = 0; j < NS; j++) {
-                if (j >= n) continue;
-                const float aj = tot[3 * j], kj = tot[3 * j + 1], mj = tot[3 * j + 2];
-                axpy(dq, kj, u[j]);
-                if (j >= dsrc.n || !dsrc.p[j]) continue;
-                // one entry at a time: a buffer listed twice gets both updates
-                float4 *d = reinterpret_cast<float4 *>(dsrc.p[j] + row);
-                float4 v = dsrc.assign >> j & 1 ? make_float4(0.f, 0.f, 0.f, 0.f) : *d;
-                v.x += aj * g.x + kj * q.x - mj * u[j].x;
-                v.y += aj * g.y + kj * q.y - mj * u[j].y;
-                v.z += aj * g.z + kj * q.z - mj * u[j].z;
-                v.w += aj * g.w + kj * q.w - mj * u[j].w;
-                *d = v;
-            }
-        }
+        if (on) mix_bwd_apply<NS>(dsrc, row, u, n, g, q, tot, 3, dq);
     }
     if (dq_part && on) *reinterpret_cast<float4 *>(dq_part + (size_t)blockIdx.x * C + c) = dq;
+}
+
+// The backward of attnres_norm_fwd_reg_k over rows [rpb·b, rpb·b + rpb) of block b, from the
+// norm's output gradient dxn: the mix y = Σ_j α_j u_j recomputed in registers, then the
+// RMSNorm's backward g = r·(gain ⊙ dxn) − (r³/C)·y·Σ_c(gain ⊙ dxn ⊙ y) and the mixer's with that
+// g — from one block reduction per row: t_j = g·u_j = r·(gain ⊙ dxn)·u_j − (r³/C)·Σ(…)·(y·u_j),
+// and Σ_c(gain ⊙ dxn ⊙ y) = Σ_j α_j (gain ⊙ dxn)·u_j. (Reducing t_j in a second pass, once g is
+// known, halves the rounding error at C = 2048 but costs 20% more time: the barriers per row
+// double.) dq_part as attnres_bwd_reg_k's; dgain_part [b, C] = Σ_rows r·dxn ⊙ y (NULL: not wanted).
+// (registers capped at 72, from 77, so that blocks of 256 threads run 3 to an SM)
+template <int NS>
+__global__ static void __maxnreg__(72) attnres_norm_bwd_reg_k(lm_source_grads dsrc, float *dq_part, float *dgain_part,
+                                              const float *dxn, lm_sources src, const float *alpha, const float *rstd,
+                                              const float *w, const float *gamma, const float *gain, int N, int C,
+                                              float eps, int rpb) {
+    __shared__ float red[32 * 4 * NS], tot[4 * NS + 1];
+    const int n = src.n, c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on)), gn = ld4(gain + c, on);
+    float4 dq = make_float4(0.f, 0.f, 0.f, 0.f), dg = dq;
+    const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
+    for (int i = i0; i < i1; i++) {
+        const size_t row = (size_t)i * C + c;
+        const float *a = alpha + (size_t)i * n;
+        const float r = rstd[i];
+        const float4 dx = ld4(dxn + row, on), gd = mul4(gn, dx);
+        float4 u[NS];
+        load_sources<NS>(u, src, row, on);
+        const float4 y = mix_sum<NS>(u, a, n);
+        axpy(dg, r, mul4(dx, y));
+        float part[4 * NS];
+#pragma unroll
+        for (int j = 0; j < NS; j++) {
+            part[4 * j] = dot4(u[j], u[j]);
+            part[4 * j + 1] = dot4(q, u[j]);
+            part[4 * j + 2] = dot4(gd, u[j]);
+            part[4 * j + 3] = dot4(y, u[j]);
+        }
+        block_sums<4 * NS>(part, red, tot);
+        if (threadIdx.x == 0) {
+            float dot = 0;   // Σ_c gain ⊙ dxn ⊙ y
+            for (int j = 0; j < n; j++) dot += a[j] * tot[4 * j + 2];
+            const float kn = r * r * r * dot / C;
+            for (int j = 0; j < n; j++) tot[4 * j + 2] = r * tot[4 * j + 2] - kn * tot[4 * j + 3];   // t_j
+            mix_bwd_coefs(tot, 4, a, n, C, eps);
+            tot[4 * NS] = kn;
+        }
+        __syncthreads();
+        if (!on) continue;
+        const float kn = tot[4 * NS];
+        const float4 g = make_float4(r * gd.x - kn * y.x, r * gd.y - kn * y.y, r * gd.z - kn * y.z, r * gd.w - kn * y.w);
+        mix_bwd_apply<NS>(dsrc, row, u, n, g, q, tot, 4, dq);
+    }
+    if (!on) return;
+    if (dq_part) *reinterpret_cast<float4 *>(dq_part + (size_t)blockIdx.x * C + c) = dq;
+    if (dgain_part) *reinterpret_cast<float4 *>(dgain_part + (size_t)blockIdx.x * C + c) = dg;
 }
 
 struct attnres_dq_f {   // Σ_j cq[i, j] · u_j[i, c]
@@ -247,13 +371,11 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     for (int j = 0; j < dsrc.n; j++) any_dsrc |= dsrc.p[j] != NULL;
     const int want_dq = dw != NULL || dgamma != NULL;
     if (N <= 0 || C <= 0 || (!any_dsrc && !want_dq)) return;
-    if (ar_reg_ok(n, C)) {
-        const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = lm_reg_row_threads(C);
+    const int th = lm_reg_row_threads(C);
+    if (ar_reg_ok(n, C) && lm_cuda_fits(AR_KERNEL(n, attnres_bwd_reg_k), th)) {
+        const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb;
         float *part = want_dq ? (float *)lm_cuda_scratch(((size_t)nb + 1) * C * sizeof(float)) : NULL;
-        if (n <= 4)
-            attnres_bwd_reg_k<4><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
-        else
-            attnres_bwd_reg_k<8><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
+        AR_LAUNCH(n, attnres_bwd_reg_k, nb, th, dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
         cudaLaunchCheck();
         if (want_dq) {
             float *dq = part + (size_t)nb * C;
@@ -274,4 +396,59 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
         lm_cuda_acc_vec(dw, dq, gamma, C);
         lm_cuda_acc_vec(dgamma, dq, w, C);
     }
+}
+
+// The fused kernels run 2 to 4 sources (AR_NORM_NS). With more, the fused backward is slower than
+// the two ops in turn — at 6 sources, B4 shapes: 0.607 ms against 0.539 (H200, session 18), its
+// extra registers and reduction values outweighing the 12 bytes per element it saves — so the
+// forward keeps the mix in x and the backward runs rmsnorm_bwd, then attnres_bwd.
+#define AR_NORM_NS 4
+static inline int ar_norm_fused_ok(int n, int C) {
+    const int th = lm_reg_row_threads(C);
+    return ar_reg_ok(n, C) && n <= AR_NORM_NS && lm_cuda_fits((const void *)attnres_norm_fwd_reg_k<AR_NORM_NS>, th) &&
+           lm_cuda_fits((const void *)attnres_norm_bwd_reg_k<AR_NORM_NS>, th);
+}
+
+void cuda_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src, const real *w,
+                           const real *gamma, const real *gain, int N, int C, real eps) {
+    LM_CHECK(src.n >= 1 && src.n <= LM_MAX_SOURCES, "attnres: %d sources", src.n);
+    if (N <= 0 || C <= 0) return;
+    if (!ar_norm_fused_ok(src.n, C)) {   // the two ops in turn, the mix kept in x for the backward
+        cuda_attnres_fwd(x, alpha, src, w, gamma, N, C, eps);
+        cuda_rmsnorm_fwd(xn, rstd, x, gain, N, C, eps, lo);
+        return;
+    }
+    attnres_norm_fwd_reg_k<AR_NORM_NS><<<N, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(
+        xn, rstd, (__nv_bfloat16 *)lo, alpha, src, w, gamma, gain, C, eps);
+    cudaLaunchCheck();
+}
+
+void cuda_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *dgain, real *dx, const real *dxn,
+                           const real *x, lm_sources src, const real *alpha, const real *rstd, const real *w,
+                           const real *gamma, const real *gain, int N, int C, real eps) {
+    const int n = src.n;
+    LM_CHECK(n >= 1 && n <= LM_MAX_SOURCES && dsrc.n >= 0 && dsrc.n <= n, "attnres: %d sources, %d grads", n, dsrc.n);
+    if (N <= 0 || C <= 0) return;
+    if (!ar_norm_fused_ok(n, C)) {   // the two backwards in turn, through dx
+        cuda_rmsnorm_bwd(dx, dgain, dxn, x, gain, rstd, N, C, 1);
+        cuda_attnres_bwd(dsrc, dw, dgamma, dx, src, alpha, w, gamma, N, C, eps);
+        return;
+    }
+    int any_dsrc = 0;
+    for (int j = 0; j < dsrc.n; j++) any_dsrc |= dsrc.p[j] != NULL;
+    const int want_dq = dw != NULL || dgamma != NULL;
+    if (!any_dsrc && !want_dq && !dgain) return;
+    const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = lm_reg_row_threads(C);
+    // [nb, C] partials of ∂q and of the gain's gradient, then ∂q's sum [C]
+    float *ws = (float *)lm_cuda_scratch((2 * (size_t)nb + 1) * C * sizeof(float));
+    float *qpart = want_dq ? ws : NULL, *gpart = dgain ? ws + (size_t)nb * C : NULL, *dq = ws + 2 * (size_t)nb * C;
+    attnres_norm_bwd_reg_k<AR_NORM_NS><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, qpart, gpart, dxn, src, alpha, rstd, w,
+                                                                      gamma, gain, N, C, eps, rpb);
+    cudaLaunchCheck();
+    if (want_dq) {
+        lm_cuda_colsum_final(dq, qpart, nb, C, 0);
+        lm_cuda_acc_vec(dw, dq, gamma, C);
+        lm_cuda_acc_vec(dgamma, dq, w, C);
+    }
+    if (dgain) lm_cuda_colsum_final(dgain, gpart, nb, C, 1);
 }

@@ -189,3 +189,14 @@ void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
     to_bf16_k<<<g, 256, 0, lm_cuda_stream()>>>(y, x, n, vec);
     cudaLaunchCheck();
 }
+
+int lm_cuda_fits(const void *kernel, int threads) {
+    static struct { const void *k; int max; } seen[64];
+    static int n_seen;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i].k == kernel) return threads <= seen[i].max;
+    cudaFuncAttributes at;
+    cudaCheck(cudaFuncGetAttributes(&at, kernel));
+    if (n_seen < 64) seen[n_seen++] = {kernel, at.maxThreadsPerBlock};
+    return threads <= at.maxThreadsPerBlock;
+}

@@ -120,17 +120,53 @@ __device__ __forceinline__ void axmby4(float *p, float a, float4 u, float b, flo
 // to fill the GPU, few partial rows to add afterwards)
 static inline int lm_reg_row_threads(int C) { return ((C / 4 + 31) / 32) * 32; }
 static inline int lm_reg_rows_per_block(int N) { int r = N / 512; return r < 1 ? 1 : r > 16 ? 16 : r; }
+// The warp's sums of P values per lane (P a power of two ≤ 32), scattered: at lane offset O a
+// lane keeps the half of its values whose index bit is its lane bit O and adds its partner's
+// copies of them (at compile time throughout, so w stays in registers); with one value left,
+// plain sums over the remaining offsets. Lane l ends with w[0] = the sum of value l >> (5 − log2 P).
+template <int P, int O>
+__device__ __forceinline__ void warp_reduce_scatter(float *w, int lane) {
+    if constexpr (P > 1) {
+        constexpr int h = P / 2;
+        const bool up = lane & O;
+#pragma unroll
+        for (int i = 0; i < h; i++) {
+            const float send = up ? w[i] : w[i + h], keep = up ? w[i + h] : w[i];
+            w[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+        }
+        warp_reduce_scatter<h, O / 2>(w, lane);
+    } else {
+#pragma unroll
+        for (int o = O; o >= 1; o >>= 1) w[0] += __shfl_xor_sync(0xffffffffu, w[0], o);
+    }
+}
 // Sums K per-thread values over the block into tot[0..K): each warp by shuffles, then lane k
 // of warp 0 adds the warps' k-th partials in warp order (a fixed tree). red: [32·K] shared
 // floats; tot is complete for warp 0 on return (the other warps: after a __syncthreads).
+// Several values (K ≥ 2) take a warp reduce-scatter: at the step of lane offset o, a lane sends
+// the half of its values its partner keeps and adds the other half's partner values to its own,
+// so the values halve at each step — P − 1 shuffles for P = K rounded up to a power of two
+// (≤ 32; 5·K one at a time): for the AttnRes backward's 32 sums per row, 31 shuffles instead
+// of 160. Lane l then holds the warp's sum of value l >> (5 − log2 P).
 template <int K>
 __device__ __forceinline__ void block_sums(float (&v)[K], float *red, float *tot) {
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    constexpr int P = K <= 1 ? 1 : K <= 2 ? 2 : K <= 4 ? 4 : K <= 8 ? 8 : K <= 16 ? 16 : 32;
+    if constexpr (K == 1 || K > 32) {
 #pragma unroll
-    for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
-    if (lane == 0)
+        for (int k = 0; k < K; k++) v[k] = warp_sum(v[k]);
+        if (lane == 0)
 #pragma unroll
-        for (int k = 0; k < K; k++) red[wi * K + k] = v[k];
+            for (int k = 0; k < K; k++) red[wi * K + k] = v[k];
+    } else {
+        constexpr int LP = P == 2 ? 1 : P == 4 ? 2 : P == 8 ? 3 : P == 16 ? 4 : 5;
+        float w[P];
+#pragma unroll
+        for (int k = 0; k < P; k++) w[k] = k < K ? v[k] : 0.f;
+        warp_reduce_scatter<P, 16>(w, lane);
+        const int k = lane >> (5 - LP);
+        if ((lane & ((1 << (5 - LP)) - 1)) == 0 && k < K) red[wi * K + k] = w[0];
+    }
     __syncthreads();
     if (wi == 0) {
         for (int k = lane; k < K; k += 32) {
@@ -238,5 +274,8 @@ __nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n);
 
 // dst[i] += src[i] (NULL dst: nothing), and dst[i] += src[i] * mul[i]
 void lm_cuda_acc_vec(float *dst, const float *src, const float *mul, int n);
+// 1 if `kernel` launches in blocks of `threads` threads: its registers per thread allow it
+// (cudaFuncAttributes.maxThreadsPerBlock, looked up once per kernel)
+int lm_cuda_fits(const void *kernel, int threads);
 
 #endif

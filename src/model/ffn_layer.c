@@ -12,7 +12,7 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     lm_linears L = {.lo = lm_lo(s, LM_LO_FFN_XN), .lo_filled = 1};   // the norm writes xn's copy
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps, L.lo);
+    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->ffn_norm, L.lo);
     lm_linears_add(&L, p->ffn_w1, F, a->a, NULL, NULL);
     lm_linears_add(&L, p->ffn_w3, F, a->b, NULL, NULL);
     o->linears_fwd(&L, a->xn, N, d);
@@ -35,7 +35,7 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     L.dinp_assign = 1;
     L.lo = lm_lo(s, LM_LO_FFN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
+    lm_input_norm_bwd(s, dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd);
 }
 
 static int expert_width(const lm_config *c) { return c->moe_latent_dim ? c->moe_latent_dim : c->d_model; }
@@ -76,7 +76,7 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     lm_linears L = xn_linears(c, p, a, NULL, NULL);   // router logits z among them
     L.lo = lm_lo(s, LM_LO_FFN_XN);
     L.lo_filled = 1;   // by the norm
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->ffn_norm, N, d, c->norm_eps, L.lo);
+    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->ffn_norm, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
     // the bias (a buffer updated only between steps) decides selection only
     o->moe_route_fwd(a->idx, a->gate, a->s, a->alpha, a->z, p->route_bias, N, E, k, c->route_scale, 1);
@@ -148,5 +148,5 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     L.dinp_assign = c->moe_latent_dim != 0;
     L.lo = lm_lo(s, LM_LO_FFN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd, N, d, s->dx_assign);
+    lm_input_norm_bwd(s, dx, g->ffn_norm, da->xn, x, p->ffn_norm, a->rstd);
 }

@@ -50,7 +50,7 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
     L.lo = lm_lo(s, LM_LO_ATTN_XN);
     L.lo_filled = 1;   // by the norm
-    o->rmsnorm_fwd(a->xn, a->rstd, x, p->attn_norm, N, d, c->norm_eps, L.lo);
+    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->attn_norm, L.lo);
     o->linears_fwd(&L, a->xn, N, d);
     lm_linear_fwd(o, a->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A), 0);
     lm_kda_args k = kda_args(s, p, a);
@@ -124,5 +124,5 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     L.dinp_assign = 1;
     L.lo = lm_lo(s, LM_LO_ATTN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
-    o->rmsnorm_bwd(dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd, N, d, s->dx_assign);
+    lm_input_norm_bwd(s, dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd);
 }

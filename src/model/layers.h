@@ -95,7 +95,24 @@ typedef struct {
                                  // (lm_linears.lo; NULL, or NULL entries, where the backend keeps none)
     int expert_grads_fresh;      // backward: write the experts' weight gradients, not add (lm_model)
     int dx_assign;               // backward: the sublayer writes its input stream's gradient, not adds
+    // the sublayer's input RMSNorm (xn, rstd and its lo) ran in the AttnRes mixer before it
+    // (ops attnres_norm_fwd): the sublayer skips it, and its backward leaves ∂xn to that mixer
+    // instead of computing dx
+    int in_normed;
 } lm_step_ctx;
+
+// The sublayer's input norm xn = RMSNorm(x) ⊙ gain (lo: rmsnorm_fwd's), unless the mixer
+// before it ran it (in_normed)
+static inline void lm_input_norm_fwd(const lm_step_ctx *s, real *xn, real *rstd, const real *x, const real *gain,
+                                     void *lo) {
+    if (!s->in_normed) s->ops->rmsnorm_fwd(xn, rstd, x, gain, s->N, s->c->d_model, s->c->norm_eps, lo);
+}
+// its backward, dx from dxn (s->dx_assign: written) — or, when the mixer ran the norm, nothing:
+// that mixer's backward reads dxn
+static inline void lm_input_norm_bwd(const lm_step_ctx *s, real *dx, real *dgain, const real *dxn, const real *x,
+                                     const real *gain, const real *rstd) {
+    if (!s->in_normed) s->ops->rmsnorm_bwd(dx, dgain, dxn, x, gain, rstd, s->N, s->c->d_model, s->dx_assign);
+}
 
 void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts *a, lm_layout *L);
 // the width C of each LM_LO_* input of layer i (0: the layer has no such linear)

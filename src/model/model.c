@@ -120,7 +120,7 @@ static int grad_buf(const lm_model *m, int s) {
 
 // Which writes of stream gradients can write rather than add: a buffer's first access in the
 // backward's order, if it is a write, finds nothing there to add to — so it writes, and the
-// buffer is not zeroed first (grad_written). A buffer read before any write (a dout nothing
+// buffer is not zeroed first (grad_unzeroed; nor is one nothing accesses). A buffer read before any write (a dout nothing
 // has written) stays zeroed, and every write to it adds. Mirrors lm_model_backward's order:
 // the final norm, the tape from its end (each op reads its output's gradient, then writes its
 // inputs'), the embedding.
@@ -138,27 +138,53 @@ static unsigned note_write(const lm_model *m, unsigned char *st, int s) {
 }
 static void plan_grad_writes(lm_model *m) {
     unsigned char st[LM_MAX_STREAM] = {0};
-    m->final_assign = (int)note_write(m, st, m->stream_final);
+    m->final_assign = m->final_normed ? 0 : (int)note_write(m, st, m->stream_final);
     for (int t = m->n_tape - 1; t >= 0; t--) {
         lm_tape_op *op = &m->tape[t];
         op->assign = 0;
-        note_read(m, st, op->out);
+        // a mixer that runs its reader's norm starts from that norm's ∂xn, and that reader
+        // writes no gradient of the mixer's output: the buffer stays untouched
+        if (!(op->kind == LM_TP_MIX && op->normed)) note_read(m, st, op->out);
         if (op->kind == LM_TP_MIX) {
             const lm_mix_plan *p = &m->mix[op->mix];
             for (int j = 0; j < p->n; j++) op->assign |= note_write(m, st, p->src[j]) << j;
         } else if (op->kind == LM_TP_ADD) {
             for (int j = 0; j < 2; j++)
                 if (grad_buf(m, op->in[j]) != grad_buf(m, op->out)) op->assign |= note_write(m, st, op->in[j]) << j;
-        } else {
+        } else if (!op->normed) {
             op->assign = note_write(m, st, op->in[0]);
         }
     }
     note_read(m, st, m->stream_embed);
-    for (int s = 0; s < m->n_stream; s++) m->grad_written[s] = st[s] == GB_WRITTEN;
+    for (int s = 0; s < m->n_stream; s++) m->grad_unzeroed[s] = st[s] != GB_READ_FIRST;
+}
+
+// Which mixers run the RMSNorm that reads their output (attnres_norm_*). Every mixer's output
+// has exactly one reader, its RMSNorm: the sublayer right after it on the tape, or the final
+// norm. LM_MIX_NORM=0 leaves the norms in the sublayers (for A/B measurements; same maths).
+static void plan_mix_norms(lm_model *m) {
+    const char *env = getenv("LM_MIX_NORM");
+    const int on = !(env && strcmp(env, "0") == 0);
+    m->final_normed = 0;
+    for (int t = 0; t < m->n_tape; t++) m->tape[t].normed = 0;
+    for (int t = 0; t < m->n_tape; t++) {
+        lm_tape_op *op = &m->tape[t];
+        if (op->kind != LM_TP_MIX || !on) continue;
+        if (t + 1 < m->n_tape) {
+            lm_tape_op *next = &m->tape[t + 1];
+            LM_ASSERT((next->kind == LM_TP_ATTN || next->kind == LM_TP_FFN) && next->in[0] == op->out);
+            next->normed = 1;
+        } else {
+            LM_ASSERT(op->out == m->stream_final);
+            m->final_normed = 1;
+        }
+        op->normed = 1;
+    }
 }
 
 static void build_plan(lm_model *m) {
     build_tape(m);
+    plan_mix_norms(m);
     plan_grad_aliases(m);
     plan_grad_writes(m);
 }
@@ -326,7 +352,7 @@ static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *
     lm_layout_init(L, a);
     const int64_t N = (int64_t)B * T, d = c->d_model;
     for (int s = 0; s < m->n_stream; s++)   // a stream whose gradient is another's: its own slot is unused
-        lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 || m->grad_written[s] ? LM_T_NO_GRAD_ZERO : 0, 2,
+        lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 || m->grad_unzeroed[s] ? LM_T_NO_GRAD_ZERO : 0, 2,
                       LM_SHAPE(N, d), "stream.%d", s);
     for (int k = 0; k < m->n_mix; k++)
         lm_layout_add(L, &a->alpha[k], 0, 2, LM_SHAPE(N, m->mix[k].n), "mix.%d.alpha", k);
@@ -350,9 +376,35 @@ static void mixer_params(const lm_model *m, const lm_mix_plan *p, const real **w
     *g = p->which ? lp->res_ffn_g : lp->res_attn_g;
 }
 
+// The RMSNorm that reads the output of the mixer at tape index t when the mixer runs it
+// (plan_mix_norms): the input norm of the sublayer after it, or the final norm. Its output xn,
+// rstd and lo home (forward), its gain, and the gradients of xn and of the gain (backward).
+typedef struct {
+    real *xn, *rstd, *dxn, *dgain;
+    const real *gain;
+    void *lo;
+} reader_norm;
+static reader_norm mix_reader_norm(lm_model *m, int t) {
+    const lm_config *c = &m->cfg;
+    if (t + 1 == m->n_tape)
+        return (reader_norm){m->acts.fn, m->acts.fn_rstd, m->dacts.fn, m->grads.final_norm, m->params.final_norm,
+                             m->ctx.lo ? m->lo_head : NULL};
+    const lm_tape_op *op = &m->tape[t + 1];
+    const int i = op->layer, attn = op->kind == LM_TP_ATTN;
+    lm_layer_acts *a = &m->acts.layer[i], *da = &m->dacts.layer[i];
+    const real *gain = attn ? m->params.layer[i].attn_norm : m->params.layer[i].ffn_norm;
+    real *dgain = attn ? m->grads.layer[i].attn_norm : m->grads.layer[i].ffn_norm;
+    void *lo = m->ctx.lo ? m->ctx.lo[i][attn ? LM_LO_ATTN_XN : LM_LO_FFN_XN] : NULL;
+    if (attn && lm_layer_is_mla(c, i)) return (reader_norm){a->mla.xn, a->mla.rstd, da->mla.xn, dgain, gain, lo};
+    if (attn) return (reader_norm){a->kda.xn, a->kda.rstd, da->kda.xn, dgain, gain, lo};
+    if (lm_layer_is_moe(c, i)) return (reader_norm){a->moe.xn, a->moe.rstd, da->moe.xn, dgain, gain, lo};
+    return (reader_norm){a->dense.xn, a->dense.rstd, da->dense.xn, dgain, gain, lo};
+}
+
 static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
     lm_step_ctx *s = &m->ctx;
     s->layer = op->layer;
+    s->in_normed = op->normed;
     const lm_layer_params *p = &m->params.layer[op->layer];
     lm_layer_acts *a = &m->acts.layer[op->layer];
     const real *x = m->acts.stream[op->in[0]];
@@ -388,7 +440,13 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
             for (int j = 0; j < p->n; j++) src.p[j] = a->stream[p->src[j]];
             const real *w, *g;
             mixer_params(m, p, &w, &g);
-            o->attnres_fwd(a->stream[op->out], a->alpha[op->mix], src, w, g, N, d, c->norm_eps);
+            if (op->normed) {
+                const reader_norm rn = mix_reader_norm(m, t);
+                o->attnres_norm_fwd(rn.xn, rn.rstd, rn.lo, a->alpha[op->mix], a->stream[op->out], src, w, g, rn.gain,
+                                    N, d, c->norm_eps);
+            } else {
+                o->attnres_fwd(a->stream[op->out], a->alpha[op->mix], src, w, g, N, d, c->norm_eps);
+            }
         } break;
         case LM_TP_ATTN:
         case LM_TP_FFN: run_sublayer_fwd(m, op); break;
@@ -398,7 +456,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
         }
     }
     void *fn_lo = m->ctx.lo ? m->lo_head : NULL;
-    o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
+    if (!m->final_normed)
+        o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
     lm_linear_fwd(o, a->logits, a->fn, m->params.lm_head, N, d, c->vocab, fn_lo, 1);   // fn_lo: by the norm
     if (opts.cache) opts.cache->len += T;
     m->last_count = 0;
@@ -429,6 +488,7 @@ static void run_sublayer_bwd(lm_model *m, const lm_tape_op *op) {
     const real *dout = m->dacts.stream[op->out];
     real *dx = m->dacts.stream[op->in[0]];
     s->dx_assign = (int)(op->assign & 1);   // the sublayer's last op writes dx (plan_grad_writes)
+    s->in_normed = op->normed;
     if (op->kind == LM_TP_ATTN) {
         if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_bwd(s, p, g, &a->mla, &da->mla, x, dout, dx);
         else lm_kda_layer_bwd(s, p, g, &a->kda, &da->kda, x, dout, dx);
@@ -481,8 +541,9 @@ void lm_model_backward(lm_model *m, real dloss) {
     const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .dout = {da->logits},
                              .dW = {m->grads.lm_head}, .lo = m->ctx.lo ? m->lo_head : NULL};
     o->linears_bwd(&head, da->fn, a->fn, N, d);
-    o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
-                   m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
+    if (!m->final_normed)   // else the output mixer's backward
+        o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
+                       m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
     for (int t = m->n_tape - 1; t >= 0; t--) {
         const lm_tape_op *op = &m->tape[t];
         switch (op->kind) {
@@ -503,7 +564,13 @@ void lm_model_backward(lm_model *m, real dloss) {
                 dw = p->which ? lg->res_ffn_w : lg->res_attn_w;
                 dg = p->which ? lg->res_ffn_g : lg->res_attn_g;
             }
-            o->attnres_bwd(dsrc, dw, dg, da->stream[op->out], src, a->alpha[op->mix], w, g, N, d, c->norm_eps);
+            if (op->normed) {
+                const reader_norm rn = mix_reader_norm(m, t);
+                o->attnres_norm_bwd(dsrc, dw, dg, rn.dgain, da->stream[op->out], rn.dxn, a->stream[op->out], src,
+                                    a->alpha[op->mix], rn.rstd, w, g, rn.gain, N, d, c->norm_eps);
+            } else {
+                o->attnres_bwd(dsrc, dw, dg, da->stream[op->out], src, a->alpha[op->mix], w, g, N, d, c->norm_eps);
+            }
         } break;
         case LM_TP_ATTN:
         case LM_TP_FFN: run_sublayer_bwd(m, op); break;

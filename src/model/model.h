@@ -24,6 +24,10 @@ typedef struct {
     // backward: the stream gradients this op writes rather than adds into, being their first
     // access (plan_grad_writes): MIX bit j = source j, ATTN/FFN bit 0 = in[0], ADD bit j = in[j]
     unsigned assign;
+    // MIX: it runs the RMSNorm that reads its output (ops attnres_norm_*): the input norm of the
+    // sublayer after it, or the final norm. ATTN/FFN: its input norm ran in the mixer before it
+    // (lm_step_ctx.in_normed), whose backward reads the norm's output gradient
+    int normed;
 } lm_tape_op;
 
 typedef struct {
@@ -68,10 +72,12 @@ typedef struct lm_model {
     // grad_alias[s] ≥ 0: stream s feeds only the ADD whose output that is, so its gradient is
     // that output's gradient itself — one buffer, no accumulation pass (−1: its own)
     int grad_alias[LM_MAX_STREAM];
-    // grad_written[b]: the backward's first access to gradient buffer b is a write (the op's
-    // assign bit, or final_assign for the final norm's), so b is not zeroed before the backward
-    unsigned char grad_written[LM_MAX_STREAM];
+    // grad_unzeroed[b]: the backward's first access to gradient buffer b is a write (the op's
+    // assign bit, or final_assign for the final norm's), or it has none (the output of a mixer
+    // that runs its reader's norm), so b is not zeroed before the backward
+    unsigned char grad_unzeroed[LM_MAX_STREAM];
     int final_assign;
+    int final_normed;               // the output mixer runs the final norm (its tape op's `normed`)
     // the routed experts' weight gradients (LM_T_EXPERT, ~90% of a MoE model's gradients) hold
     // nothing yet: lm_model_zero_grads skipped them, and the next backward writes them instead
     // of adding (no memset and no read of the zeros, 3 × E·F·C fp32 each way per MoE layer)

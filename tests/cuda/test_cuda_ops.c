@@ -54,7 +54,7 @@ static lm_rng R;
 // results
 
 typedef struct { char op[40], what[40]; double err, tol; } result;
-static result res[1024];
+static result res[2048];
 static int nres, nfail;
 
 static void record(const char *op, const char *what, double err, double tol) {
@@ -1294,6 +1294,94 @@ static void t_attnres(int n, int C, int N, double tol) {
     DFREE(gw, ggamma, gdout, gout, galpha, gdw, gdgamma); HFREE(w, gamma, dout, out, alpha, dw, dgamma);
 }
 
+// The mixer fused with the RMSNorm of its output (attnres_norm_*) against the CPU's, which runs
+// attnres and rmsnorm in turn. 2–4 sources with C a multiple of 4 take the fused register
+// kernels (the mix x and its gradient dx stay NaN: neither is stored) — certainly up to C = 2048,
+// wider where their registers allow; the rest the two GPU ops in turn through x and dx.
+// Gradient entries as t_attnres (a NULL one, a buffer listed twice), the parameter gradients
+// added to; then source 0's written (assign bit) with no parameter gradients. With the bf16
+// GEMMs, lo holds xn rounded to bf16.
+static void t_attnres_norm(int n, int C, int N, double tol) {
+    char op[48];
+    snprintf(op, sizeof op, "attnres_norm n%d C%d N%d", n, C, N);
+    const size_t NC = (size_t)N * C;
+    const int fused = n >= 2 && n <= 4 && C % 4 == 0 && C <= 2048;   // (wider: where the registers allow)
+    float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *gain = hunif(C, 0.5, 1.5), *dxn = hrandn(NC, 1);
+    float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
+    LM_ASSERT(n <= 12);
+    lm_sources hs = {.n = n}, ds = {.n = n};
+    for (int j = 0; j < n; j++) {
+        src[j] = hrandn(NC, 0.5 + j);
+        gsrc[j] = dfl(src[j], NC);
+        hs.p[j] = src[j];
+        ds.p[j] = gsrc[j];
+        dsrc[j] = hrandn(NC, 1);
+        gdsrc[j] = dfl(dsrc[j], NC);
+    }
+    float *gw = dfl(w, C), *ggamma = dfl(gamma, C), *ggain = dfl(gain, C), *gdxn = dfl(dxn, NC);
+    float *xn = lm_malloc(NC * sizeof(float)), *rstd = lm_malloc(N * sizeof(float)), *x = lm_malloc(NC * sizeof(float));
+    float *alpha = lm_malloc((size_t)N * n * sizeof(float)), *dx = lm_malloc(NC * sizeof(float));
+    float *gxn = dpoison(NC), *grstd = dpoison(N), *galpha = dpoison((size_t)N * n), *gx = dpoison(NC), *gdx = dpoison(NC);
+    const size_t lb = GPU->linears_lo_bytes ? GPU->linears_lo_bytes(N, C) : 0;
+    void *lo = lb ? GPU->alloc(lb) : NULL;
+    CPU->attnres_norm_fwd(xn, rstd, NULL, alpha, x, hs, w, gamma, gain, N, C, 1e-5f);
+    GPU->attnres_norm_fwd(gxn, grstd, lo, galpha, gx, ds, gw, ggamma, ggain, N, C, 1e-5f);
+    cmp(op, "fwd xn", gxn, xn, NC, tol);
+    cmp(op, "fwd rstd", grstd, rstd, N, tol);
+    cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, tol);
+    if (lo) cmp_dev_bf16(op, "fwd lo == xn rounded to bf16", lo, gxn, NC);
+    float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *dgain = hrandn(C, 1);
+    float *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C), *gdgain = dfl(dgain, C);
+    lm_source_grads hg = {.n = n}, dg = {.n = n};
+    for (int j = 0; j < n; j++) { hg.p[j] = dsrc[j]; dg.p[j] = gdsrc[j]; }
+    if (n > 2) {
+        hg.p[1] = dg.p[1] = NULL;
+        hg.p[n - 1] = dsrc[0];
+        dg.p[n - 1] = gdsrc[0];
+    }
+    CPU->attnres_norm_bwd(hg, dw, dgamma, dgain, dx, dxn, x, hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
+    GPU->attnres_norm_bwd(dg, gdw, gdgamma, gdgain, gdx, gdxn, gx, ds, galpha, grstd, gw, ggamma, ggain, N, C, 1e-5f);
+    for (int j = 0; j < n; j++) {
+        if (!hg.p[j] || (n > 2 && j == n - 1)) continue;
+        char what[40];
+        snprintf(what, sizeof what, "bwd dsrc[%d]%s", j, n > 2 && j == 0 ? " (listed twice)" : "");
+        cmp(op, what, gdsrc[j], dsrc[j], NC, tol);
+    }
+    cmp(op, "bwd dw", gdw, dw, C, tol);
+    cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
+    cmp(op, "bwd dgain", gdgain, dgain, C, tol);
+#ifndef TEST_HARNESS_ON_CPU
+    if (fused) {   // the mix and its gradient: neither stored
+        float *hx = lm_malloc(NC * sizeof(float));
+        double written = 0;
+        GPU->to_host(hx, gx, NC * sizeof(float));
+        for (size_t e = 0; e < NC; e++) written += !isnan(hx[e]);
+        GPU->to_host(hx, gdx, NC * sizeof(float));
+        for (size_t e = 0; e < NC; e++) written += !isnan(hx[e]);
+        record(op, "fused: x, dx left alone (values written)", written, 0);
+        free(hx);
+    }
+#else
+    (void)fused;
+#endif
+    {   // source 0 written (assign bit): NaN on the GPU and 5 on the CPU on entry, replaced
+        lm_source_grads ha = hg, ga = dg;
+        ha.assign = ga.assign = 1u;
+        for (size_t e = 0; e < NC; e++) dsrc[0][e] = 5.0f;
+        GPU->free(gdsrc[0]);
+        gdsrc[0] = dpoison(NC);
+        ga.p[0] = gdsrc[0];
+        if (n > 2) ga.p[n - 1] = gdsrc[0];
+        CPU->attnres_norm_bwd(ha, NULL, NULL, NULL, dx, dxn, x, hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
+        GPU->attnres_norm_bwd(ga, NULL, NULL, NULL, gdx, gdxn, gx, ds, galpha, grstd, gw, ggamma, ggain, N, C, 1e-5f);
+        cmp(op, "bwd dsrc[0] written (assign bit)", gdsrc[0], dsrc[0], NC, tol);
+    }
+    for (int j = 0; j < n; j++) { GPU->free(gsrc[j]); GPU->free(gdsrc[j]); free(src[j]); free(dsrc[j]); }
+    if (lo) GPU->free(lo);
+    DFREE(gw, ggamma, ggain, gdxn, gxn, grstd, galpha, gx, gdx, gdw, gdgamma, gdgain);
+    HFREE(w, gamma, gain, dxn, xn, rstd, x, alpha, dx, dw, dgamma, dgain);
+}
+
 static void t_xent(void) {
     const int N = 50, V = 300;
     float *logits = hrandn((size_t)N * V, 3), *dl = hrandn((size_t)N * V, 1e-3);
@@ -1789,7 +1877,31 @@ static void t_bench(void) {
         lm_source_grads dsrc = {.p = {out, d1, d2, d3}, .n = 4};
         BENCH("attnres_bwd 4 sources 16384x1024", 0,
               GPU->attnres_bwd(dsrc, dv, dv2, x, src, al, g, w4, N, d, 1e-5f), out);
-        DFREE(u1, u2, u3, dv, dv2, w4, dw4, al, rs8, d1, d2, d3);
+        // the mixer and its reader's RMSNorm, in turn and fused, at the `small` preset's most
+        // sources (6)
+        float *u4 = drand_big((size_t)N * d, 1), *u5 = drand_big((size_t)N * d, 1), *d4 = drand_big((size_t)N * d, 1);
+        float *d5 = drand_big((size_t)N * d, 1), *mx = drand_big((size_t)N * d, 1), *dmx = drand_big((size_t)N * d, 1);
+        float *al6 = drand_big((size_t)N * 6, 0.2), *dv3 = drand_big(d, 1);
+        lm_sources s6 = {.p = {x, u1, u2, u3, u4, u5}, .n = 6};
+        lm_source_grads g6 = {.p = {out, d1, d2, d3, d4, d5}, .n = 6};
+        BENCH("attnres_fwd, rmsnorm_fwd 6 sources 16384x1024", 0,
+              (GPU->attnres_fwd(mx, al6, s6, g, dv, N, d, 1e-5f), GPU->rmsnorm_fwd(u3, rs, mx, g, N, d, 1e-5f, NULL)), u3);
+        BENCH("attnres_norm_fwd 6 sources 16384x1024", 0,
+              GPU->attnres_norm_fwd(u3, rs, NULL, al6, mx, s6, g, dv, g, N, d, 1e-5f), u3);
+        BENCH("rmsnorm_bwd, attnres_bwd 6 sources 16384x1024", 0,
+              (GPU->rmsnorm_bwd(dmx, dv3, u3, mx, g, rs, N, d, 1), GPU->attnres_bwd(g6, dv, dv2, dmx, s6, al6, g, dv, N, d, 1e-5f)), d1);
+        BENCH("attnres_norm_bwd 6 sources 16384x1024", 0,
+              GPU->attnres_norm_bwd(g6, dv, dv2, dv3, dmx, u3, mx, s6, al6, rs, g, dv, g, N, d, 1e-5f), d1);
+        for (int ns = 2; ns <= 4; ns += 2) {   // fewer sources (the tape's early mixers)
+            char l1[64], l2[64];
+            snprintf(l1, sizeof l1, "rmsnorm_bwd, attnres_bwd %d sources 16384x1024", ns);
+            snprintf(l2, sizeof l2, "attnres_norm_bwd %d sources 16384x1024", ns);
+            s6.n = g6.n = ns;
+            BENCH(l1, 0, (GPU->rmsnorm_bwd(dmx, dv3, u3, mx, g, rs, N, d, 1),
+                          GPU->attnres_bwd(g6, dv, dv2, dmx, s6, al6, g, dv, N, d, 1e-5f)), d1);
+            BENCH(l2, 0, GPU->attnres_norm_bwd(g6, dv, dv2, dv3, dmx, u3, mx, s6, al6, rs, g, dv, g, N, d, 1e-5f), d1);
+        }
+        DFREE(u1, u2, u3, dv, dv2, w4, dw4, al, rs8, d1, d2, d3, u4, u5, d4, d5, mx, dmx, al6, dv3);
     }
     BENCH("sumsq 16.7M", 0, (void)GPU->sumsq(x, (size_t)N * d), x);
     DFREE(x, W, out, q, kk, v, o, lse, g, rs);
@@ -1914,6 +2026,25 @@ int main(int argc, char **argv) {
         t_attnres(8, 2304, 700, 3 * TOL);   // measured 1.3e-5 (sources up to 7.5 over 2304 channels)
         t_attnres(2, 128, 5000, TOL);
         t_attnres(10, 512, 300, TOL);
+        // rows of 1024 threads: the forward's register kernels; the backward's where their
+        // registers allow such blocks, else the general kernels (lm_cuda_fits)
+        t_attnres(4, 4096, 300, 5 * TOL);   // measured 2.0e-5
+        t_attnres(6, 4096, 300, 5 * TOL);   // measured 3.0e-5
+        // the norm's backward feeds the mixer's a gradient nearly orthogonal to the mix, so the
+        // mixer's c_j cancel harder than in t_attnres: fp32 rounding ~1e-5 at C = 1024, growing with
+        // C (measured on the H200 against the CPU: 7e-6 / 1.0e-5 fused at C = 1024, 3.1e-5 fused
+        // at C = 2048, 6.3e-5 in turn at C = 4096)
+        t_attnres_norm(2, 1024, 1100, 2 * TOL);   // fused, 2 rows per backward block
+        t_attnres_norm(4, 1024, 3000, 2 * TOL);   // fused, 5 rows per block
+        t_attnres_norm(4, 2048, 600, 10 * TOL);   // fused, 512 threads
+        t_attnres_norm(3, 300, 40, TOL);          // fused, threads past C
+        t_attnres_norm(6, 1024, 3000, 2 * TOL);   // the two ops in turn: more than 4 sources, ...
+        t_attnres_norm(8, 2048, 600, 10 * TOL);
+        t_attnres_norm(4, 4096, 300, 10 * TOL);   // ... C = 4096 (registers), ...
+        t_attnres_norm(8, 2304, 700, 10 * TOL);
+        t_attnres_norm(1, 64, 40, TOL);       // ... one source, ...
+        t_attnres_norm(10, 512, 300, 2 * TOL);   // ... more than 8 (measured 1.07e-5), ...
+        t_attnres_norm(4, 302, 50, TOL);      // ... C not a multiple of 4
         t_xent();
         t_adamw();
         t_muon(3, 20, 33);
