@@ -108,17 +108,8 @@ __global__ static void attnres_norm_fwd_reg_k(float *xn, float *rstd, __nv_bfloa
     float4 u[NS];
     load_sources<NS>(u, src, row, on);
     mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
-    const float4 y = mix_sum<NS>(u, tot, src.n);   // zeros past C
-    float v[1] = {dot4(y, y)};
-    block_sums<1>(v, red, ss);
-    __syncthreads();
-    const float r = 1.0f / sqrtf(ss[0] / C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    if (!on) return;
-    const float4 g = ld4(gain + c, true);
-    const float4 o = make_float4(y.x * r * g.x, y.y * r * g.y, y.z * r * g.z, y.w * r * g.w);
-    *reinterpret_cast<float4 *>(xn + row) = o;
-    if (lo) st4_bf16(lo + row, o);
+    // the mix (zeros past C) normed as rmsnorm_fwd_reg_k norms its input
+    rms_row_out(mix_sum<NS>(u, tot, src.n), xn, lo, rstd + blockIdx.x, gain, row, on, C, eps, red, ss);
 }
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }

@@ -177,6 +177,23 @@ __device__ __forceinline__ void block_sums(float (&v)[K], float *red, float *tot
         __syncwarp();
     }
 }
+// The end of a register RMSNorm row (one row per block, thread t owning channels 4t..4t+3, x
+// zero past C): out = x · rstd · gain and its bf16 copy in lo (NULL: none) at element e, rstd
+// by thread 0. red: [32] shared floats, tot: [1].
+__device__ __forceinline__ void rms_row_out(float4 x, float *out, __nv_bfloat16 *lo, float *rstd, const float *gain,
+                                            size_t e, bool on, int C, float eps, float *red, float *tot) {
+    float v[1] = {dot4(x, x)};
+    block_sums<1>(v, red, tot);
+    __syncthreads();
+    const float r = 1.0f / sqrtf(tot[0] / C + eps);
+    if (threadIdx.x == 0) *rstd = r;
+    if (!on) return;
+    const int c = 4 * threadIdx.x;
+    const float4 g = ld4(gain + c, true);
+    const float4 y = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
+    *reinterpret_cast<float4 *>(out + e) = y;
+    if (lo) st4_bf16(lo + e, y);
+}
 __device__ __forceinline__ float block_max(float v, float *sh) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_max(v);

@@ -27,17 +27,7 @@ __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *i
     const int c = 4 * threadIdx.x;
     const bool on = c < C;
     const size_t e = (size_t)blockIdx.x * C + c;
-    const float4 x = ld4(inp + e, on);
-    float v[1] = {dot4(x, x)};
-    block_sums<1>(v, red, tot);
-    __syncthreads();
-    const float r = 1.0f / sqrtf(tot[0] / C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    if (!on) return;
-    const float4 g = ld4(gain + c, true);
-    const float4 y = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
-    *reinterpret_cast<float4 *>(out + e) = y;
-    if (lo) st4_bf16(lo + e, y);
+    rms_row_out(ld4(inp + e, on), out, lo, rstd + blockIdx.x, gain, e, on, C, eps, red, tot);
 }
 
 // out, inp [N,C]; gain [C]; rstd [N]

@@ -1233,22 +1233,30 @@ static void t_balance(void) {
 // tol: the backward's c_j = α_j (t_j − Σ_l α_l t_l) subtracts dot products over C channels
 // that nearly cancel, so its fp32 rounding (summation orders differ between the backends)
 // grows with C and the sources' scale (0.5 + j here)
+// n ≤ 12 mixer sources [NC] (source j of scale 0.5 + j: the sources' sizes differ) and as many
+// gradient buffers, host and device copies; hs, ds list the sources
+static void mix_sources(int n, size_t NC, float **src, float **gsrc, float **dsrc, float **gdsrc, lm_sources *hs,
+                        lm_sources *ds) {
+    LM_ASSERT(n <= 12);
+    hs->n = ds->n = n;
+    for (int j = 0; j < n; j++) {
+        src[j] = hrandn(NC, 0.5 + j);
+        gsrc[j] = dfl(src[j], NC);
+        hs->p[j] = src[j];
+        ds->p[j] = gsrc[j];
+        dsrc[j] = hrandn(NC, 1);
+        gdsrc[j] = dfl(dsrc[j], NC);
+    }
+}
+
 static void t_attnres(int n, int C, int N, double tol) {
     char op[48];
     snprintf(op, sizeof op, "attnres n%d C%d N%d", n, C, N);
     const size_t NC = (size_t)N * C;
     float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *dout = hrandn(NC, 1);
     float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
-    LM_ASSERT(n <= 12);
-    lm_sources hs = {.n = n}, ds = {.n = n};
-    for (int j = 0; j < n; j++) {
-        src[j] = hrandn(NC, 0.5 + j);
-        gsrc[j] = dfl(src[j], NC);
-        hs.p[j] = src[j];
-        ds.p[j] = gsrc[j];
-        dsrc[j] = hrandn(NC, 1);
-        gdsrc[j] = dfl(dsrc[j], NC);
-    }
+    lm_sources hs, ds;
+    mix_sources(n, NC, src, gsrc, dsrc, gdsrc, &hs, &ds);
     float *gw = dfl(w, C), *ggamma = dfl(gamma, C), *gdout = dfl(dout, NC);
     float *out = lm_malloc(NC * sizeof(float)), *alpha = lm_malloc((size_t)N * n * sizeof(float));
     float *gout = dpoison(NC), *galpha = dpoison((size_t)N * n);
@@ -1308,16 +1316,8 @@ static void t_attnres_norm(int n, int C, int N, double tol) {
     const int fused = n >= 2 && n <= 4 && C % 4 == 0 && C <= 2048;   // (wider: where the registers allow)
     float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *gain = hunif(C, 0.5, 1.5), *dxn = hrandn(NC, 1);
     float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
-    LM_ASSERT(n <= 12);
-    lm_sources hs = {.n = n}, ds = {.n = n};
-    for (int j = 0; j < n; j++) {
-        src[j] = hrandn(NC, 0.5 + j);
-        gsrc[j] = dfl(src[j], NC);
-        hs.p[j] = src[j];
-        ds.p[j] = gsrc[j];
-        dsrc[j] = hrandn(NC, 1);
-        gdsrc[j] = dfl(dsrc[j], NC);
-    }
+    lm_sources hs, ds;
+    mix_sources(n, NC, src, gsrc, dsrc, gdsrc, &hs, &ds);
     float *gw = dfl(w, C), *ggamma = dfl(gamma, C), *ggain = dfl(gain, C), *gdxn = dfl(dxn, NC);
     float *xn = lm_malloc(NC * sizeof(float)), *rstd = lm_malloc(N * sizeof(float)), *x = lm_malloc(NC * sizeof(float));
     float *alpha = lm_malloc((size_t)N * n * sizeof(float)), *dx = lm_malloc(NC * sizeof(float));
