@@ -523,7 +523,7 @@ static void test_mix_norm_plan(void **state) {
             if (k == 0) setenv("LM_MIX_NORM", "0", 1);
             lm_model *m = lm_model_create(&c, ops, 8);
             unsetenv("LM_MIX_NORM");
-            int fused = 0, readers = m->final_normed;   // mixers running a norm; sublayers / final norm skipping theirs
+            int fused = 0, readers = lm_final_normed(m);   // mixers running a norm; sublayers / final norm skipping theirs
             for (int t = 0; t < m->n_tape; t++) {
                 fused += m->tape[t].kind == LM_TP_MIX && m->tape[t].normed;
                 readers += m->tape[t].kind != LM_TP_MIX && m->tape[t].normed;
@@ -533,7 +533,7 @@ static void test_mix_norm_plan(void **state) {
             snprintf(what, sizeof what, "%s, LM_MIX_NORM %s: mixers not running their reader's norm (of %d)",
                      v ? "full" : "block", k ? "unset" : "0", m->n_mix);
             tu_check(what, k ? m->n_mix - fused : fused, 0);
-            if (k) assert_true(m->n_mix > 0 && m->final_normed);
+            if (k) assert_true(m->n_mix > 0 && lm_final_normed(m));
             lm_rng pr;   // the same perturbation for both plans
             lm_rng_seed(&pr, 22);
             perturb_special(m, &pr);

@@ -77,20 +77,29 @@ __device__ __forceinline__ float4 mix_sum(const float4 (&u)[NS], const float *a,
     return y;
 }
 
-// out [N, C] = Σ_j α_j u_j, one row per block, thread t owns channels 4t..4t+3.
+// The mix of row blockIdx.x over this thread's four channels (zeros past C), thread t owning
+// channels 4t..4t+3: the sources loaded (every read done before this returns, so an output may
+// alias a source), α written to alpha (as mix_alpha; red, tot likewise), y = Σ_j α_j u_j.
+template <int NS>
+__device__ __forceinline__ float4 mix_row(const lm_sources &src, const float *w, const float *gamma, float *alpha,
+                                          int C, float eps, float *red, float *tot) {
+    const int c = 4 * threadIdx.x;
+    const bool on = c < C;
+    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
+    float4 u[NS];
+    load_sources<NS>(u, src, (size_t)blockIdx.x * C + c, on);
+    mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
+    return mix_sum<NS>(u, tot, src.n);
+}
+
+// out [N, C] = Σ_j α_j u_j, one row per block.
 template <int NS>
 __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources src, const float *w,
                                          const float *gamma, int C, float eps) {
     __shared__ float red[32 * 2 * NS], tot[2 * NS];
+    const float4 y = mix_row<NS>(src, w, gamma, alpha, C, eps, red, tot);
     const int c = 4 * threadIdx.x;
-    const bool on = c < C;
-    const size_t row = (size_t)blockIdx.x * C + c;
-    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
-    float4 u[NS];
-    load_sources<NS>(u, src, row, on);
-    // every source read happens before out (maybe a source) is written
-    mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
-    if (on) *reinterpret_cast<float4 *>(out + row) = mix_sum<NS>(u, tot, src.n);
+    if (c < C) *reinterpret_cast<float4 *>(out + (size_t)blockIdx.x * C + c) = y;
 }
 
 // The mixer and the RMSNorm of its output in one pass (attnres_norm_fwd): as attnres_fwd_reg_k,
@@ -101,15 +110,9 @@ __global__ static void attnres_norm_fwd_reg_k(float *xn, float *rstd, __nv_bfloa
                                               lm_sources src, const float *w, const float *gamma, const float *gain,
                                               int C, float eps) {
     __shared__ float red[32 * 2 * NS], tot[2 * NS], ss[1];
+    const float4 y = mix_row<NS>(src, w, gamma, alpha, C, eps, red, tot);
     const int c = 4 * threadIdx.x;
-    const bool on = c < C;
-    const size_t row = (size_t)blockIdx.x * C + c;
-    const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on));
-    float4 u[NS];
-    load_sources<NS>(u, src, row, on);
-    mix_alpha<NS>(u, q, src.n, C, eps, red, tot, alpha + (size_t)blockIdx.x * src.n);
-    // the mix (zeros past C) normed as rmsnorm_fwd_reg_k norms its input
-    rms_row_out(mix_sum<NS>(u, tot, src.n), xn, lo, rstd + blockIdx.x, gain, row, on, C, eps, red, ss);
+    rms_row_out(y, xn, lo, rstd + blockIdx.x, gain, (size_t)blockIdx.x * C + c, c < C, C, eps, red, ss);
 }
 
 static inline int row_threads(int C) { return C >= 256 ? 256 : ((C + 31) / 32) * 32; }

@@ -120,8 +120,9 @@ static int grad_buf(const lm_model *m, int s) {
 
 // Which writes of stream gradients can write rather than add: a buffer's first access in the
 // backward's order, if it is a write, finds nothing there to add to — so it writes, and the
-// buffer is not zeroed first (grad_unzeroed; nor is one nothing accesses). A buffer read before any write (a dout nothing
-// has written) stays zeroed, and every write to it adds. Mirrors lm_model_backward's order:
+// buffer is not zeroed first (grad_unzeroed; nor is one nothing accesses). A buffer read before
+// any write (a dout nothing has written) stays zeroed, and every write to it adds. Mirrors
+// lm_model_backward's order:
 // the final norm, the tape from its end (each op reads its output's gradient, then writes its
 // inputs'), the embedding.
 enum { GB_UNTOUCHED, GB_WRITTEN, GB_READ_FIRST };   // a gradient buffer's first access
@@ -138,7 +139,7 @@ static unsigned note_write(const lm_model *m, unsigned char *st, int s) {
 }
 static void plan_grad_writes(lm_model *m) {
     unsigned char st[LM_MAX_STREAM] = {0};
-    m->final_assign = m->final_normed ? 0 : (int)note_write(m, st, m->stream_final);
+    m->final_assign = lm_final_normed(m) ? 0 : (int)note_write(m, st, m->stream_final);
     for (int t = m->n_tape - 1; t >= 0; t--) {
         lm_tape_op *op = &m->tape[t];
         op->assign = 0;
@@ -165,7 +166,6 @@ static void plan_grad_writes(lm_model *m) {
 static void plan_mix_norms(lm_model *m) {
     const char *env = getenv("LM_MIX_NORM");
     const int on = !(env && strcmp(env, "0") == 0);
-    m->final_normed = 0;
     for (int t = 0; t < m->n_tape; t++) m->tape[t].normed = 0;
     for (int t = 0; t < m->n_tape; t++) {
         lm_tape_op *op = &m->tape[t];
@@ -175,8 +175,7 @@ static void plan_mix_norms(lm_model *m) {
             LM_ASSERT((next->kind == LM_TP_ATTN || next->kind == LM_TP_FFN) && next->in[0] == op->out);
             next->normed = 1;
         } else {
-            LM_ASSERT(op->out == m->stream_final);
-            m->final_normed = 1;
+            LM_ASSERT(op->out == m->stream_final);   // the output mixer (lm_final_normed)
         }
         op->normed = 1;
     }
@@ -456,7 +455,7 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
         }
     }
     void *fn_lo = m->ctx.lo ? m->lo_head : NULL;
-    if (!m->final_normed)
+    if (!lm_final_normed(m))
         o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
     lm_linear_fwd(o, a->logits, a->fn, m->params.lm_head, N, d, c->vocab, fn_lo, 1);   // fn_lo: by the norm
     if (opts.cache) opts.cache->len += T;
@@ -541,7 +540,7 @@ void lm_model_backward(lm_model *m, real dloss) {
     const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .dout = {da->logits},
                              .dW = {m->grads.lm_head}, .lo = m->ctx.lo ? m->lo_head : NULL};
     o->linears_bwd(&head, da->fn, a->fn, N, d);
-    if (!m->final_normed)   // else the output mixer's backward
+    if (!lm_final_normed(m))   // else the output mixer's backward
         o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
                        m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
     for (int t = m->n_tape - 1; t >= 0; t--) {

@@ -77,7 +77,6 @@ typedef struct lm_model {
     // that runs its reader's norm), so b is not zeroed before the backward
     unsigned char grad_unzeroed[LM_MAX_STREAM];
     int final_assign;
-    int final_normed;               // the output mixer runs the final norm (its tape op's `normed`)
     // the routed experts' weight gradients (LM_T_EXPERT, ~90% of a MoE model's gradients) hold
     // nothing yet: lm_model_zero_grads skipped them, and the next backward writes them instead
     // of adding (no memset and no read of the zeros, 3 × E·F·C fp32 each way per MoE layer)
@@ -91,6 +90,11 @@ typedef struct lm_model {
     double last_ce_sum;             // Σ cross-entropy over counted targets
     long last_count;                // counted targets
 } lm_model;
+
+// The output mixer — a MIX ending the tape — runs the final norm (its `normed`: plan_mix_norms)
+static inline int lm_final_normed(const lm_model *m) {
+    return m->n_tape > 0 && m->tape[m->n_tape - 1].kind == LM_TP_MIX && m->tape[m->n_tape - 1].normed;
+}
 
 // Creates the model on a backend with freshly initialised parameters (seeded).
 lm_model *lm_model_create(const lm_config *c, const lm_ops *ops, uint64_t seed);

@@ -1233,19 +1233,65 @@ static void t_balance(void) {
 // tol: the backward's c_j = α_j (t_j − Σ_l α_l t_l) subtracts dot products over C channels
 // that nearly cancel, so its fp32 rounding (summation orders differ between the backends)
 // grows with C and the sources' scale (0.5 + j here)
-// n ≤ 12 mixer sources [NC] (source j of scale 0.5 + j: the sources' sizes differ) and as many
-// gradient buffers, host and device copies; hs, ds list the sources
-static void mix_sources(int n, size_t NC, float **src, float **gsrc, float **dsrc, float **gdsrc, lm_sources *hs,
-                        lm_sources *ds) {
+// A mixer test's n ≤ 12 sources [NC] (source j of scale 0.5 + j: the sources' sizes differ) and
+// as many gradient buffers, host and device copies. The gradient entries: with n > 2, entry 1
+// is NULL and the last repeats entry 0's buffer (a tensor listed twice); dsrc.n = n.
+typedef struct {
+    int n;
+    size_t NC;
+    float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
+    lm_sources hs, ds;
+    lm_source_grads hg, dg;
+} mix_case;
+static void mix_case_init(mix_case *m, int n, size_t NC) {
     LM_ASSERT(n <= 12);
-    hs->n = ds->n = n;
+    memset(m, 0, sizeof *m);
+    m->n = m->hs.n = m->ds.n = m->hg.n = m->dg.n = n;
+    m->NC = NC;
     for (int j = 0; j < n; j++) {
-        src[j] = hrandn(NC, 0.5 + j);
-        gsrc[j] = dfl(src[j], NC);
-        hs->p[j] = src[j];
-        ds->p[j] = gsrc[j];
-        dsrc[j] = hrandn(NC, 1);
-        gdsrc[j] = dfl(dsrc[j], NC);
+        m->src[j] = hrandn(NC, 0.5 + j);
+        m->gsrc[j] = dfl(m->src[j], NC);
+        m->hs.p[j] = m->src[j];
+        m->ds.p[j] = m->gsrc[j];
+        m->dsrc[j] = hrandn(NC, 1);
+        m->gdsrc[j] = dfl(m->dsrc[j], NC);
+        m->hg.p[j] = m->dsrc[j];
+        m->dg.p[j] = m->gdsrc[j];
+    }
+    if (n > 2) {
+        m->hg.p[1] = m->dg.p[1] = NULL;
+        m->hg.p[n - 1] = m->dsrc[0];
+        m->dg.p[n - 1] = m->gdsrc[0];
+    }
+}
+// the sources' gradients, GPU against CPU (the repeated last entry through entry 0)
+static void mix_case_cmp(const char *op, const mix_case *m, double tol) {
+    const int n = m->n;
+    for (int j = 0; j < n; j++) {
+        if (!m->hg.p[j] || (n > 2 && j == n - 1)) continue;
+        char what[40];
+        snprintf(what, sizeof what, "bwd dsrc[%d]%s", j, n > 2 && j == 0 ? " (listed twice)" : "");
+        cmp(op, what, m->gdsrc[j], m->dsrc[j], m->NC, tol);
+    }
+}
+// The entries for a backward that writes entry 0 (its assign bit; listed twice when n > 2, the
+// second entry adds): source 0's gradient made 5 on the CPU and NaN on the GPU, to be replaced
+static void mix_case_written(mix_case *m, lm_source_grads *ha, lm_source_grads *ga) {
+    for (size_t e = 0; e < m->NC; e++) m->dsrc[0][e] = 5.0f;
+    GPU->free(m->gdsrc[0]);
+    m->gdsrc[0] = dpoison(m->NC);
+    *ha = m->hg;
+    *ga = m->dg;
+    ha->assign = ga->assign = 1u;
+    ga->p[0] = m->gdsrc[0];
+    if (m->n > 2) ga->p[m->n - 1] = m->gdsrc[0];
+}
+static void mix_case_free(mix_case *m) {
+    for (int j = 0; j < m->n; j++) {
+        GPU->free(m->gsrc[j]);
+        GPU->free(m->gdsrc[j]);
+        free(m->src[j]);
+        free(m->dsrc[j]);
     }
 }
 
@@ -1254,51 +1300,31 @@ static void t_attnres(int n, int C, int N, double tol) {
     snprintf(op, sizeof op, "attnres n%d C%d N%d", n, C, N);
     const size_t NC = (size_t)N * C;
     float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *dout = hrandn(NC, 1);
-    float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
-    lm_sources hs, ds;
-    mix_sources(n, NC, src, gsrc, dsrc, gdsrc, &hs, &ds);
+    mix_case m;
+    mix_case_init(&m, n, NC);
     float *gw = dfl(w, C), *ggamma = dfl(gamma, C), *gdout = dfl(dout, NC);
     float *out = lm_malloc(NC * sizeof(float)), *alpha = lm_malloc((size_t)N * n * sizeof(float));
     float *gout = dpoison(NC), *galpha = dpoison((size_t)N * n);
-    CPU->attnres_fwd(out, alpha, hs, w, gamma, N, C, 1e-5f);
-    GPU->attnres_fwd(gout, galpha, ds, gw, ggamma, N, C, 1e-5f);
+    CPU->attnres_fwd(out, alpha, m.hs, w, gamma, N, C, 1e-5f);
+    GPU->attnres_fwd(gout, galpha, m.ds, gw, ggamma, N, C, 1e-5f);
     cmp(op, "fwd out", gout, out, NC, tol);
     cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, tol);
-    // gradients: with n > 2, entry 1 is NULL and the last entry repeats entry 0's buffer
-    // (a tensor listed twice); dsrc.n = n
     float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C);
-    lm_source_grads hg = {.n = n}, dg = {.n = n};
-    for (int j = 0; j < n; j++) { hg.p[j] = dsrc[j]; dg.p[j] = gdsrc[j]; }
-    if (n > 2) {
-        hg.p[1] = dg.p[1] = NULL;
-        hg.p[n - 1] = dsrc[0];
-        dg.p[n - 1] = gdsrc[0];
-    }
-    CPU->attnres_bwd(hg, dw, dgamma, dout, hs, alpha, w, gamma, N, C, 1e-5f);
-    GPU->attnres_bwd(dg, gdw, gdgamma, gdout, ds, galpha, gw, ggamma, N, C, 1e-5f);
-    for (int j = 0; j < n; j++) {
-        if (!hg.p[j] || (n > 2 && j == n - 1)) continue;
-        char what[40];
-        snprintf(what, sizeof what, "bwd dsrc[%d]%s", j, n > 2 && j == 0 ? " (listed twice)" : "");
-        cmp(op, what, gdsrc[j], dsrc[j], NC, tol);
-    }
+    CPU->attnres_bwd(m.hg, dw, dgamma, dout, m.hs, alpha, w, gamma, N, C, 1e-5f);
+    GPU->attnres_bwd(m.dg, gdw, gdgamma, gdout, m.ds, galpha, gw, ggamma, N, C, 1e-5f);
+    mix_case_cmp(op, &m, tol);
     cmp(op, "bwd dw", gdw, dw, C, tol);
     cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
-    {   // written entries (assign bits; the twice-listed buffer's first entry): NaN on the GPU and
-        // 5 on the CPU on entry, replaced; the other entries still add
-        lm_source_grads ha = hg, ga = dg;
-        ha.assign = ga.assign = 1u;   // entry 0 (listed twice when n > 2: its second entry adds)
-        for (size_t e = 0; e < NC; e++) dsrc[0][e] = 5.0f;
-        GPU->free(gdsrc[0]);
-        gdsrc[0] = dpoison(NC);
-        ga.p[0] = gdsrc[0];
-        if (n > 2) ga.p[n - 1] = gdsrc[0];
-        CPU->attnres_bwd(ha, NULL, NULL, dout, hs, alpha, w, gamma, N, C, 1e-5f);
-        GPU->attnres_bwd(ga, NULL, NULL, gdout, ds, galpha, gw, ggamma, N, C, 1e-5f);
-        cmp(op, "bwd dsrc[0] written (assign bit)", gdsrc[0], dsrc[0], NC, tol);
-        if (n > 1 && hg.p[n - 1] != dsrc[0] && hg.p[1]) cmp(op, "bwd dsrc[1] added beside it", gdsrc[1], dsrc[1], NC, tol);
+    {   // entry 0 written (assign bit), the other entries still add
+        lm_source_grads ha, ga;
+        mix_case_written(&m, &ha, &ga);
+        CPU->attnres_bwd(ha, NULL, NULL, dout, m.hs, alpha, w, gamma, N, C, 1e-5f);
+        GPU->attnres_bwd(ga, NULL, NULL, gdout, m.ds, galpha, gw, ggamma, N, C, 1e-5f);
+        cmp(op, "bwd dsrc[0] written (assign bit)", m.gdsrc[0], m.dsrc[0], NC, tol);
+        if (n > 1 && m.hg.p[n - 1] != m.dsrc[0] && m.hg.p[1])
+            cmp(op, "bwd dsrc[1] added beside it", m.gdsrc[1], m.dsrc[1], NC, tol);
     }
-    for (int j = 0; j < n; j++) { GPU->free(gsrc[j]); GPU->free(gdsrc[j]); free(src[j]); free(dsrc[j]); }
+    mix_case_free(&m);
     DFREE(gw, ggamma, gdout, gout, galpha, gdw, gdgamma); HFREE(w, gamma, dout, out, alpha, dw, dgamma);
 }
 
@@ -1315,38 +1341,26 @@ static void t_attnres_norm(int n, int C, int N, double tol) {
     const size_t NC = (size_t)N * C;
     const int fused = n >= 2 && n <= 4 && C % 4 == 0 && C <= 2048;   // (wider: where the registers allow)
     float *w = hrandn(C, 0.5), *gamma = hunif(C, 0.7, 1.3), *gain = hunif(C, 0.5, 1.5), *dxn = hrandn(NC, 1);
-    float *src[12], *gsrc[12], *dsrc[12], *gdsrc[12];
-    lm_sources hs, ds;
-    mix_sources(n, NC, src, gsrc, dsrc, gdsrc, &hs, &ds);
+    mix_case m;
+    mix_case_init(&m, n, NC);
     float *gw = dfl(w, C), *ggamma = dfl(gamma, C), *ggain = dfl(gain, C), *gdxn = dfl(dxn, NC);
     float *xn = lm_malloc(NC * sizeof(float)), *rstd = lm_malloc(N * sizeof(float)), *x = lm_malloc(NC * sizeof(float));
     float *alpha = lm_malloc((size_t)N * n * sizeof(float)), *dx = lm_malloc(NC * sizeof(float));
     float *gxn = dpoison(NC), *grstd = dpoison(N), *galpha = dpoison((size_t)N * n), *gx = dpoison(NC), *gdx = dpoison(NC);
     const size_t lb = GPU->linears_lo_bytes ? GPU->linears_lo_bytes(N, C) : 0;
     void *lo = lb ? GPU->alloc(lb) : NULL;
-    CPU->attnres_norm_fwd(xn, rstd, NULL, alpha, x, hs, w, gamma, gain, N, C, 1e-5f);
-    GPU->attnres_norm_fwd(gxn, grstd, lo, galpha, gx, ds, gw, ggamma, ggain, N, C, 1e-5f);
+    CPU->attnres_norm_fwd(xn, rstd, NULL, alpha, x, m.hs, w, gamma, gain, N, C, 1e-5f);
+    GPU->attnres_norm_fwd(gxn, grstd, lo, galpha, gx, m.ds, gw, ggamma, ggain, N, C, 1e-5f);
     cmp(op, "fwd xn", gxn, xn, NC, tol);
     cmp(op, "fwd rstd", grstd, rstd, N, tol);
     cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, tol);
     if (lo) cmp_dev_bf16(op, "fwd lo == xn rounded to bf16", lo, gxn, NC);
     float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *dgain = hrandn(C, 1);
     float *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C), *gdgain = dfl(dgain, C);
-    lm_source_grads hg = {.n = n}, dg = {.n = n};
-    for (int j = 0; j < n; j++) { hg.p[j] = dsrc[j]; dg.p[j] = gdsrc[j]; }
-    if (n > 2) {
-        hg.p[1] = dg.p[1] = NULL;
-        hg.p[n - 1] = dsrc[0];
-        dg.p[n - 1] = gdsrc[0];
-    }
-    CPU->attnres_norm_bwd(hg, dw, dgamma, dgain, dx, dxn, x, hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
-    GPU->attnres_norm_bwd(dg, gdw, gdgamma, gdgain, gdx, gdxn, gx, ds, galpha, grstd, gw, ggamma, ggain, N, C, 1e-5f);
-    for (int j = 0; j < n; j++) {
-        if (!hg.p[j] || (n > 2 && j == n - 1)) continue;
-        char what[40];
-        snprintf(what, sizeof what, "bwd dsrc[%d]%s", j, n > 2 && j == 0 ? " (listed twice)" : "");
-        cmp(op, what, gdsrc[j], dsrc[j], NC, tol);
-    }
+    CPU->attnres_norm_bwd(m.hg, dw, dgamma, dgain, dx, dxn, x, m.hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
+    GPU->attnres_norm_bwd(m.dg, gdw, gdgamma, gdgain, gdx, gdxn, gx, m.ds, galpha, grstd, gw, ggamma, ggain, N, C,
+                          1e-5f);
+    mix_case_cmp(op, &m, tol);
     cmp(op, "bwd dw", gdw, dw, C, tol);
     cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
     cmp(op, "bwd dgain", gdgain, dgain, C, tol);
@@ -1364,19 +1378,14 @@ static void t_attnres_norm(int n, int C, int N, double tol) {
 #else
     (void)fused;
 #endif
-    {   // source 0 written (assign bit): NaN on the GPU and 5 on the CPU on entry, replaced
-        lm_source_grads ha = hg, ga = dg;
-        ha.assign = ga.assign = 1u;
-        for (size_t e = 0; e < NC; e++) dsrc[0][e] = 5.0f;
-        GPU->free(gdsrc[0]);
-        gdsrc[0] = dpoison(NC);
-        ga.p[0] = gdsrc[0];
-        if (n > 2) ga.p[n - 1] = gdsrc[0];
-        CPU->attnres_norm_bwd(ha, NULL, NULL, NULL, dx, dxn, x, hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
-        GPU->attnres_norm_bwd(ga, NULL, NULL, NULL, gdx, gdxn, gx, ds, galpha, grstd, gw, ggamma, ggain, N, C, 1e-5f);
-        cmp(op, "bwd dsrc[0] written (assign bit)", gdsrc[0], dsrc[0], NC, tol);
+    {   // entry 0 written (assign bit)
+        lm_source_grads ha, ga;
+        mix_case_written(&m, &ha, &ga);
+        CPU->attnres_norm_bwd(ha, NULL, NULL, NULL, dx, dxn, x, m.hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
+        GPU->attnres_norm_bwd(ga, NULL, NULL, NULL, gdx, gdxn, gx, m.ds, galpha, grstd, gw, ggamma, ggain, N, C, 1e-5f);
+        cmp(op, "bwd dsrc[0] written (assign bit)", m.gdsrc[0], m.dsrc[0], NC, tol);
     }
-    for (int j = 0; j < n; j++) { GPU->free(gsrc[j]); GPU->free(gdsrc[j]); free(src[j]); free(dsrc[j]); }
+    mix_case_free(&m);
     if (lo) GPU->free(lo);
     DFREE(gw, ggamma, ggain, gdxn, gxn, grstd, galpha, gx, gdx, gdw, gdgamma, gdgain);
     HFREE(w, gamma, gain, dxn, xn, rstd, x, alpha, dx, dw, dgamma, dgain);
