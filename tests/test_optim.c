@@ -9,6 +9,7 @@
 
 static const lm_ops *ops = &lm_cpu_ops;
 
+// two spans with their own weight decay and a gap between them that stays untouched
 static void test_adamw_formula(void **state) {
     (void)state;
     lm_rng r;
@@ -16,17 +17,24 @@ static void test_adamw_formula(void **state) {
     const int n = 50;
     real *p = tu_randn(n, &r, 1), *g = tu_randn(n, &r, 1), *m = tu_randn(n, &r, 0.1), *v = tu_rand_uniform(n, &r, 0, 0.1);
     real *p0 = tu_copy(p, n), *m0 = tu_copy(m, n), *v0 = tu_copy(v, n);
-    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, bc1 = 1 - pow(b1, 3), bc2 = 1 - pow(b2, 3);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, bc1 = 1 - pow(b1, 3), bc2 = 1 - pow(b2, 3);
     const double gs = 0.75;   // the clipping factor
-    ops->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gs);
+    const lm_adamw_span spans[2] = {{0, 20, 0.1}, {27, 23, 0.0}};
+    ops->adamw(p, g, m, v, spans, 2, lr, b1, b2, eps, bc1, bc2, gs);
     double worst = 0;
+    int gap_kept = 1;
     for (int i = 0; i < n; i++) {
-        double gi = gs * g[i];
+        if (i >= 20 && i < 27) {
+            gap_kept &= p[i] == p0[i] && m[i] == m0[i] && v[i] == v0[i];
+            continue;
+        }
+        const double wd = i < 20 ? 0.1 : 0.0, gi = gs * g[i];
         double mm = b1 * m0[i] + (1 - b1) * gi, vv = b2 * v0[i] + (1 - b2) * gi * gi;
         double want = p0[i] - lr * ((mm / bc1) / (sqrt(vv / bc2) + eps) + wd * p0[i]);
         worst = tu_worst(worst, fabs(want - p[i]));
     }
     tu_check("adamw vs formula (max abs)", worst, TOL(1e-14, 1e-6));
+    assert_true(gap_kept);
     free(p); free(g); free(m); free(v); free(p0); free(m0); free(v0);
 }
 

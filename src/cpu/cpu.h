@@ -70,7 +70,8 @@ void cpu_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, 
 void cpu_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *dgain, real *dx, const real *dxn, const real *x, lm_sources src, const real *alpha, const real *rstd, const real *w, const real *gamma, const real *gain, int N, int C, real eps);
 void cpu_xent_fwd(real *losses, real *lse, const real *logits, const int *targets, int N, int V);
 void cpu_xent_bwd(real *dlogits, const real *logits, const real *lse, const int *targets, real dloss, int N, int V);
-void cpu_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd, real bc1, real bc2, real gscale);
+void cpu_adamw(real *p, const real *g, real *m, real *v, const lm_adamw_span *spans, int nspans, real lr, real b1,
+               real b2, real eps, real bc1, real bc2, real gscale);
 void cpu_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
 
 void cpu_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);

@@ -8,15 +8,19 @@
 #define GEMM cblas_sgemm
 #endif
 
-void cpu_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps,
-               real wd, real bc1, real bc2, real gscale) {
-    #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        const real gi = g[i] * gscale;   // rounded as a separate scaling pass would round it
-        m[i] = b1 * m[i] + (1 - b1) * gi;
-        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-        real mh = m[i] / bc1, vh = v[i] / bc2;
-        p[i] -= lr * (mh / (sqrt(vh) + eps) + wd * p[i]);
+void cpu_adamw(real *p, const real *g, real *m, real *v, const lm_adamw_span *spans, int nspans, real lr, real b1,
+               real b2, real eps, real bc1, real bc2, real gscale) {
+    for (int s = 0; s < nspans; s++) {
+        const size_t o = spans[s].offset, n = spans[s].n;
+        const real wd = spans[s].wd;
+        #pragma omp parallel for schedule(static)
+        for (size_t i = o; i < o + n; i++) {
+            const real gi = g[i] * gscale;   // rounded as a separate scaling pass would round it
+            m[i] = b1 * m[i] + (1 - b1) * gi;
+            v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+            real mh = m[i] / bc1, vh = v[i] / bc2;
+            p[i] -= lr * (mh / (sqrt(vh) + eps) + wd * p[i]);
+        }
     }
 }
 

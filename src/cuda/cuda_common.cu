@@ -100,27 +100,30 @@ void lm_cuda_backend_shutdown(void) {
     lm_cuda_weight_cache_free();
 }
 
-// Block: 32 columns × 8 row groups; group g adds parts g, g + 8, … in order, then thread row
-// 0 adds the eight group sums in order (a fixed tree). Many partial rows (a register kernel's
-// blocks, ~1000) are then read by 8 threads per column instead of one.
+// Block: 8 columns × 32 row groups; group g adds parts g, g + 32, … in order, then thread row
+// 0 adds the 32 group sums in order (a fixed tree). Many partial rows (a register kernel's
+// blocks, ~1000) are read by 32 threads per column, 8 columns (one 32-byte sector) per block,
+// so that C = 1024 gives 128 blocks (32-column blocks gave 32: a quarter of the SMs, 14 µs a
+// call at 1024 partial rows — 117 calls per `small` B4 step).
+#define COLSUM_COLS 8
 __global__ void colsum_final_k(float *sums, const float *part, int nch, int C, int add) {
-    __shared__ float sh[8][33];
-    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, c = blockIdx.x * 32 + tx;
+    __shared__ float sh[32][COLSUM_COLS + 1];
+    const int tx = threadIdx.x % COLSUM_COLS, ty = threadIdx.x / COLSUM_COLS, c = blockIdx.x * COLSUM_COLS + tx;
     float s = 0.0f;
     if (c < C)
 #pragma unroll 4
-        for (int j = ty; j < nch; j += 8) s += part[(size_t)j * C + c];
+        for (int j = ty; j < nch; j += 32) s += part[(size_t)j * C + c];
     sh[ty][tx] = s;
     __syncthreads();
     if (ty == 0 && c < C) {
         float t = sh[0][tx];
-        for (int r = 1; r < 8; r++) t += sh[r][tx];
+        for (int r = 1; r < 32; r++) t += sh[r][tx];
         sums[c] = add ? sums[c] + t : t;
     }
 }
 void lm_cuda_colsum_final(float *sums, const float *part, int nch, int C, int add) {
     if (C <= 0) return;
-    colsum_final_k<<<(C + 31) / 32, 256, 0, lm_cuda_stream()>>>(sums, part, nch, C, add);
+    colsum_final_k<<<(C + COLSUM_COLS - 1) / COLSUM_COLS, 32 * COLSUM_COLS, 0, lm_cuda_stream()>>>(sums, part, nch, C, add);
     cudaLaunchCheck();
 }
 

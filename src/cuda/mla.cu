@@ -16,39 +16,55 @@
 #define ATT_MAXD (32 * ATT_ND)
 #define ATT_WARPS 4                 // warps per block
 
-// kv [N,H,Dn+Dv], kpe [N,De] → k [N,H,Dn+De], v [N,H,Dv]
-__global__ static void split_fwd_k(float *k, float *v, const float *kv, const float *kpe, int N, int H, int Dn,
-                                   int De, int Dv) {
+// kv [N,H,Dn+Dv], kpe [N,De] → k [N,H,Dn+De], v [N,H,Dv]. T = float, or float4 (the dims
+// counted in float4s; every tensor 16-byte aligned): the same copies, four channels a thread —
+// scalar, the `small` preset's splits ran at ~1.1 TB/s (265 µs a B4 call).
+template <typename T>
+__global__ static void split_fwd_k(T *k, T *v, const T *kv, const T *kpe, int N, int H, int Dn, int De, int Dv) {
     const int Dkv = Dn + Dv, Dk = Dn + De, row = Dk + Dv;
     size_t n = (size_t)N * H * row;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t nh = e / row;
         int d = (int)(e % row);
         size_t nn = nh / H;
-        const float *src = kv + nh * Dkv;
+        const T *src = kv + nh * Dkv;
         if (d < Dn) k[nh * Dk + d] = src[d];
         else if (d < Dk) k[nh * Dk + d] = kpe[nn * De + (d - Dn)];
         else v[nh * Dv + (d - Dk)] = src[Dn + (d - Dk)];
     }
 }
 
+static int split_vec4(int Dn, int De, int Dv, std::initializer_list<const void *> ptrs) {
+    return Dn % 4 == 0 && De % 4 == 0 && Dv % 4 == 0 && lm_aligned16(ptrs);
+}
+
 void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv) {
     size_t n = (size_t)N * H * (Dn + De + Dv);
     if (!n) return;
-    split_fwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(k, v, kv, kpe, N, H, Dn, De, Dv);
+    if (split_vec4(Dn, De, Dv, {k, v, kv, kpe}))
+        split_fwd_k<float4><<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
+            (float4 *)k, (float4 *)v, (const float4 *)kv, (const float4 *)kpe, N, H, Dn / 4, De / 4, Dv / 4);
+    else
+        split_fwd_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(k, v, kv, kpe, N, H, Dn, De, Dv);
     cudaLaunchCheck();
 }
 
-// dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros
-__global__ static void split_bwd_kv_k(float *dkv, const float *dk, const float *dv, int N, int H, int Dn, int De,
-                                      int Dv, int assign) {
+// dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros; T as split_fwd_k's
+__device__ __forceinline__ float split_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 split_add(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+template <typename T>
+__global__ static void split_bwd_kv_k(T *dkv, const T *dk, const T *dv, int N, int H, int Dn, int De, int Dv,
+                                      int assign) {
     const int Dkv = Dn + Dv, Dk = Dn + De;
     size_t n = (size_t)N * H * Dkv;
+    const T zero{};
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         size_t nh = e / Dkv;
         int d = (int)(e % Dkv);
-        const float g = d < Dn ? (dk ? dk[nh * Dk + d] : 0.f) : (dv ? dv[nh * Dv + (d - Dn)] : 0.f);
-        dkv[e] = assign ? g : dkv[e] + g;
+        const T g = d < Dn ? (dk ? dk[nh * Dk + d] : zero) : (dv ? dv[nh * Dv + (d - Dn)] : zero);
+        dkv[e] = assign ? g : split_add(dkv[e], g);
     }
 }
 // dkpe[n,d] += (assign: =) Σ_h dk[n,h,Dn+d], heads in order 0..H-1
@@ -69,7 +85,12 @@ void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, i
     if (N <= 0 || H <= 0) return;
     size_t n = (size_t)N * H * (Dn + Dv);
     if (dkv && n && (dk || dv || assign)) {
-        split_bwd_kv_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv, assign);
+        if (split_vec4(Dn, De, Dv, {dkv, dk, dv}))
+            split_bwd_kv_k<float4><<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
+                (float4 *)dkv, (const float4 *)dk, (const float4 *)dv, N, H, Dn / 4, De / 4, Dv / 4, assign);
+        else
+            split_bwd_kv_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv,
+                                                                                       assign);
         cudaLaunchCheck();
     }
     if (dkpe && De > 0 && !dk && assign) {

@@ -12,49 +12,117 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
     float mh = mi / bc1, vh = vi / bc2;
     p -= lr * (mh / (sqrtf(vh) + eps) + wd * p);
 }
-// VEC: the four arrays are 16-byte aligned and n4 = n/4 float4s are updated (the
-// optimizer is bandwidth-bound: 28 bytes per parameter; 16-byte accesses keep more
-// of them in flight); the tail (and unaligned tensors) element by element.
-// pb (may be NULL, 8-byte aligned): the weight's bf16 copy (weight_cache.cu), rewritten
-// here from the new values — 2 more bytes per parameter instead of a later pass of 6
-__global__ static void adamw_k(float *p, const float *g, float *m, float *v, __nv_bfloat16 *pb, size_t n, float lr,
-                               float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale, int vec) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    size_t done = 0;
-    if (vec) {
-        const size_t n4 = n / 4;
-        for (size_t i = i0; i < n4; i += stride) {
-            float4 pp = reinterpret_cast<float4 *>(p)[i], mm = reinterpret_cast<float4 *>(m)[i];
-            float4 vv = reinterpret_cast<float4 *>(v)[i], gg = reinterpret_cast<const float4 *>(g)[i];
-            adamw_one(pp.x, gg.x, mm.x, vv.x, lr, b1, b2, eps, wd, bc1, bc2, gscale);
-            adamw_one(pp.y, gg.y, mm.y, vv.y, lr, b1, b2, eps, wd, bc1, bc2, gscale);
-            adamw_one(pp.z, gg.z, mm.z, vv.z, lr, b1, b2, eps, wd, bc1, bc2, gscale);
-            adamw_one(pp.w, gg.w, mm.w, vv.w, lr, b1, b2, eps, wd, bc1, bc2, gscale);
-            reinterpret_cast<float4 *>(p)[i] = pp;
-            reinterpret_cast<float4 *>(m)[i] = mm;
-            reinterpret_cast<float4 *>(v)[i] = vv;
-            if (pb) {
-                reinterpret_cast<__nv_bfloat162 *>(pb)[2 * i] = __floats2bfloat162_rn(pp.x, pp.y);
-                reinterpret_cast<__nv_bfloat162 *>(pb)[2 * i + 1] = __floats2bfloat162_rn(pp.z, pp.w);
+// A launch updates up to ADAMW_SPANS tensors (lm_adamw_span), each cut into blocks of
+// ADAMW_BLOCK elements; the spans travel as a kernel parameter. One tensor per launch (the
+// `small` preset: 417 launches a step, most of them norm gains and biases of a few thousand
+// elements, each paying a launch and a tail) became ~7 launches.
+#define ADAMW_SPANS 64
+#define ADAMW_THREADS 256
+#define ADAMW_UNROLL 2                                       // float4s per thread
+#define ADAMW_BLOCK (ADAMW_THREADS * ADAMW_UNROLL * 4)      // elements per block
+struct AdamwSpan {
+    size_t off, n;
+    float wd;
+    int vec;               // p, g, m, v + off 16-byte aligned (and pb 8-byte): float4 steps
+    __nv_bfloat16 *pb;     // the weight's bf16 copy (weight_cache.cu), or NULL
+};
+struct AdamwBatch {
+    AdamwSpan s[ADAMW_SPANS];
+    unsigned first[ADAMW_SPANS];   // span j's first block
+    int ns;
+};
+
+// The optimizer is bandwidth-bound (28 bytes per parameter, 30 with the bf16 copy): a thread
+// loads its ADAMW_UNROLL float4s of all four arrays before updating any, so that 8 16-byte
+// loads are in flight. pb, the weight's bf16 copy, is rewritten here from the new values — 2
+// more bytes per parameter instead of a later pass of 6.
+__global__ static void __launch_bounds__(ADAMW_THREADS) adamw_k(float *p, const float *g, float *m, float *v,
+                                                                const __grid_constant__ AdamwBatch b, float lr,
+                                                                float b1, float b2, float eps, float bc1, float bc2,
+                                                                float gscale) {
+    int j = 0;   // this block's span: the last whose first block is at most blockIdx.x
+    for (int step = ADAMW_SPANS / 2; step > 0; step /= 2)
+        if (j + step < b.ns && b.first[j + step] <= blockIdx.x) j += step;
+    const AdamwSpan sp = b.s[j];
+    const size_t e0 = (size_t)(blockIdx.x - b.first[j]) * ADAMW_BLOCK;
+    float *pp = p + sp.off, *mp = m + sp.off, *vp = v + sp.off;
+    const float *gp = g + sp.off;
+    const float wd = sp.wd;
+    if (sp.vec) {
+        float4 P[ADAMW_UNROLL], G[ADAMW_UNROLL], M[ADAMW_UNROLL], V[ADAMW_UNROLL];
+        size_t e[ADAMW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ADAMW_UNROLL; u++) {
+            e[u] = e0 + 4 * ((size_t)u * ADAMW_THREADS + threadIdx.x);
+            if (e[u] + 4 <= sp.n) {
+                P[u] = *reinterpret_cast<const float4 *>(pp + e[u]);
+                G[u] = *reinterpret_cast<const float4 *>(gp + e[u]);
+                M[u] = *reinterpret_cast<const float4 *>(mp + e[u]);
+                V[u] = *reinterpret_cast<const float4 *>(vp + e[u]);
             }
         }
-        done = 4 * n4;
+#pragma unroll
+        for (int u = 0; u < ADAMW_UNROLL; u++) {
+            if (e[u] + 4 <= sp.n) {
+                adamw_one(P[u].x, G[u].x, M[u].x, V[u].x, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                adamw_one(P[u].y, G[u].y, M[u].y, V[u].y, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                adamw_one(P[u].z, G[u].z, M[u].z, V[u].z, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                adamw_one(P[u].w, G[u].w, M[u].w, V[u].w, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                *reinterpret_cast<float4 *>(pp + e[u]) = P[u];
+                *reinterpret_cast<float4 *>(mp + e[u]) = M[u];
+                *reinterpret_cast<float4 *>(vp + e[u]) = V[u];
+                if (sp.pb) {
+                    __nv_bfloat162 *d = reinterpret_cast<__nv_bfloat162 *>(sp.pb + e[u]);
+                    d[0] = __floats2bfloat162_rn(P[u].x, P[u].y);
+                    d[1] = __floats2bfloat162_rn(P[u].z, P[u].w);
+                }
+            } else {   // the span's last, partial float4
+                for (size_t i = e[u]; i < sp.n; i++) {
+                    adamw_one(pp[i], gp[i], mp[i], vp[i], lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                    if (sp.pb) sp.pb[i] = __float2bfloat16(pp[i]);
+                }
+            }
+        }
+        return;
     }
-    for (size_t i = done + i0; i < n; i += stride) {
-        adamw_one(p[i], g[i], m[i], v[i], lr, b1, b2, eps, wd, bc1, bc2, gscale);
-        if (pb) pb[i] = __float2bfloat16(p[i]);
+    for (int u = 0; u < ADAMW_UNROLL * 4; u++) {
+        const size_t i = e0 + (size_t)u * ADAMW_THREADS + threadIdx.x;
+        if (i >= sp.n) break;
+        adamw_one(pp[i], gp[i], mp[i], vp[i], lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        if (sp.pb) sp.pb[i] = __float2bfloat16(pp[i]);
     }
 }
 
-void cuda_adamw(real *p, const real *g, real *m, real *v, size_t n, real lr, real b1, real b2, real eps, real wd,
-                real bc1, real bc2, real gscale) {
-    if (!n) return;
-    lm_cuda_weights_written(p, n * sizeof(real));
-    __nv_bfloat16 *pb = lm_cuda_weight_bf16_claim(p, n);   // NULL unless p is a weight with a copy
-    const int vec = ((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) % 16 == 0 && (uintptr_t)pb % 8 == 0;
-    unsigned blocks = lm_cuda_blocks(vec ? (n + 3) / 4 : n, 256);
-    adamw_k<<<blocks, 256, 0, lm_cuda_stream()>>>(p, g, m, v, pb, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, vec);
-    cudaLaunchCheck();
+void cuda_adamw(real *p, const real *g, real *m, real *v, const lm_adamw_span *spans, int nspans, real lr, real b1,
+                real b2, real eps, real bc1, real bc2, real gscale) {
+    AdamwBatch b;
+    memset(&b, 0, sizeof b);
+    unsigned blocks = 0;
+    auto flush = [&]() {
+        if (!b.ns) return;
+        adamw_k<<<blocks, ADAMW_THREADS, 0, lm_cuda_stream()>>>(p, g, m, v, b, lr, b1, b2, eps, bc1, bc2, gscale);
+        cudaLaunchCheck();
+        memset(&b, 0, sizeof b);
+        blocks = 0;
+    };
+    for (int i = 0; i < nspans; i++) {
+        const size_t off = spans[i].offset, n = spans[i].n;
+        if (!n) continue;
+        lm_cuda_weights_written(p + off, n * sizeof(real));
+        __nv_bfloat16 *pb = lm_cuda_weight_bf16_claim(p + off, n);   // NULL unless p + off is a weight with a copy
+        const size_t nb = (n + ADAMW_BLOCK - 1) / ADAMW_BLOCK;
+        LM_CHECK(nb < (1u << 30), "adamw: a tensor of %zu elements", n);
+        if (b.ns == ADAMW_SPANS || blocks + nb >= (1u << 31)) flush();
+        AdamwSpan &s = b.s[b.ns];
+        s.off = off;
+        s.n = n;
+        s.wd = spans[i].wd;
+        s.pb = pb;
+        s.vec = lm_aligned16({p + off, g + off, m + off, v + off}) && (uintptr_t)pb % 8 == 0;
+        b.first[b.ns++] = blocks;
+        blocks += (unsigned)nb;
+    }
+    flush();
 }
 
 // m = μm + g;  X = (g + μm), stored transposed when rows > cols so that X is [r, c], r ≤ c

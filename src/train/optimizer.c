@@ -76,17 +76,23 @@ void lm_optim_step_norm(lm_optim *o, lm_model *model, real lr, double norm) {
     }
     o->t++;
     real bc1 = 1 - pow(c->b1, (real)o->t), bc2 = 1 - pow(c->b2, (real)o->t);
+    // the AdamW tensors go to the backend as one list (Muon's matrices are updated one by one)
+    lm_adamw_span *spans = lm_malloc((size_t)(model->playout.n > 0 ? model->playout.n : 1) * sizeof *spans);
+    int nspans = 0;
     for (int i = 0; i < model->playout.n; i++) {
         const lm_tensor_info *t = &model->playout.t[i];
         if (t->flags & LM_T_BUFFER) continue;
-        real *p = model->params_mem + t->offset, *g = model->grads_mem + t->offset;
-        real *m = o->m + t->offset, *v = o->v + t->offset;
         int nodecay = (t->flags & LM_T_NODECAY) || ((t->flags & LM_T_EMBED) && !c->wd_embed);
         real wd = nodecay ? 0 : c->wd;
         int count, rows, cols;
         if (c->kind == LM_OPT_MUON && muon_shape(t, &count, &rows, &cols))
-            ops->muon(p, g, m, count, rows, cols, lr, c->muon_mu, wd);
+            ops->muon(model->params_mem + t->offset, model->grads_mem + t->offset, o->m + t->offset, count, rows, cols,
+                      lr, c->muon_mu, wd);
         else
-            ops->adamw(p, g, m, v, t->numel, lr, c->b1, c->b2, c->eps, wd, bc1, bc2, gscale);
+            spans[nspans++] = (lm_adamw_span){t->offset, t->numel, wd};
     }
+    if (nspans)
+        ops->adamw(model->params_mem, model->grads_mem, o->m, o->v, spans, nspans, lr, c->b1, c->b2, c->eps, bc1, bc2,
+                   gscale);
+    free(spans);
 }
