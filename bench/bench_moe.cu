@@ -218,7 +218,8 @@ int main(int argc, char **argv) {
 
     {   // the routed experts as one op (moe_experts_fwd/bwd, what the model calls): gather,
         // the GEMMs and the GLU with bf16 operands written by the kernels that make them,
-        // combine; its own saved and work buffers (it leaves bf16 in xp, eh, dyp, dea, deb)
+        // combine; its own saved and work buffers (it leaves bf16 in xp, eh, dyp, dea, deb, and
+        // on the TMA kernels in ea, eb, yp, deh, dxp)
         float *xp2 = falloc(NK * d), *ea2 = falloc(NK * F), *eb2 = falloc(NK * F), *eh2 = falloc(NK * F);
         float *yp2 = falloc(NK * d), *dyp2 = falloc(NK * d), *dxp2 = falloc(NK * d);
         float *dea2 = falloc(NK * F), *deb2 = falloc(NK * F), *deh2 = falloc(NK * F);

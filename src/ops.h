@@ -96,9 +96,10 @@ typedef struct { real *p[LM_MAX_SOURCES]; int n; unsigned assign; } lm_source_gr
 // the SwiGLU experts' weights, and the tensors the forward keeps for the backward.
 //   xp = x[row_token] [R, C];  ea = xp·W1[e]ᵀ, eb = xp·W3[e]ᵀ [R, F];  eh = act(ea) ⊙ eb;
 //   yp [R, C] = eh·W2[e]ᵀ  (per expert segment e);  y [N, C] += Σ_slot gate · yp[slot_row]
-// xp and eh are the backend's: only moe_experts_bwd reads them, in the form its forward
-// wrote (the CPU keeps the fp32 values; the CUDA backend's bf16 GEMM mode keeps bf16 values
-// in their first half, which its tensor-core GEMMs read without a rounding pass).
+// xp, ea, eb, eh and yp are the backend's: only moe_experts_bwd reads them, in the form its
+// forward wrote (the CPU keeps the fp32 values; the CUDA backend's bf16 GEMM mode keeps bf16
+// values in the first half of xp and eh, which its tensor-core GEMMs read without a rounding
+// pass, and on its TMA kernels of ea, eb and yp too: lm_cuda_experts_keep_bf16).
 typedef struct {
     int N, E, k, C, F, R, act;      // tokens, experts, slots per token, width, expert FFN width,
                                     // rows allocated (N·k ≥ offsets[E]), LM_ACT_*

@@ -117,6 +117,9 @@ void cuda_moe_gather_fwd(real *xp, const real *x, const int *row_token, const in
 void cuda_moe_gather_bwd(real *dx, const real *dxp, const int *row_token, const int *offsets, int E, int C, int R);
 void cuda_grouped_matmul_fwd(real *out, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real *inp, const real *W, const int *offsets, int E, int C, int OC, int R);
+// 1 when the experts op keeps ea, eb, yp (and its gradients' deh, dxp) in bf16 for widths C, F
+// under the current modes (moe_experts.cu): the bf16 values in the first half of each buffer
+int lm_cuda_experts_keep_bf16(int C, int F);
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x);
 void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
 void cuda_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);

@@ -262,6 +262,13 @@ float *colsum(float *ws, int N, int C, F f) {
 // a sequential loop would. keys are < 2^key_bits; rows with a negative key are skipped
 // (with key_bits = 31 they sort last). Uses (and overwrites) the
 // workspace: a stable radix sort (CUB) groups equal keys.
+// The MoE combine and its gate gradient with the expert rows yp in bf16 (moe.cu; the experts
+// op's kept form): y (+)= Σ_slot gate · yp[slot_row] (gate NULL: 1; assign: y written);
+// dgate[i, t] += <dy[i], yp[slot_row[i, t]]>. C % 8 == 0, y/dy and yp 16-byte aligned.
+void lm_cuda_moe_combine_bf16(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row, int N, int k,
+                              int C, int assign);
+void lm_cuda_moe_dgate_bf16(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row, int N, int k,
+                            int C);
 void lm_cuda_scatter_add_rows(float *dst, const int *keys, const float *src, int n, int C, int key_bits);
 
 // y [n] = x [n] rounded to bf16 (y: n bf16 of device memory, 8-byte aligned); on the op stream

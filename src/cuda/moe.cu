@@ -222,6 +222,37 @@ void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *
     lm_cuda_moe_combine(y, yp, gate, slot_row, N, k, C, 0);
 }
 
+// bf16 yp (the experts op's kept form, moe_experts.cu): eight channels a thread, one 16-byte
+// load of yp per slot; the same additions in the same order as combine_fwd_k's. C8 = C / 8.
+__global__ static void combine_fwd_bf16_k(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row,
+                                          int N, int k, int C8, int assign) {
+    const size_t n = (size_t)N * C8;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = e / C8, c = 8 * (e % C8), C = 8 * (size_t)C8;
+        float4 *yo = reinterpret_cast<float4 *>(y + i * C + c);
+        float4 a = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : yo[0], b = assign ? a : yo[1];
+        for (int t = 0; t < k; t++) {
+            const int r = slot_row[i * k + t];
+            if (r < 0) continue;
+            const float g = gate ? gate[i * k + t] : 1.0f;
+            const __nv_bfloat16 *src = yp + (size_t)r * C + c;
+            axpy(a, g, ld4_bf16(src));
+            axpy(b, g, ld4_bf16(src + 4));
+        }
+        yo[0] = a;
+        yo[1] = b;
+    }
+}
+void lm_cuda_moe_combine_bf16(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row, int N, int k,
+                              int C, int assign) {
+    LM_CHECK(C % 8 == 0 && lm_aligned16({y, yp}), "combine (bf16 rows): C %% 8 and 16-byte alignment");
+    const size_t n = (size_t)N * C / 8;
+    if (!n) return;
+    combine_fwd_bf16_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C / 8,
+                                                                            assign);
+    cudaLaunchCheck();
+}
+
 // dyp[row] += gate · dy[i] (each row serves exactly one (token, slot))
 __global__ static void combine_bwd_dyp_k(float *dyp, const float *dy, const float *gate, const int *slot_row, int N,
                                          int k, int C) {
@@ -246,6 +277,31 @@ __global__ static void combine_bwd_dgate_k(float *dgate, const float *dy, const 
     for (int c = lane; c < C; c += 32) s += a[c] * b[c];
     s = warp_sum(s);
     if (lane == 0) dgate[it] += s;
+}
+
+// the same with bf16 yp (C % 8 == 0, dy and yp 16-byte aligned): eight channels a lane
+__global__ static void combine_dgate_bf16_k(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row,
+                                            int N, int k, int C) {
+    const int lane = threadIdx.x & 31;
+    const long it = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (it >= (long)N * k) return;
+    const int r = slot_row[it];
+    if (r < 0) return;
+    const float *a = dy + (size_t)(it / k) * C;
+    const __nv_bfloat16 *b = yp + (size_t)r * C;
+    float s = 0.0f;
+    for (int c = 8 * lane; c < C; c += 256)
+        s += dot4(ld4(a + c), ld4_bf16(b + c)) + dot4(ld4(a + c + 4), ld4_bf16(b + c + 4));
+    s = warp_sum(s);
+    if (lane == 0) dgate[it] += s;
+}
+void lm_cuda_moe_dgate_bf16(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row, int N, int k,
+                            int C) {
+    LM_CHECK(C % 8 == 0 && lm_aligned16({dy, yp}), "combine backward (bf16 rows): C %% 8 and 16-byte alignment");
+    const long w = (long)N * k;
+    if (w <= 0) return;
+    combine_dgate_bf16_k<<<(unsigned)((w + 7) / 8), 256, 0, lm_cuda_stream()>>>(dgate, dy, yp, slot_row, N, k, C);
+    cudaLaunchCheck();
 }
 
 void cuda_moe_combine_bwd(real *dyp, real *dgate, const real *dy, const real *yp, const real *gate,

@@ -7,17 +7,21 @@
 // Under the bf16 GEMM mode this op keeps the tensors that only GEMMs read in bf16, written
 // by the kernel that makes them:
 //   forward:  the gather rounds x's rows as it copies them (xp holds bf16);
-//             the GLU writes eh in bf16;  ea, eb, yp stay fp32 (the GLU backward and the
-//             gate gradient read them)
-//   backward: the combine's backward writes dyp in bf16 (dgate as before, from fp32 yp);
+//             the GLU writes eh in bf16
+//   backward: the combine's backward writes dyp in bf16;
 //             the GLU backward writes dea, deb in bf16; xp and eh are the forward's bf16;
-//             deh and dxp stay fp32 (written by the input-gradient products, which
-//             overwrite the work buffers: TMA writes them instead of adding); dx gathers
-//             each token's dxp rows by slot_row (the combine's pattern) where the separate
-//             op scatters by row_token after a sort
-// The bf16 values go into the first half of the fp32 buffers the op is given (xp, eh are the
-// backend's by the op's contract; dyp, dea, deb are work buffers). In the fp32 GEMM modes,
-// or for shapes the wgmma kernels do not take, the op is the finer ops in turn
+//             dx gathers each token's dxp rows by slot_row (the combine's pattern) where
+//             the separate op scatters by row_token after a sort
+// and where the products run on the TMA kernel (the default), the GEMMs' outputs too (`lo`
+// below): ea, eb, yp, deh and dxp come out of the GEMM's epilogue rounded to bf16 (each was an
+// fp32 tensor written once and read once or twice by an elementwise kernel: ~0.9 GB a layer of
+// the `small` preset at B4). That rounds each product's value once more (2^-9 relative), as
+// a bf16 PyTorch model's grouped GEMMs do; the GLU, its backward, the combine and the gate
+// gradient compute in fp32 from them. Elsewhere (the cp.async kernels, LM_MOE_GEMM) they stay
+// fp32, as the products add into them.
+// The bf16 values go into the first half of the fp32 buffers the op is given (xp, ea, eb, eh,
+// yp are the backend's by the op's contract; dyp, dea, deb, deh, dxp are work buffers). In the
+// fp32 GEMM modes, or for shapes the wgmma kernels do not take, the op is the finer ops in turn
 // (ops_experts.h).
 #include "cuda_common.cuh"
 #include "cuda_backend.h"
@@ -62,13 +66,25 @@ __global__ static void gather_bf16_k(bf16 *xpb, const float *x, const int *row_t
     }
 }
 
-// hb [n] (bf16) = act(g) ⊙ u; n % 8 == 0
-__global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size_t n, int act) {
+// p[0..7] (16-byte aligned) into v: fp32, or bf16 widened
+__device__ __forceinline__ void ld8v(const float *p, float (&v)[8]) {
+    const float4 a = ld4(p), b = ld4(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void ld8v(const bf16 *p, float (&v)[8]) {
+    const float4 a = ld4_bf16(p), b = ld4_bf16(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+// hb [n] (bf16) = act(g) ⊙ u; n % 8 == 0; g, u fp32 or bf16 (TI)
+template <typename TI>
+__global__ static void glu_bf16_k(bf16 *hb, const TI *g, const TI *u, size_t n, int act) {
     for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
-        __align__(16) float gv[8], uv[8];
-        float h[8];
-        ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
-        ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
+        float gv[8], uv[8], h[8];
+        ld8v(g + i, gv);
+        ld8v(u + i, uv);
         for (int j = 0; j < 8; j++) {
             float a, da, b, db;
             lm_glu_parts(gv[j], uv[j], act, &a, &da, &b, &db);
@@ -79,18 +95,18 @@ __global__ static void glu_bf16_k(bf16 *hb, const float *g, const float *u, size
 }
 
 // dgb, dub [n] (bf16) = the GLU's gradients, written (the op's work buffers: the finer
-// ops zero them and add, this writes); n % 8 == 0. Rows past *rows_used (the plan's
-// offsets[E]: rows no assignment uses) are skipped: their dh was never written
-__global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const float *dh, const float *g, const float *u, size_t n,
+// ops zero them and add, this writes); n % 8 == 0; dh, g, u fp32 or bf16 (TI). Rows past
+// *rows_used (the plan's offsets[E]: rows no assignment uses) are skipped: their dh was never written
+template <typename TI>
+__global__ static void glu_bwd_bf16_k(bf16 *dgb, bf16 *dub, const TI *dh, const TI *g, const TI *u, size_t n,
                                       const int *rows_used, int F, int act) {
     const size_t used = (size_t)*rows_used * F;
     n = used < n ? used : n;
     for (size_t i = 8 * (blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < n; i += 8 * (size_t)gridDim.x * blockDim.x) {
-        __align__(16) float gv[8], uv[8], hv[8];
-        float dg[8], du[8];
-        ld8(g + i, 1, *reinterpret_cast<float4 *>(gv), *reinterpret_cast<float4 *>(gv + 4));
-        ld8(u + i, 1, *reinterpret_cast<float4 *>(uv), *reinterpret_cast<float4 *>(uv + 4));
-        ld8(dh + i, 1, *reinterpret_cast<float4 *>(hv), *reinterpret_cast<float4 *>(hv + 4));
+        float gv[8], uv[8], hv[8], dg[8], du[8];
+        ld8v(g + i, gv);
+        ld8v(u + i, uv);
+        ld8v(dh + i, hv);
         for (int j = 0; j < 8; j++) {
             float a, da, b, db;
             lm_glu_parts(gv[j], uv[j], act, &a, &da, &b, &db);
@@ -136,6 +152,14 @@ static int experts_bf16(const lm_experts *ex, int *kf, int *ki, int *kw) {
 
 static unsigned grid_for(size_t n) { return lm_cuda_blocks(n, 256); }
 
+// the GEMMs write ea, eb, yp, deh, dxp in bf16 (the TMA kernel's bf16 epilogue)
+static int experts_lo(int kf, int ki) { return lm_moe_bf16_out_ok(kf) && lm_moe_bf16_out_ok(ki); }
+int lm_cuda_experts_keep_bf16(int C, int F) {
+    int kf, ki, kw;
+    lm_experts probe = {.E = 1, .C = C, .F = F};   // alignment: the model's and the tests' buffers are 256-aligned
+    return experts_bf16(&probe, &kf, &ki, &kw) && experts_lo(kf, ki);
+}
+
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     int kf, ki, kw;
     if (!experts_bf16(ex, &kf, &ki, &kw)) {
@@ -153,12 +177,15 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
     lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
-    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0);
-    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0);
-    glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
+    const int lo = experts_lo(kf, ki);
+    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
+    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
+    if (lo) glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, (const bf16 *)ex->ea, (const bf16 *)ex->eb, n, ex->act);
+    else glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
     cudaLaunchCheck();
-    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0, 0);
-    cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
+    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0, 0, lo);
+    if (lo) lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
+    else cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
 }
 
 void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy) {
@@ -177,29 +204,36 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
     int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
-    // dyp = gate · dy by slot (bf16; the rows no slot names stay zero), dgate from fp32 yp
+    const int lo = experts_lo(kf, ki);
+    // dyp = gate · dy by slot (bf16; the rows no slot names stay zero), dgate from yp
     combine_bwd_bf16_k<<<grid_for((size_t)ex->N * ex->k * C / 8), 256, 0, st>>>(dypb, dy, ex->gate, ex->slot_row,
                                                                                 ex->N, ex->k, C, lm_aligned16({dy}));
     cudaLaunchCheck();
-    cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
+    if (g->dgate && lo) lm_cuda_moe_dgate_bf16(g->dgate, dy, (const bf16 *)ex->yp, ex->slot_row, ex->N, ex->k, C);
+    else cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
     // W2: dW2 [E, C, F] += dypᵀ · eh (= with dW_assign, as dW1 and dW3);  deh [R, F] = dyp · W2[e] (overwritten)
     if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, ehb, ex->offsets, E, C, F, g->dW_assign);
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, ki);
-    lm_moe_bf16_rows(ki, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1, 1);
-    glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->offsets + E, F,
-                                                    ex->act);
+    lm_moe_bf16_rows(ki, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1, 1, lo);
+    if (lo)
+        glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, (const bf16 *)g->deh, (const bf16 *)ex->ea,
+                                                        (const bf16 *)ex->eb, n, ex->offsets + E, F, ex->act);
+    else
+        glu_bwd_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(deab, debb, g->deh, ex->ea, ex->eb, n, ex->offsets + E, F,
+                                                        ex->act);
     cudaLaunchCheck();
     // W1, W3: dxp [R, C] = dea · W1[e] + deb · W3[e] (one product where the kernel takes two
     // parts: dxp written once);  dW1, dW3 [E, F, C] += dea/debᵀ · xp
     if (dx) {
         lm_moe_bf16_schedule(tsC, ex->offsets, E, C, ki);
         lm_moe_bf16_rows2(ki, g->dxp, deab, lm_cuda_weight_bf16(ex->W1, nw), debb, lm_cuda_weight_bf16(ex->W3, nw),
-                          ex->offsets, tsC, E, R, C, F, F, 1);
+                          ex->offsets, tsC, E, R, C, F, F, 1, lo);
     }
     if (g->dW1) lm_moe_bf16_dw(kw, g->dW1, deab, xpb, ex->offsets, E, F, C, g->dW_assign);
     if (g->dW3) lm_moe_bf16_dw(kw, g->dW3, debb, xpb, ex->offsets, E, F, C, g->dW_assign);
     // dx [N, C] += Σ_slot dxp[slot_row] per token in slot order: a gather by the plan's
     // slot_row (deterministic, each dx row read and written once) instead of the scatter by
     // row_token, which needs a sort
-    if (dx) lm_cuda_moe_combine(dx, g->dxp, NULL, ex->slot_row, ex->N, ex->k, C, g->dx_assign);
+    if (dx && lo) lm_cuda_moe_combine_bf16(dx, (const bf16 *)g->dxp, NULL, ex->slot_row, ex->N, ex->k, C, g->dx_assign);
+    else if (dx) lm_cuda_moe_combine(dx, g->dxp, NULL, ex->slot_row, ex->N, ex->k, C, g->dx_assign);
 }

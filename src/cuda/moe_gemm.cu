@@ -455,25 +455,29 @@ void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern) {
 static void zero_rows(float *Out, int R, int N) {
     cudaCheck(cudaMemsetAsync(Out, 0, (size_t)R * N * sizeof(float), lm_cuda_stream()));
 }
-void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite) {
+int lm_moe_bf16_out_ok(int kern) { return kern == K_TMA; }
+void lm_moe_bf16_rows(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite, int out_bf16) {
+    LM_CHECK(!out_bf16 || (kern == K_TMA && (!dinp || overwrite)), "grouped GEMM: a bf16 output needs the TMA kernel, written");
     if (kern == K_TMA) {
-        lm_wt_grouped_rows(Out, A, B, NULL, NULL, offsets, ts, E, R, N, K, 0, dinp, dinp && !overwrite);
+        lm_wt_grouped_rows(Out, A, B, NULL, NULL, offsets, ts, E, R, N, K, 0, dinp, dinp && !overwrite, out_bf16);
         return;
     }
-    if (dinp && overwrite) zero_rows(Out, R, N);
-    lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, dinp, kern);   // dinp adds
+    if (dinp && overwrite) zero_rows((float *)Out, R, N);
+    lm_wg_grouped_rows((float *)Out, A, B, offsets, ts, E, N, K, dinp, kern);   // dinp adds
 }
-void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+void lm_moe_bf16_rows2(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
-                       int overwrite) {
+                       int overwrite, int out_bf16) {
+    LM_CHECK(!out_bf16 || (kern == K_TMA && overwrite), "grouped GEMM: a bf16 output needs the TMA kernel, written");
     if (kern == K_TMA) {
-        lm_wt_grouped_rows(Out, A, B, A2, B2, offsets, ts, E, R, N, K, K2, 1, !overwrite);
+        lm_wt_grouped_rows(Out, A, B, A2, B2, offsets, ts, E, R, N, K, K2, 1, !overwrite, out_bf16);
         return;
     }
-    if (overwrite) zero_rows(Out, R, N);
-    lm_wg_grouped_rows(Out, A, B, offsets, ts, E, N, K, 1, kern);
-    lm_wg_grouped_rows(Out, A2, B2, offsets, ts, E, N, K2, 1, kern);
+    float *Of = (float *)Out;
+    if (overwrite) zero_rows(Of, R, N);
+    lm_wg_grouped_rows(Of, A, B, offsets, ts, E, N, K, 1, kern);
+    lm_wg_grouped_rows(Of, A2, B2, offsets, ts, E, N, K2, 1, kern);
 }
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
                     int E, int OC, int C, int assign) {
@@ -504,7 +508,7 @@ static void grouped_fwd(int n, real *const *out, const real *inp, const real *co
         lm_moe_bf16_schedule(ts, offsets, E, OC, kern);
         for (int i = 0; i < n; i++)
             lm_moe_bf16_rows(kern, out[i], xb, lm_cuda_weight_bf16(W[i], (size_t)E * OC * C), offsets, ts, E, R, OC, C, 0,
-                             0);
+                             0, 0);
         return;
     }
     int *ts = NULL;   // the mma kernel's tile list: the same for every product
@@ -552,7 +556,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
             // rows × C, k = OC: A = dout, B_e = W[e] [OC, C] read MN-major
             if (dinp) {
                 const __nv_bfloat16 *wb = lm_cuda_weight_bf16(W[i], (size_t)E * OC * C);
-                lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1, 0);
+                lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1, 0, 0);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
             if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, inpb, offsets, E, OC, C, 0);

@@ -18,11 +18,11 @@ void lm_wg_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
 // The same products with TMA copies and a warp-specialized pipeline (moe_gemm_tma.cu):
 // 128 × lm_wt_tile_cols() tiles; R = rows allocated in A (the copies' bounds). A second part
 // (A2, B2, depth K2 > 0; dinp only) continues the k range: Out (+)= A·B_e + A2·B2_e.
-// acc 0: Out = (else +=).
+// acc 0: Out = (else +=). out_bf16: Out is bf16 [R,N], written rounded (not with acc).
 int lm_wt_tile_cols(void);
-void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                         const __nv_bfloat16 *B2, const int *offsets, const int *tile_start, int E, int R, int N, int K,
-                        int K2, int dinp, int acc);
+                        int K2, int dinp, int acc, int out_bf16);
 // dW [E,M,N] += per expert Σ over its rows r of A[r,m] · B[r,n]; A [R,M], B [R,N]; assign:
 // dW = (zeros for experts without rows; dW's contents on entry do not matter).
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
@@ -63,15 +63,18 @@ __device__ __forceinline__ GroupedTile grouped_tile(int tile, const int *offsets
 // [E+1] made by lm_moe_bf16_schedule for Out's N columns. overwrite (with dinp): Out's
 // contents on entry do not matter and the product replaces them (the TMA kernel writes; the
 // others add, so Out is zeroed first). lm_moe_bf16_rows2: Out (+)= A·B_e + A2·B2_e (inner
-// widths K, K2), one product where the kernel takes two parts.
+// widths K, K2), one product where the kernel takes two parts. out_bf16: Out is bf16 [R,N],
+// written (forward, or overwrite) — only where lm_moe_bf16_out_ok(kern) (the TMA kernel);
+// else Out is fp32.
 enum { LM_MOE_USE_FWD, LM_MOE_USE_DINP, LM_MOE_USE_DINP_ZEROED, LM_MOE_USE_DW };
 int lm_moe_bf16_kernel(int C, int OC, int aligned, int use);
+int lm_moe_bf16_out_ok(int kern);
 void lm_moe_bf16_schedule(int *ts, const int *offsets, int E, int N, int kern);
-void lm_moe_bf16_rows(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
-                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite);
-void lm_moe_bf16_rows2(int kern, float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+void lm_moe_bf16_rows(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets,
+                      const int *ts, int E, int R, int N, int K, int dinp, int overwrite, int out_bf16);
+void lm_moe_bf16_rows2(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
-                       int overwrite);
+                       int overwrite, int out_bf16);
 void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
                     int E, int OC, int C, int assign);
 

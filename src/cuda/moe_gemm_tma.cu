@@ -60,7 +60,7 @@ typedef WtCfg<128, 3, 2> WtPair;   // 96 KB ring, two CTAs per SM
 // b[0] and [kt[0], kt[0] + kt[1]) from a[1], b[1] (kt[1] = 0: one part).
 struct WtArgs {
     CUtensorMap a[2], b[2];
-    float *out;
+    void *out;   // float, or bf16 (OBF)
     const int *offsets, *tile_start;
     int E, N, kt[2], kdepth[2];   // kdepth: K_p (dinp: the rows of W_e in map b[p])
 };
@@ -75,10 +75,10 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int
 }
 
 // One output tile: expert e, its rows from o0, the tile at (m0, n0) of the output, KT k
-// slices, C its output origin, M × N valid
+// slices, c0 its output origin (an element index), M × N valid
 struct WtTile {
     int e, o0, m0, n0, KT, M, N;
-    float *C;
+    long c0;
 };
 template <int WN> __device__ __forceinline__ WtTile wt_tile(const WtArgs &a, int tile) {
     const GroupedTile g = grouped_tile(tile, a.offsets, a.tile_start, a.E, WT_M, WN);
@@ -88,15 +88,16 @@ template <int WN> __device__ __forceinline__ WtTile wt_tile(const WtArgs &a, int
     t.m0 = g.m0;
     t.n0 = g.n0;
     t.KT = a.kt[0] + a.kt[1];
-    t.C = a.out + (long)(g.o0 + g.m0) * a.N + g.n0;
+    t.c0 = (long)(g.o0 + g.m0) * a.N + g.n0;
     t.M = g.rows - g.m0;
     t.N = a.N - g.n0;
     return t;
 }
 
-// MODE as above; ACC: Out += (else Out =)
-template <class Cfg, int MODE, bool ACC>
+// MODE as above; ACC: Out += (else Out =); OBF: Out is bf16, written (not with ACC)
+template <class Cfg, int MODE, bool ACC, bool OBF>
 __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const __grid_constant__ WtArgs args) {
+    static_assert(!(ACC && OBF), "a bf16 output is written, not added into");
     constexpr int WN = Cfg::WN, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE;
     extern __shared__ uint8_t wt_raw[];
     const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wt_raw) + 1023u) & ~1023u;
@@ -164,7 +165,8 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
         }
         wg_wait<0>();
         if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
-        wg_store_acc<WN, ACC>(acc, t.C, args.N, t.M, t.N, tid);   // ACC: reductions in L2
+        if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
+        else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
     }
 }
 
@@ -191,15 +193,21 @@ static CUtensorMap wt_map(const __nv_bfloat16 *base, long inner, long outer, int
     return m;
 }
 
-template <class Cfg, int MODE, bool ACC> static void wt_launch(const WtArgs &a) {
+template <class Cfg, int MODE, bool ACC, bool OBF> static void wt_launch(const WtArgs &a) {
     static int ready = 0;
     if (!ready) {
-        cudaCheck(cudaFuncSetAttribute(wt_gemm_k<Cfg, MODE, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaCheck(cudaFuncSetAttribute(wt_gemm_k<Cfg, MODE, ACC, OBF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        Cfg::SMEM));
         ready = 1;
     }
-    wt_gemm_k<Cfg, MODE, ACC><<<Cfg::CTAS * lm_cuda_num_sms(), WT_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(a);
+    wt_gemm_k<Cfg, MODE, ACC, OBF><<<Cfg::CTAS * lm_cuda_num_sms(), WT_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(a);
     cudaLaunchCheck();
+}
+// the instance for (dinp, acc, obf) at tile configuration Cfg
+template <class Cfg> static void wt_pick(const WtArgs &a, int dinp, int acc, int obf) {
+    if (!dinp) obf ? wt_launch<Cfg, WT_FWD, false, true>(a) : wt_launch<Cfg, WT_FWD, false, false>(a);
+    else if (acc) wt_launch<Cfg, WT_DINP, true, false>(a);
+    else obf ? wt_launch<Cfg, WT_DINP, false, true>(a) : wt_launch<Cfg, WT_DINP, false, false>(a);
 }
 
 // LM_MOE_TMA_TILE=256|128 (benchmarks): 128 × 256 tiles, one CTA per SM (the default), or
@@ -214,11 +222,12 @@ int lm_wt_tile_cols(void) {
     return v;
 }
 
-void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
+void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                         const __nv_bfloat16 *B2, const int *offsets, const int *tile_start, int E, int R, int N, int K,
-                        int K2, int dinp, int acc) {
+                        int K2, int dinp, int acc, int out_bf16) {
     LM_CHECK(K > 0 && N > 0 && R > 0 && K2 >= 0, "grouped GEMM (TMA): empty operand (R %d, N %d, K %d)", R, N, K);
     LM_CHECK(dinp || K2 == 0, "grouped GEMM (TMA): a second k part is for the input gradient only");
+    LM_CHECK(!(acc && out_bf16), "grouped GEMM (TMA): a bf16 output is written, not added into");
     const int wn = lm_wt_tile_cols();
     WtArgs a;
     memset(&a, 0, sizeof a);
@@ -237,14 +246,7 @@ void lm_wt_grouped_rows(float *Out, const __nv_bfloat16 *A, const __nv_bfloat16 
     a.tile_start = tile_start;
     a.E = E;
     a.N = N;
-    if (wn == 256) {
-        if (!dinp) wt_launch<WtBig, WT_FWD, false>(a);
-        else if (acc) wt_launch<WtBig, WT_DINP, true>(a);
-        else wt_launch<WtBig, WT_DINP, false>(a);
-    } else {
-        if (!dinp) wt_launch<WtPair, WT_FWD, false>(a);
-        else if (acc) wt_launch<WtPair, WT_DINP, true>(a);
-        else wt_launch<WtPair, WT_DINP, false>(a);
-    }
+    if (wn == 256) wt_pick<WtBig>(a, dinp, acc, out_bf16);
+    else wt_pick<WtPair>(a, dinp, acc, out_bf16);
 }
 

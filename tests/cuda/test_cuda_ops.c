@@ -41,6 +41,7 @@ static int harness_moe_gemm;
 #define lm_cuda_moe_gemm_name(m) \
     ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
 #define lm_cuda_weight_copies_made() 0UL   // the CPU table keeps no copies
+#define lm_cuda_experts_keep_bf16(C, F) 0   // nor bf16 expert rows
 static int harness_fa_wg = 128;
 #define lm_cuda_fa_wg() (harness_fa_wg)
 #define lm_cuda_set_fa_wg(m) ((void)(harness_fa_wg = (m)))
@@ -116,6 +117,23 @@ static void cmp(const char *op, const char *what, const float *dev, const float 
     float *h = lm_malloc((n ? n : 1) * sizeof(float));
     GPU->to_host(h, dev, n * sizeof(float));
     record(op, what, tu_rel_rms(h, ref, n), tol);
+    free(h);
+}
+// as cmp; bf16: dev holds n bf16 values (a backend's kept form), widened first
+static void cmp_kept(const char *op, const char *what, const void *dev, const float *ref, size_t n, double tol, int bf16) {
+    if (!bf16) {
+        cmp(op, what, (const float *)dev, ref, n, tol);
+        return;
+    }
+    uint16_t *b = lm_malloc((n ? n : 1) * sizeof(uint16_t));
+    float *h = lm_malloc((n ? n : 1) * sizeof(float));
+    GPU->to_host(b, dev, n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = (uint32_t)b[i] << 16;
+        memcpy(&h[i], &u, sizeof u);
+    }
+    record(op, what, tu_rel_rms(h, ref, n), tol);
+    free(b);
     free(h);
 }
 // as cmp, relative to max(rms(ref), floor): for values whose error matters absolutely below
@@ -1029,7 +1047,8 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
 
 // The routed experts as one op (moe_experts_fwd/bwd) against the CPU's (the finer ops in
 // turn). Under the bf16 GEMM mode with C, F multiples of 8 the CUDA backend keeps xp, eh, dyp,
-// dea, deb in bf16 (moe_experts.cu): every GEMM operand rounded once (2^-9 relative each),
+// dea, deb in bf16 (moe_experts.cu), and on the TMA kernels the products' outputs ea, eb, yp,
+// deh, dxp too (one more 2^-9 rounding each): every GEMM operand rounded once (2^-9 relative each),
 // a product of two rounded operands ~3e-3 relative RMS, the backward's chains (dyp → deh → dea
 // → dxp) a few of those: held to 1e-2 forward, 2e-2 backward. Elsewhere it is the fp32 ops
 // in turn (fp32 mode: 1e-5; bf16 mode with other widths: the per-op kernels' 1e-2). The saved
@@ -1081,10 +1100,11 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     CPU->moe_experts_fwd(&ex, y, x);
     GPU->moe_experts_fwd(&gex, gy, gx);
     const size_t used = (size_t)p.offsets[E];
+    const int kept = lm_cuda_experts_keep_bf16(C, F);   // ea, eb, yp in bf16 (moe_experts.cu)
     cmp(op, "fwd y (+=)", gy, y, (size_t)N * C, tol_f);
-    cmp(op, "fwd ea (rows used)", gex.ea, ex.ea, used * F, tol_f);
-    cmp(op, "fwd eb (rows used)", gex.eb, ex.eb, used * F, tol_f);
-    cmp(op, "fwd yp (rows used)", gex.yp, ex.yp, used * C, tol_f);
+    cmp_kept(op, kept ? "fwd ea (rows used, bf16)" : "fwd ea (rows used)", gex.ea, ex.ea, used * F, tol_f, kept);
+    cmp_kept(op, kept ? "fwd eb (rows used, bf16)" : "fwd eb (rows used)", gex.eb, ex.eb, used * F, tol_f, kept);
+    cmp_kept(op, kept ? "fwd yp (rows used, bf16)" : "fwd yp (rows used)", gex.yp, ex.yp, used * C, tol_f, kept);
     lm_experts_grads eg = {.dgate = dgate, .dW1 = dW1, .dW3 = dW3, .dW2 = dW2, .dW_assign = assign,
                            .dx_assign = assign, .dyp = hs[2], .dxp = hs[3], .dea = hs[7], .deb = hs[8], .deh = hs[9]};
     lm_experts_grads geg = {.dgate = gdgate, .dW1 = gdW1, .dW3 = gdW3, .dW2 = gdW2, .dW_assign = assign,
