@@ -11,6 +11,8 @@
 // reads the sources twice more (once for the reductions' partner loop, once for ∂q's column
 // sums). Both paths reduce in a fixed order, so results are deterministic.
 #include "cuda_common.cuh"
+#include "wgmma.cuh"   // its cp.async helpers
+#include <stdlib.h>
 
 #define AR_REG_SOURCES 8
 // The register kernels are templates over the sources they hold (NS ≥ n): 4, 6 or 8 — each
@@ -298,24 +300,59 @@ __global__ static void attnres_bwd_reg_k(lm_source_grads dsrc, float *dq_part, c
 // known, halves the rounding error at C = 2048 but costs 20% more time: the barriers per row
 // double.) dq_part as attnres_bwd_reg_k's; dgain_part [b, C] = Σ_rows r·dxn ⊙ y (NULL: not wanted).
 // (registers capped at 72, from 77, so that blocks of 256 threads run 3 to an SM)
-template <int NS>
+// PF: a row's sources and dxn come through shared memory, the next row's copies (cp.async,
+// this thread's own channels: no barrier) in flight while this row is reduced and applied —
+// the loads' latency was on every row's critical path; and the block's α and rstd are loaded
+// once. Dynamic shared memory: 2 × (NS + 1) float4 per thread (ar_norm_pf_bytes).
+template <int NS, bool PF>
 __global__ static void __maxnreg__(72) attnres_norm_bwd_reg_k(lm_source_grads dsrc, float *dq_part, float *dgain_part,
                                               const float *dxn, lm_sources src, const float *alpha, const float *rstd,
                                               const float *w, const float *gamma, const float *gain, int N, int C,
                                               float eps, int rpb) {
     __shared__ float red[32 * 4 * NS], tot[4 * NS + 1];
-    const int n = src.n, c = 4 * threadIdx.x;
+    __shared__ float arow[PF ? 16 * (NS + 1) : 1];   // PF: α [rpb][n], then rstd [rpb] (rpb ≤ 16)
+    extern __shared__ float4 pf[];                    // PF: [2][NS + 1][blockDim.x]
+    const int n = src.n, c = 4 * threadIdx.x, nt = blockDim.x;
     const bool on = c < C;
     const float4 q = mul4(ld4(w + c, on), ld4(gamma + c, on)), gn = ld4(gain + c, on);
     float4 dq = make_float4(0.f, 0.f, 0.f, 0.f), dg = dq;
     const int i0 = blockIdx.x * rpb, i1 = min(N, i0 + rpb);
+    // PF: row i's n sources and dxn into slot (i − i0) & 1
+    auto issue = [&](int i) {
+        if (on) {
+            float4 *slot = pf + ((i - i0) & 1) * (NS + 1) * nt + threadIdx.x;
+            const size_t row = (size_t)i * C + c;
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+                if (j < n) wg_cp16((uint32_t)__cvta_generic_to_shared(slot + j * nt), src.p[j] + row, true);
+            wg_cp16((uint32_t)__cvta_generic_to_shared(slot + NS * nt), dxn + row, true);
+        }
+        wg_cp_commit();
+    };
+    if constexpr (PF) {
+        if (i0 < i1) issue(i0);
+        for (int e = threadIdx.x; e < (i1 - i0) * n; e += nt) arow[e] = alpha[(size_t)i0 * n + e];
+        for (int e = threadIdx.x; e < i1 - i0; e += nt) arow[16 * NS + e] = rstd[i0 + e];
+        __syncthreads();
+    }
     for (int i = i0; i < i1; i++) {
         const size_t row = (size_t)i * C + c;
-        const float *a = alpha + (size_t)i * n;
-        const float r = rstd[i];
-        const float4 dx = ld4(dxn + row, on), gd = mul4(gn, dx);
-        float4 u[NS];
-        load_sources<NS>(u, src, row, on);
+        const float *a = PF ? arow + (i - i0) * n : alpha + (size_t)i * n;
+        const float r = PF ? arow[16 * NS + i - i0] : rstd[i];
+        float4 dx, u[NS];
+        if constexpr (PF) {
+            wg_cp_wait<0>();
+            const float4 *slot = pf + ((i - i0) & 1) * (NS + 1) * nt + threadIdx.x;
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int j = 0; j < NS; j++) u[j] = on && j < n ? slot[j * nt] : z;
+            dx = on ? slot[NS * nt] : z;
+            if (i + 1 < i1) issue(i + 1);
+        } else {
+            dx = ld4(dxn + row, on);
+            load_sources<NS>(u, src, row, on);
+        }
+        const float4 gd = mul4(gn, dx);
         const float4 y = mix_sum<NS>(u, a, n);
         axpy(dg, r, mul4(dx, y));
         float part[4 * NS];
@@ -400,7 +437,18 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
 static inline int ar_norm_fused_ok(int n, int C) {
     const int th = lm_reg_row_threads(C);
     return ar_reg_ok(n, C) && n <= AR_NORM_NS && lm_cuda_fits((const void *)attnres_norm_fwd_reg_k<AR_NORM_NS>, th) &&
-           lm_cuda_fits((const void *)attnres_norm_bwd_reg_k<AR_NORM_NS>, th);
+           lm_cuda_fits((const void *)attnres_norm_bwd_reg_k<AR_NORM_NS, false>, th);
+}
+// the backward's prefetch ring (attnres_norm_bwd_reg_k's PF), or 0 where it would not fit in
+// the default 48 KB of dynamic shared memory (C > 1228) or LM_MIX_PF=0 turns it off
+static size_t ar_norm_pf_bytes(int th) {
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("LM_MIX_PF");
+        off = e && *e == '0';
+    }
+    const size_t b = 2 * (size_t)(AR_NORM_NS + 1) * th * sizeof(float4);
+    return off || b > 48 * 1024 ? 0 : b;
 }
 
 void cuda_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src, const real *w,
@@ -436,8 +484,13 @@ void cuda_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *d
     // [nb, C] partials of ∂q and of the gain's gradient, then ∂q's sum [C]
     float *ws = (float *)lm_cuda_scratch((2 * (size_t)nb + 1) * C * sizeof(float));
     float *qpart = want_dq ? ws : NULL, *gpart = dgain ? ws + (size_t)nb * C : NULL, *dq = ws + 2 * (size_t)nb * C;
-    attnres_norm_bwd_reg_k<AR_NORM_NS><<<nb, th, 0, lm_cuda_stream()>>>(dsrc, qpart, gpart, dxn, src, alpha, rstd, w,
-                                                                      gamma, gain, N, C, eps, rpb);
+    const size_t pfb = ar_norm_pf_bytes(th);
+    if (pfb)
+        attnres_norm_bwd_reg_k<AR_NORM_NS, true><<<nb, th, pfb, lm_cuda_stream()>>>(
+            dsrc, qpart, gpart, dxn, src, alpha, rstd, w, gamma, gain, N, C, eps, rpb);
+    else
+        attnres_norm_bwd_reg_k<AR_NORM_NS, false><<<nb, th, 0, lm_cuda_stream()>>>(
+            dsrc, qpart, gpart, dxn, src, alpha, rstd, w, gamma, gain, N, C, eps, rpb);
     cudaLaunchCheck();
     if (want_dq) {
         lm_cuda_colsum_final(dq, qpart, nb, C, 0);

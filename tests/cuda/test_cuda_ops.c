@@ -2098,6 +2098,7 @@ int main(int argc, char **argv) {
         // at C = 2048, 6.3e-5 in turn at C = 4096)
         t_attnres_norm(2, 1024, 1100, 2 * TOL);   // fused, 2 rows per backward block
         t_attnres_norm(4, 1024, 3000, 2 * TOL);   // fused, 5 rows per block
+        t_attnres_norm(3, 1024, 9000, 2 * TOL);   // fused, 16 rows per block (the prefetch's longest run)
         t_attnres_norm(4, 2048, 600, 10 * TOL);   // fused, 512 threads
         t_attnres_norm(3, 300, 40, TOL);          // fused, threads past C
         t_attnres_norm(6, 1024, 3000, 2 * TOL);   // the two ops in turn: more than 4 sources, ...
