@@ -107,6 +107,9 @@ typedef struct {
     const real *gate;               // [N, k]
     const real *W1, *W3, *W2;       // [E, F, C], [E, F, C], [E, C, F]
     real *xp, *ea, *eb, *eh, *yp;   // saved by the forward: [R, C], [R, F] ×3, [R, C]
+    // the forward's x in the backend's GEMM precision (an lm_linears.lo its producer filled),
+    // or NULL: the CUDA bf16 path gathers xp from it instead of rounding x's rows again
+    const void *x_lo;
 } lm_experts;
 // Their gradients: dx (the op's argument), dgate, dW1, dW3, dW2 accumulate — or with dx_assign
 // the op writes dx, and with dW_assign dW1,

@@ -84,7 +84,8 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     if (s->training && bal) lm_balancer_observe(bal, o, a->s, a->alpha, a->counts, a->offsets, N);
     const real *xin = a->xn;
     if (c->moe_latent_dim) xin = a->xl;
-    const lm_experts ex = routed_experts(s, p, a);
+    lm_experts ex = routed_experts(s, p, a);
+    if (!c->moe_latent_dim) ex.x_lo = L.lo;   // xn's bf16 copy, filled by the norm
     const int Fs = c->n_shared * F;
     if (!c->moe_latent_dim) {
         // the experts op adds its sum into out, which already holds the shared experts' output

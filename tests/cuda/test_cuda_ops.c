@@ -857,10 +857,16 @@ static void t_mla_decode(void) {
 // ---------------------------------------------------------------------------
 // MoE
 
-static void t_moe_route(int N, int E, int k, int renorm) {
-    char op[40];
-    snprintf(op, sizeof op, "moe_route N%d E%d k%d%s", N, E, k, renorm ? "" : " plain");
+// ties: z on a grid of 0.5 and no bias, so that many experts score the same (the selection
+// must keep the lower index first, as the CPU's insertion does)
+static void t_moe_route(int N, int E, int k, int renorm, int ties) {
+    char op[48];
+    snprintf(op, sizeof op, "moe_route N%d E%d k%d%s%s", N, E, k, renorm ? "" : " plain", ties ? " ties" : "");
     float *z = hrandn((size_t)N * E, 2), *bias = hrandn(E, 0.2), *dgate = hrandn((size_t)N * k, 1);
+    if (ties) {
+        for (size_t j = 0; j < (size_t)N * E; j++) z[j] = roundf(2 * z[j]) / 2;
+        for (int j = 0; j < E; j++) bias[j] = 0;
+    }
     float *dz = hrandn((size_t)N * E, 1);
     float *gz = dfl(z, (size_t)N * E), *gbias = dfl(bias, E), *gdgate = dfl(dgate, (size_t)N * k), *gdz = dfl(dz, (size_t)N * E);
     int *gidx = dpoison_int((size_t)N * k);
@@ -1097,6 +1103,7 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     gex.offsets = p.goffsets; gex.row_token = p.grow_token; gex.slot_row = p.gslot_row; gex.gate = ggate;
     gex.W1 = gW1; gex.W3 = gW3; gex.W2 = gW2;
     gex.xp = ds[0]; gex.ea = ds[4]; gex.eb = ds[5]; gex.eh = ds[6]; gex.yp = ds[1];
+    float *y0 = hcopy(y, (size_t)N * C);
     CPU->moe_experts_fwd(&ex, y, x);
     GPU->moe_experts_fwd(&gex, gy, gx);
     const size_t used = (size_t)p.offsets[E];
@@ -1105,6 +1112,20 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
     cmp_kept(op, kept ? "fwd ea (rows used, bf16)" : "fwd ea (rows used)", gex.ea, ex.ea, used * F, tol_f, kept);
     cmp_kept(op, kept ? "fwd eb (rows used, bf16)" : "fwd eb (rows used)", gex.eb, ex.eb, used * F, tol_f, kept);
     cmp_kept(op, kept ? "fwd yp (rows used, bf16)" : "fwd yp (rows used)", gex.yp, ex.yp, used * C, tol_f, kept);
+    if (bf16 && C % 8 == 0) {   // x's bf16 copy given (x_lo, as the model passes its norm's): the same forward, bit for bit
+        uint16_t *xb = lm_malloc((size_t)N * C * sizeof(uint16_t));
+        for (size_t j = 0; j < (size_t)N * C; j++) xb[j] = bf16_bits(x[j]);
+        void *gxb = GPU->alloc((size_t)N * C * sizeof(uint16_t));
+        GPU->to_device(gxb, xb, (size_t)N * C * sizeof(uint16_t));
+        float *gy2 = dfl(y0, (size_t)N * C);
+        lm_experts gex2 = gex;
+        gex2.x_lo = gxb;
+        GPU->moe_experts_fwd(&gex2, gy2, gx);
+        cmp_dev_exact(op, "fwd y, x's bf16 copy given", gy2, gy, (size_t)N * C);
+        GPU->free(gxb);
+        DFREE(gy2);
+        free(xb);
+    }
     lm_experts_grads eg = {.dgate = dgate, .dW1 = dW1, .dW3 = dW3, .dW2 = dW2, .dW_assign = assign,
                            .dx_assign = assign, .dyp = hs[2], .dxp = hs[3], .dea = hs[7], .deb = hs[8], .deh = hs[9]};
     lm_experts_grads geg = {.dgate = gdgate, .dW1 = gdW1, .dW3 = gdW3, .dW2 = gdW2, .dW_assign = assign,
@@ -1121,7 +1142,7 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
         free(hs[i]);
     }
     DFREE(gx, gW1, gW3, gW2, ggate, gy, gdy, gdx, gdgate, gdW1, gdW3, gdW2);
-    HFREE(x, W1, W3, W2, gate, y, dy, dx, dgate, dW1, dW3, dW2);
+    HFREE(x, W1, W3, W2, gate, y, dy, dx, dgate, dW1, dW3, dW2, y0);
     free_plan(&p);
 }
 
@@ -2036,9 +2057,14 @@ int main(int argc, char **argv) {
         t_mla_decode();
         t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});
         t_mla_decode_long(3, 70000, (const int[]){70000, 33, 69999});
-        t_moe_route(200, 12, 3, 1);
-        t_moe_route(200, 12, 3, 0);
-        t_moe_route(50, 4, 4, 1);
+        t_moe_route(200, 12, 3, 1, 0);
+        t_moe_route(200, 12, 3, 0, 0);
+        t_moe_route(50, 4, 4, 1, 0);
+        t_moe_route(500, 80, 4, 1, 0);    // the `small` preset: 3 experts a lane
+        t_moe_route(300, 256, 8, 1, 0);   // Kimi Linear
+        t_moe_route(300, 80, 4, 1, 1);
+        t_moe_route(100, 300, 16, 0, 1);
+        t_moe_route(20, 3000, 5, 1, 0);   // more than 2048 experts: a thread per token
         t_moe_plan();
         t_moe_experts();
         // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
