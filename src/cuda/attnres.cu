@@ -440,7 +440,8 @@ static inline int ar_norm_fused_ok(int n, int C) {
            lm_cuda_fits((const void *)attnres_norm_bwd_reg_k<AR_NORM_NS, false>, th);
 }
 // the backward's prefetch ring (attnres_norm_bwd_reg_k's PF), or 0 where it would not fit in
-// the default 48 KB of dynamic shared memory (C > 1228) or LM_MIX_PF=0 turns it off
+// the default 48 KB of dynamic shared memory (from C = 1156 on: blocks of 32·⌈C/128⌉ threads,
+// 320 and more) or LM_MIX_PF=0 turns it off
 static size_t ar_norm_pf_bytes(int th) {
     static int off = -1;
     if (off < 0) {
