@@ -226,7 +226,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
                                                                                 ex->N, ex->k, C, lm_aligned16({dy}));
     cudaLaunchCheck();
     if (g->dgate && lo) lm_cuda_moe_dgate_bf16(g->dgate, dy, (const bf16 *)ex->yp, ex->slot_row, ex->N, ex->k, C);
-    else cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
+    else if (g->dgate) cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
     // W2: dW2 [E, C, F] += dypᵀ · eh (= with dW_assign, as dW1 and dW3);  deh [R, F] = dyp · W2[e] (overwritten)
     if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, ehb, ex->offsets, E, C, F, g->dW_assign);
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, ki);
