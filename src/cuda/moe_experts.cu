@@ -228,7 +228,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     if (g->dgate && lo) lm_cuda_moe_dgate_bf16(g->dgate, dy, (const bf16 *)ex->yp, ex->slot_row, ex->N, ex->k, C);
     else if (g->dgate) cuda_moe_combine_bwd(NULL, g->dgate, dy, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
     // W2: dW2 [E, C, F] += dypᵀ · eh (= with dW_assign, as dW1 and dW3);  deh [R, F] = dyp · W2[e] (overwritten)
-    if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, ehb, ex->offsets, E, C, F, g->dW_assign);
+    if (g->dW2) lm_moe_bf16_dw(kw, g->dW2, dypb, NULL, NULL, ehb, ex->offsets, E, R, C, F, g->dW_assign);
     lm_moe_bf16_schedule(tsF, ex->offsets, E, F, ki);
     lm_moe_bf16_rows(ki, g->deh, dypb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsF, E, R, F, C, 1, 1, lo);
     if (lo)
@@ -245,8 +245,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
         lm_moe_bf16_rows2(ki, g->dxp, deab, lm_cuda_weight_bf16(ex->W1, nw), debb, lm_cuda_weight_bf16(ex->W3, nw),
                           ex->offsets, tsC, E, R, C, F, F, 1, lo);
     }
-    if (g->dW1) lm_moe_bf16_dw(kw, g->dW1, deab, xpb, ex->offsets, E, F, C, g->dW_assign);
-    if (g->dW3) lm_moe_bf16_dw(kw, g->dW3, debb, xpb, ex->offsets, E, F, C, g->dW_assign);
+    lm_moe_bf16_dw(kw, g->dW1, deab, g->dW3, debb, xpb, ex->offsets, E, R, F, C, g->dW_assign);   // one launch (TMA)
     // dx [N, C] += Σ_slot dxp[slot_row] per token in slot order: a gather by the plan's
     // slot_row (deterministic, each dx row read and written once) instead of the scatter by
     // row_token, which needs a sort

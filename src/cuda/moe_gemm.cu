@@ -402,24 +402,26 @@ const char *lm_cuda_moe_gemm_name(int mode) { return mode >= 0 && mode < MOE_NKE
 //     (two CTAs of 128 × 128 per SM), small 121–123 vs 120;
 //   input gradient into a zeroed buffer (the experts op's deh, dxp): TMA, which writes
 //     instead of adding (and takes dxp's two products as one);
-//   input gradient added into fp32 (the grouped_matmul ops) and weight gradients: two CTAs of
-//     128 × 128 per SM (`wg128x2`) — Kimi dinp 225–236 vs 182–189 for TMA and 164–172 for
-//     128 × 256 tiles, dW 169–171 vs 70–91; small 74 / 64 vs 48 / 64: their tiles are short
-//     (k = 1024, or an expert's rows) and the second CTA hides each one's read-modify-write
-//     epilogue.
+//   input gradient added into fp32 (the grouped_matmul ops): two CTAs of 128 × 128 per SM
+//     (`wg128x2`) — Kimi dinp 225–236 vs 182–189 for TMA and 164–172 for 128 × 256 tiles;
+//     small 74 vs 48: their tiles are short (k = 1024) and the second CTA hides each one's
+//     read-modify-write epilogue;
+//   weight gradients: TMA (wt_dw_k, session 20) — the experts op's three written: Kimi 375
+//     vs 265 for `wg128x2`, small (16K tokens) 465 vs 306 (dw_cfg below).
 enum { K_FP32 = 0, K_MMA = 100, K_TMA = 101 };
-// LM_MOE_DW=big|pair: auto's weight-gradient kernel (benchmarks). pair by default: with the
-// gradients written (lm_experts_grads.dW_assign) 128 × 256 tiles are faster at Kimi shapes
-// (bench_moe, H200: the experts op's dW 6.40 vs 7.05 ms) but slower in `small` training
-// (B4: 117.3–117.7K vs 118.2–118.8K tok/s, the same call)
+// LM_MOE_DW=tma|big|pair: auto's weight-gradient kernel (benchmarks). Of the cp.async
+// kernels, pair: with the gradients written (lm_experts_grads.dW_assign) 128 × 256 tiles are
+// faster at Kimi shapes (bench_moe, H200: the experts op's dW 6.40 vs 7.05 ms) but slower in
+// `small` training (B4: 117.3–117.7K vs 118.2–118.8K tok/s, the same call).
 static int dw_cfg(void) {
     static int v = -1;
     if (v < 0) {
         const char *s = getenv("LM_MOE_DW");
-        v = LM_WG_PAIR;
+        v = K_TMA;
         if (s && *s) {
             if (!strcmp(s, "big")) v = LM_WG_BIG;
-            else if (strcmp(s, "pair")) lm_die("LM_MOE_DW='%s' is not big or pair", s);
+            else if (!strcmp(s, "pair")) v = LM_WG_PAIR;
+            else if (strcmp(s, "tma")) lm_die("LM_MOE_DW='%s' is not tma, big or pair", s);
         }
     }
     return v;
@@ -479,9 +481,16 @@ void lm_moe_bf16_rows2(int kern, void *Out, const __nv_bfloat16 *A, const __nv_b
     lm_wg_grouped_rows(Of, A, B, offsets, ts, E, N, K, 1, kern);
     lm_wg_grouped_rows(Of, A2, B2, offsets, ts, E, N, K2, 1, kern);
 }
-void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
-                    int E, int OC, int C, int assign) {
-    lm_wg_grouped_dw(dW, dout, inp, offsets, E, OC, C, kern == K_TMA ? LM_WG_PAIR : kern, assign);   // no TMA dW kernel
+void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, float *dW_b, const __nv_bfloat16 *dout_b,
+                    const __nv_bfloat16 *inp, const int *offsets, int E, int R, int OC, int C, int assign) {
+    if (!dW) dW = dW_b, dout = dout_b, dW_b = NULL;
+    if (!dW) return;
+    if (kern == K_TMA) {
+        lm_wt_grouped_dw(dW, dW_b, dout, dW_b ? dout_b : NULL, inp, offsets, E, R, OC, C, assign);
+        return;
+    }
+    lm_wg_grouped_dw(dW, dout, inp, offsets, E, OC, C, kern, assign);
+    if (dW_b) lm_wg_grouped_dw(dW_b, dout_b, inp, offsets, E, OC, C, kern, assign);
 }
 
 // ---------------------------------------------------------------------------
@@ -559,7 +568,7 @@ static void grouped_bwd(int n, real *dinp, real *const *dW, const real *const *d
                 lm_moe_bf16_rows(kern, dinp, doutb, wb, offsets, ts, E, R, C, OC, 1, 0, 0);
             }
             // OC × C, k = the expert's rows: A = dout, B = inp, both MN-major
-            if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, inpb, offsets, E, OC, C, 0);
+            if (dW[i]) lm_moe_bf16_dw(kdw, dW[i], doutb, NULL, NULL, inpb, offsets, E, R, OC, C, 0);
         }
         return;
     }

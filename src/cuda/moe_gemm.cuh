@@ -28,6 +28,11 @@ void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *
 // Needs M, N multiples of 8 and 16-byte aligned pointers.
 void lm_wg_grouped_dw(float *dW, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const int *offsets, int E, int M,
                       int N, int cfg, int assign);
+// The same with TMA copies and a warp-specialized pipeline (moe_gemm_tma.cu); R = rows
+// allocated in A, A2 and B (the copies' bounds). dW2, A2 (may be NULL): a second weight of the
+// same shape sharing B, in the same launch.
+void lm_wt_grouped_dw(float *dW, float *dW2, const __nv_bfloat16 *A, const __nv_bfloat16 *A2, const __nv_bfloat16 *B,
+                      const int *offsets, int E, int R, int M, int N, int assign);
 
 // A row-product tile of the grouped kernels: expert e, its rows from offsets[e] + m0 (rows =
 // the expert's row count), columns from n0.
@@ -75,7 +80,9 @@ void lm_moe_bf16_rows(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bf
 void lm_moe_bf16_rows2(int kern, void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const __nv_bfloat16 *A2,
                        const __nv_bfloat16 *B2, const int *offsets, const int *ts, int E, int R, int N, int K, int K2,
                        int overwrite, int out_bf16);
-void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, const __nv_bfloat16 *inp, const int *offsets,
-                    int E, int OC, int C, int assign);
+// dW [E,OC,C] (+)= per expert doutᵀ · inp over its rows (R allocated); dW_b, dout_b (may be
+// NULL): a second weight sharing inp, one launch where the kernel takes two
+void lm_moe_bf16_dw(int kern, float *dW, const __nv_bfloat16 *dout, float *dW_b, const __nv_bfloat16 *dout_b,
+                    const __nv_bfloat16 *inp, const int *offsets, int E, int R, int OC, int C, int assign);
 
 #endif

@@ -1,6 +1,7 @@
-// moe_gemm_tma.cu — the row-grouped expert GEMMs (forward and input gradient) with TMA copies
-// and a warp-specialized pipeline (sm_90a): auto takes the forward and the input gradients
-// into zeroed work buffers here (LM_MOE_GEMM=tma also the other input gradients):
+// moe_gemm_tma.cu — the grouped expert GEMMs (forward, input gradient, weight gradient) with
+// TMA copies and a warp-specialized pipeline (sm_90a): auto takes the forward, the input
+// gradients into zeroed work buffers and the weight gradients here (LM_MOE_GEMM=tma also the
+// other input gradients):
 //
 //   fwd:  Out [R,N]  = per expert e: rows [offsets[e], offsets[e+1]) of A [R,K] · B_e [N,K]ᵀ
 //   dinp: Out [R,N] (+)= Σ_p A_p rows · B_p,e with B_p,e [K_p,N] (the weights as stored, read
@@ -26,11 +27,15 @@
 // expert e's input gradient (only when K_p is not a multiple of 64; the cp.async kernels
 // zero-fill both operands).
 //
-// Not here: the weight gradient. A TMA version (its k range an expert's rows, the rows past
-// the expert's end written as zeros by the producer warp) ran at 55–83 TFLOP/s at Kimi
-// shapes against 176 for moe_gemm_wg.cu's two-CTA cp.async kernel, with the same L2 and
-// DRAM bytes (ncu, session 12): its consumers waited on `full` and its producer on `empty`
-// ~20% of the samples each, the copies landing late. Cause not found; it was removed.
+// The weight gradient (wt_dw_k): dW_e [M,N] (+)= Σ over expert e's rows r of A[r,m]·B[r,n],
+// both operands MN-major (k = the rows, their slow index), read as 64 × 64 boxes; the same
+// producer warp and consumer warpgroups. An expert's row range starts anywhere and its last
+// slice runs into the next expert's rows: the consumers zero those rows of both tiles in
+// shared memory (generic stores, a proxy fence and a barrier of the 256 consumer threads)
+// before that slice's multiply. A first TMA version (session 12) had the producer thread
+// write those zeros itself and ran at 55–83 TFLOP/s at Kimi shapes; it was removed then.
+// Two weights that share B (dW1 and dW3, both · xp) go in one launch as two parts of the m
+// range.
 #include "cuda_common.cuh"
 #include "moe_gemm.cuh"
 #include "wgmma_ops.cuh"
@@ -170,6 +175,124 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
     }
 }
 
+// ---- the weight gradient ----
+// parts p < 2 of the m range (M_p rows each, ntm_p tiles of 128): dW_p [E, M_p, N] from A_p
+// [R, M_p]; B [R, N] shared. Tile order: expert, then n tile, then (part, m tile) fastest, so
+// the CTAs of one expert's tiles run together and share its rows in L2.
+struct WtDwArgs {
+    CUtensorMap a[2], b;
+    float *dW[2];
+    const int *offsets;
+    int E, N, M[2], ntm[2], ntn;
+};
+struct WtDwTile {
+    int e, p, o0, rows, m0, n0;
+};
+template <int WN> __device__ __forceinline__ WtDwTile wt_dw_tile(const WtDwArgs &a, int tile) {
+    const int ntm = a.ntm[0] + a.ntm[1], per = ntm * a.ntn;
+    WtDwTile t;
+    t.e = tile / per;
+    const int local = tile - t.e * per, mt = local % ntm;
+    t.p = mt >= a.ntm[0];
+    t.m0 = (mt - (t.p ? a.ntm[0] : 0)) * WT_M;
+    t.o0 = a.offsets[t.e];
+    t.rows = a.offsets[t.e + 1] - t.o0;
+    t.n0 = (local / ntm) * WN;
+    return t;
+}
+
+// ACC: dW += (else dW =, zeros for experts without rows)
+template <class Cfg, bool ACC>
+__global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __grid_constant__ WtDwArgs args) {
+    constexpr int WN = Cfg::WN, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE;
+    extern __shared__ uint8_t wt_raw[];
+    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wt_raw) + 1023u) & ~1023u;
+    const uint32_t full0 = ring + STAGES * STAGE, empty0 = full0 + STAGES * 8;
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mb_init(full0 + 8 * s, 1);
+            mb_init(empty0 + 8 * s, 2);
+        }
+        mb_init_fence();
+    }
+    __syncthreads();
+    const int total = args.E * (args.ntm[0] + args.ntm[1]) * args.ntn;
+
+    if (warp == 8) {   // producer
+        if ((tid & 31) != 0) return;
+        int slot = 0, phase = 0;
+        for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            const WtDwTile t = wt_dw_tile<WN>(args, tile);
+            const int KT = (t.rows + WT_K - 1) / WT_K, n0 = t.n0;
+            for (int kt = 0; kt < KT; kt++) {
+                mb_wait(empty0 + 8 * slot, phase ^ 1);
+                const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
+                const int r0 = t.o0 + kt * WT_K;
+                mb_expect_tx(full, STAGE);
+                tma_2d(sa, &args.a[t.p], t.m0, r0, full);
+                tma_2d(sa + 8192, &args.a[t.p], t.m0 + 64, r0, full);
+#pragma unroll
+                for (int nb = 0; nb < WN / 64; nb++) tma_2d(sb + nb * 8192, &args.b, n0 + 64 * nb, r0, full);
+                if (++slot == STAGES) { slot = 0; phase ^= 1; }
+            }
+        }
+        return;
+    }
+
+    const int wg = warp >> 2;
+    const bool leader = (tid & 127) == 0;
+    int slot = 0, phase = 0;
+    float acc[WN / 2];
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        const WtDwTile t = wt_dw_tile<WN>(args, tile);
+        const int KT = (t.rows + WT_K - 1) / WT_K, n0 = t.n0;
+        if (KT == 0) {   // an expert without rows: nothing to add, or a zero tile to write
+            if constexpr (ACC) {
+                continue;
+            } else {
+#pragma unroll
+                for (int i = 0; i < WN / 2; i++) acc[i] = 0.f;
+            }
+        }
+        int prev = -1;
+        for (int kt = 0; kt < KT; kt++) {
+            mb_wait(full0 + 8 * slot, phase);
+            const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES;
+            const int valid = t.rows - kt * WT_K;
+            if (valid < WT_K) {   // the next expert's rows (or zeros past the tensor): zero them in both tiles
+                constexpr int BLOCKS = 2 + WN / 64;   // 64-wide blocks of 64 k rows, 8 KB each
+                const int nz = (WT_K - valid) * BLOCKS * 8;   // 16-byte pieces
+                for (int i = tid; i < nz; i += 256) {
+                    const int c = i & 7, rb = i >> 3, blk = rb % BLOCKS, r = valid + rb / BLOCKS;
+                    const uint32_t addr = sa + blk * 8192 + r * 128 + c * 16;
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+                }
+                wg_fence_proxy();
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            }
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < WT_K / 16; j++) {
+                // MN-major: 64-wide blocks 8 KB apart (LBO), 8-row k groups 1 KB apart (SBO)
+                const uint64_t da = wb_desc(sa + wg * 8192 + 2 * j * 1024, 8192, 1024);
+                const uint64_t db = wb_desc(sb + 2 * j * 1024, 8192, 1024);
+                wg_ss<WN, 1, 1>(acc, da, db, kt > 0 || j > 0);
+            }
+            wg_commit();
+            wg_wait<1>();
+            if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+            prev = slot;
+            if (++slot == STAGES) { slot = 0; phase ^= 1; }
+        }
+        wg_wait<0>();
+        if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+        const int M = args.M[t.p];
+        wg_store_acc<WN, ACC>(acc, args.dW[t.p] + ((long)t.e * M + t.m0) * args.N + n0, args.N, M - t.m0,
+                              args.N - n0, tid);
+    }
+}
+
 // ---- host ----
 static PFN_cuTensorMapEncodeTiled_v12000 wt_encoder(void) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
@@ -250,3 +373,53 @@ void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *
     else wt_pick<WtPair>(a, dinp, acc, out_bf16);
 }
 
+
+template <class Cfg, bool ACC> static void wt_dw_launch(const WtDwArgs &a, long tiles) {
+    static int ready = 0;
+    if (!ready) {
+        cudaCheck(cudaFuncSetAttribute(wt_dw_k<Cfg, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM));
+        ready = 1;
+    }
+    const long slots = (long)Cfg::CTAS * lm_cuda_num_sms();
+    wt_dw_k<Cfg, ACC><<<(int)(tiles < slots ? tiles : slots), WT_THREADS, Cfg::SMEM, lm_cuda_stream()>>>(a);
+    cudaLaunchCheck();
+}
+
+// LM_MOE_DW_TILE=256|128 (benchmarks): the weight gradient's tiles, 128 × 256 one CTA per SM
+// (the default) or 128 × 128 two per SM. bench_moe, H200, the experts op's three dW products
+// (written / added): Kimi shapes 4.95 / 7.52 ms with 256 against 5.70 / 8.66 with 128; the
+// `small` preset at 16K tokens 0.222 / 0.295 against 0.234 / 0.297
+static int wt_dw_tile_cols(void) {
+    static int v = 0;
+    if (!v) {
+        const char *s = getenv("LM_MOE_DW_TILE");
+        v = s && *s ? atoi(s) : 256;
+        if (v != 128 && v != 256) lm_die("LM_MOE_DW_TILE='%s' is not 128 or 256", s);
+    }
+    return v;
+}
+
+void lm_wt_grouped_dw(float *dW, float *dW2, const __nv_bfloat16 *A, const __nv_bfloat16 *A2, const __nv_bfloat16 *B,
+                      const int *offsets, int E, int R, int M, int N, int assign) {
+    LM_CHECK(E > 0 && R > 0 && M > 0 && N > 0, "grouped dW (TMA): empty operand (E %d, R %d, M %d, N %d)", E, R, M, N);
+    const int wn = wt_dw_tile_cols(), np = dW2 ? 2 : 1;
+    WtDwArgs a;
+    memset(&a, 0, sizeof a);
+    float *dWs[2] = {dW, dW2};
+    const __nv_bfloat16 *As[2] = {A, A2};
+    for (int p = 0; p < np; p++) {
+        a.a[p] = wt_map(As[p], M, R, 64, WT_K);
+        a.dW[p] = dWs[p];
+        a.M[p] = M;
+        a.ntm[p] = (M + WT_M - 1) / WT_M;
+    }
+    a.b = wt_map(B, N, R, 64, WT_K);
+    a.offsets = offsets;
+    a.E = E;
+    a.N = N;
+    a.ntn = (N + wn - 1) / wn;
+    const long tiles = (long)E * (a.ntm[0] + a.ntm[1]) * a.ntn;
+    LM_CHECK(tiles < (1L << 31), "grouped dW (TMA): %ld tiles", tiles);
+    if (wn == 256) assign ? wt_dw_launch<WtBig, false>(a, tiles) : wt_dw_launch<WtBig, true>(a, tiles);
+    else assign ? wt_dw_launch<WtPair, false>(a, tiles) : wt_dw_launch<WtPair, true>(a, tiles);
+}
