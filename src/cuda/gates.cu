@@ -15,10 +15,37 @@ __global__ static void sgate_fwd_k(float *out, const float *x, const float *z, s
     }
     GRID_STRIDE(i, n - done) out[done + i] = x[done + i] * dsigmoid(z[done + i]);
 }
+// element i of the gate's backward: dx (+)= dout·σ(z), dz (+)= dout·x·σ(z)(1 − σ(z))
+__device__ __forceinline__ void sgate_bwd_one(float &dx, float &dz, float d, float x, float z) {
+    const float s = dsigmoid(z);
+    dx = d * s;
+    dz = d * x * s * (1 - s);
+}
+// vec as sgate_fwd_k (dx, dz 16-byte aligned too; 0.45 ms of a `small` B4 step as scalars)
 __global__ static void sgate_bwd_k(float *dx, float *dz, const float *dout, const float *x, const float *z, size_t n,
-                                   int assign) {
-    GRID_STRIDE(i, n) {
-        const float s = dsigmoid(z[i]), gx = dout[i] * s, gz = dout[i] * x[i] * s * (1 - s);
+                                   int assign, int vec) {
+    const size_t done = vec ? 4 * (n / 4) : 0;
+    GRID_STRIDE(i4, done / 4) {
+        const size_t i = 4 * i4;
+        const float4 dv = ld4(dout + i), xv = ld4(x + i), zv = ld4(z + i);
+        float4 gx, gz;
+        sgate_bwd_one(gx.x, gz.x, dv.x, xv.x, zv.x);
+        sgate_bwd_one(gx.y, gz.y, dv.y, xv.y, zv.y);
+        sgate_bwd_one(gx.z, gz.z, dv.z, xv.z, zv.z);
+        sgate_bwd_one(gx.w, gz.w, dv.w, xv.w, zv.w);
+        if (dx) {
+            if (!assign) gx = add4(gx, ld4(dx + i));
+            *reinterpret_cast<float4 *>(dx + i) = gx;
+        }
+        if (dz) {
+            if (!assign) gz = add4(gz, ld4(dz + i));
+            *reinterpret_cast<float4 *>(dz + i) = gz;
+        }
+    }
+    GRID_STRIDE(j, n - done) {
+        const size_t i = done + j;
+        float gx, gz;
+        sgate_bwd_one(gx, gz, dout[i], x[i], z[i]);
         if (dx) dx[i] = assign ? gx : dx[i] + gx;
         if (dz) dz[i] = assign ? gz : dz[i] + gz;
     }
@@ -32,7 +59,9 @@ void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
 }
 void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign) {
     if (!n || (!dx && !dz)) return;
-    sgate_bwd_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, n, assign);
+    const int vec = lm_aligned16({dx, dz, dout, x, z});
+    sgate_bwd_k<<<lm_cuda_blocks(vec ? n / 4 + 1 : n, 256), 256, 0, lm_cuda_stream()>>>(dx, dz, dout, x, z, n, assign,
+                                                                                       vec);
     cudaLaunchCheck();
 }
 

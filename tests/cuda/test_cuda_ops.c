@@ -594,7 +594,11 @@ static void t_gates(void) {
         GPU->sigmoid_gate_bwd(gdx2, gdz2, gdout, gx, gz, n, 1);
         cmp("sigmoid_gate", "bwd dx written (assign)", gdx2, dx2, n, TOL);
         cmp("sigmoid_gate", "bwd dz written (assign)", gdz2, dz2, n, TOL);
-        DFREE(gdx2, gdz2); HFREE(dx2, dz2);
+        // dx alone, from element 1 (not 16-byte aligned: the scalar path throughout)
+        float *gdx3 = dpoison(n);
+        GPU->sigmoid_gate_bwd(gdx3 + 1, NULL, gdout + 1, gx + 1, gz + 1, n - 1, 1);
+        cmp("sigmoid_gate", "bwd dx alone, unaligned (assign)", gdx3 + 1, dx2 + 1, n - 1, TOL);
+        DFREE(gdx2, gdz2, gdx3); HFREE(dx2, dz2);
     }
     for (int act = 0; act < 2; act++) {
         const char *op = act == LM_ACT_SITU ? "glu (situ)" : "glu (swiglu)";
