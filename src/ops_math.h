@@ -5,6 +5,7 @@
 #ifndef LM_OPS_MATH_H
 #define LM_OPS_MATH_H
 #include "ops.h"
+#include <math.h>
 
 #ifdef __CUDACC__
 #define LM_HD static __host__ __device__ __forceinline__
@@ -21,9 +22,11 @@ LM_HD real lm_sigm(real x) { return (real)1 / ((real)1 + exp(-x)); }
 // One token of the router. z, s [E]: logits in, sigmoid scores out; bias [E] or NULL.
 // The k+1 largest biased scores are kept in a list sorted by value, descending; experts
 // are scanned in increasing index and a newcomer is placed after every entry of equal
-// value, so ties go to the lower expert index. idx, gate [k]; *alpha = the (k+1)-th
-// biased score, or (k == E) the k-th minus 1, below every biased score. Gates use the
-// raw scores only, summed in slot order.
+// value, so ties go to the lower expert index. A NaN biased score ranks as −inf (below
+// every number, then by index): the order stays total, so the CUDA warp router's parallel
+// argmax agrees with this scan and never picks an expert twice. idx, gate [k]; *alpha = the
+// (k+1)-th biased score (as ranked), or (k == E) the k-th minus 1, below every biased score.
+// Gates use the raw scores only, summed in slot order.
 LM_HD void lm_route_token(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int E, int k,
                           real route_scale, int renorm) {
     const int m = k < E ? k + 1 : E;
@@ -34,6 +37,7 @@ LM_HD void lm_route_token(int *idx, real *gate, real *s, real *alpha, const real
         real sj = lm_sigm(z[j]);
         s[j] = sj;
         real v = sj + (bias ? bias[j] : 0);
+        if (v != v) v = -(real)INFINITY;   // NaN ranks last
         if (len == m && !(v > val[m - 1])) continue;   // not strictly better than the last kept
         int p = len < m ? len : m - 1;                 // slot freed at the end
         while (p > 0 && v > val[p - 1]) {              // strict: equal values keep their place

@@ -163,6 +163,23 @@ static void test_route_values(void **state) {
     free(idx); free(idx0); free(idx_pl);
 }
 
+// NaN logits rank below every number, then by index (ops_math.h): the chosen experts are
+// the numeric ones in order, then NaN ones by index — never one twice
+static void test_route_nan(void **state) {
+    (void)state;
+    int idx[8];
+    real gate[8], s[12], alpha[2];
+    // E = 6, k = 3: row 0 has NaN at experts 1 and 4; row 1 is all NaN
+    real z[12] = {0.5, NAN, 2, -1, NAN, 1, /**/ NAN, NAN, NAN, NAN, NAN, NAN};
+    ops->moe_route_fwd(idx, gate, s, alpha, z, NULL, 2, 6, 3, 1, 1);
+    const int want[6] = {2, 5, 0, /**/ 0, 1, 2};
+    int bad = 0;
+    for (int t = 0; t < 6; t++) bad += idx[t] != want[t];
+    tu_check("route NaN: numeric experts first, then NaN ones by index (mismatches)", bad, 0);
+    tu_check("route NaN: alpha is the 4th ranked (expert 3's score)", fabs(alpha[0] - lm_sigmoid((real)-1)), TOL(1e-15, 1e-6));
+    tu_check("route NaN: an all-NaN token's alpha ranks as -inf (1 = not)", alpha[1] == -(real)INFINITY ? 0 : 1, 0);
+}
+
 // exact ties and the k == E convention, on hand-built inputs
 static void test_route_ties(void **state) {
     (void)state;
@@ -638,7 +655,7 @@ static void test_moe_ffn(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_route_grad),     cmocka_unit_test(test_route_values),
+        cmocka_unit_test(test_route_grad),     cmocka_unit_test(test_route_values), cmocka_unit_test(test_route_nan),
         cmocka_unit_test(test_route_ties),     cmocka_unit_test(test_plan_dropless),
         cmocka_unit_test(test_plan_capacity),  cmocka_unit_test(test_gather),
         cmocka_unit_test(test_grouped_matmul), cmocka_unit_test(test_combine),

@@ -265,7 +265,8 @@ float *colsum(float *ws, int N, int C, F f) {
 // workspace: a stable radix sort (CUB) groups equal keys.
 // The MoE combine and its gate gradient with the expert rows yp in bf16 (moe.cu; the experts
 // op's kept form): y (+)= Σ_slot gate · yp[slot_row] (gate NULL: 1; assign: y written);
-// dgate[i, t] += <dy[i], yp[slot_row[i, t]]>. C % 8 == 0, y/dy and yp 16-byte aligned.
+// dgate[i, t] += <dy[i], yp[slot_row[i, t]]>. C % 8 == 0 and yp 16-byte aligned; y, dy any
+// (16-byte aligned: float4 accesses).
 void lm_cuda_moe_combine_bf16(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row, int N, int k,
                               int C, int assign);
 void lm_cuda_moe_dgate_bf16(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row, int N, int k,

@@ -34,7 +34,8 @@ __global__ static void route_fwd_warp_k(int *idx, float *gate, float *s, float *
         int bi = E;
         for (int j = lane, b = 0; j < E; j += 32, b++) {
             if (taken >> b & 1) continue;
-            const float v = si[j] + (bias ? bias[j] : 0.f);
+            float v = si[j] + (bias ? bias[j] : 0.f);
+            if (v != v) v = -INFINITY;   // NaN ranks last, as lm_route_token: a total order, so the lanes agree
             if (v > best || bi == E) { best = v; bi = j; }   // j rises: equal values keep the lower index
         }
 #pragma unroll
@@ -274,13 +275,22 @@ void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *
 
 // bf16 yp (the experts op's kept form, moe_experts.cu): eight channels a thread, one 16-byte
 // load of yp per slot; the same additions in the same order as combine_fwd_k's. C8 = C / 8.
+// four fp32 values at p: one 16-byte access when vec (p 16-byte aligned), else four
+__device__ __forceinline__ float4 ld4v(const float *p, int vec) {
+    return vec ? ld4(p) : make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void st4v(float *p, float4 x, int vec) {
+    if (vec) *reinterpret_cast<float4 *>(p) = x;
+    else p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
+}
+// vec: y 16-byte aligned (the same sums either way)
 __global__ static void combine_fwd_bf16_k(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row,
-                                          int N, int k, int C8, int assign) {
+                                          int N, int k, int C8, int assign, int vec) {
     const size_t n = (size_t)N * C8;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         const size_t i = e / C8, c = 8 * (e % C8), C = 8 * (size_t)C8;
-        float4 *yo = reinterpret_cast<float4 *>(y + i * C + c);
-        float4 a = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : yo[0], b = assign ? a : yo[1];
+        float *yo = y + i * C + c;
+        float4 a = assign ? make_float4(0.f, 0.f, 0.f, 0.f) : ld4v(yo, vec), b = assign ? a : ld4v(yo + 4, vec);
         for (int t = 0; t < k; t++) {
             const int r = slot_row[i * k + t];
             if (r < 0) continue;
@@ -289,17 +299,17 @@ __global__ static void combine_fwd_bf16_k(float *y, const __nv_bfloat16 *yp, con
             axpy(a, g, ld4_bf16(src));
             axpy(b, g, ld4_bf16(src + 4));
         }
-        yo[0] = a;
-        yo[1] = b;
+        st4v(yo, a, vec);
+        st4v(yo + 4, b, vec);
     }
 }
 void lm_cuda_moe_combine_bf16(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row, int N, int k,
                               int C, int assign) {
-    LM_CHECK(C % 8 == 0 && lm_aligned16({y, yp}), "combine (bf16 rows): C %% 8 and 16-byte alignment");
+    LM_CHECK(C % 8 == 0 && lm_aligned16({yp}), "combine (bf16 rows): C %% 8 and 16-byte aligned rows");
     const size_t n = (size_t)N * C / 8;
     if (!n) return;
     combine_fwd_bf16_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(y, yp, gate, slot_row, N, k, C / 8,
-                                                                            assign);
+                                                                            assign, lm_aligned16({y}));
     cudaLaunchCheck();
 }
 
@@ -329,9 +339,9 @@ __global__ static void combine_bwd_dgate_k(float *dgate, const float *dy, const 
     if (lane == 0) dgate[it] += s;
 }
 
-// the same with bf16 yp (C % 8 == 0, dy and yp 16-byte aligned): eight channels a lane
+// the same with bf16 yp (C % 8 == 0, yp 16-byte aligned; vec: dy too): eight channels a lane
 __global__ static void combine_dgate_bf16_k(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row,
-                                            int N, int k, int C) {
+                                            int N, int k, int C, int vec) {
     const int lane = threadIdx.x & 31;
     const long it = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (it >= (long)N * k) return;
@@ -341,16 +351,17 @@ __global__ static void combine_dgate_bf16_k(float *dgate, const float *dy, const
     const __nv_bfloat16 *b = yp + (size_t)r * C;
     float s = 0.0f;
     for (int c = 8 * lane; c < C; c += 256)
-        s += dot4(ld4(a + c), ld4_bf16(b + c)) + dot4(ld4(a + c + 4), ld4_bf16(b + c + 4));
+        s += dot4(ld4v(a + c, vec), ld4_bf16(b + c)) + dot4(ld4v(a + c + 4, vec), ld4_bf16(b + c + 4));
     s = warp_sum(s);
     if (lane == 0) dgate[it] += s;
 }
 void lm_cuda_moe_dgate_bf16(float *dgate, const float *dy, const __nv_bfloat16 *yp, const int *slot_row, int N, int k,
                             int C) {
-    LM_CHECK(C % 8 == 0 && lm_aligned16({dy, yp}), "combine backward (bf16 rows): C %% 8 and 16-byte alignment");
+    LM_CHECK(C % 8 == 0 && lm_aligned16({yp}), "combine backward (bf16 rows): C %% 8 and 16-byte aligned rows");
     const long w = (long)N * k;
     if (w <= 0) return;
-    combine_dgate_bf16_k<<<(unsigned)((w + 7) / 8), 256, 0, lm_cuda_stream()>>>(dgate, dy, yp, slot_row, N, k, C);
+    combine_dgate_bf16_k<<<(unsigned)((w + 7) / 8), 256, 0, lm_cuda_stream()>>>(dgate, dy, yp, slot_row, N, k, C,
+                                                                              lm_aligned16({dy}));
     cudaLaunchCheck();
 }
 

@@ -863,14 +863,21 @@ static void t_mla_decode(void) {
 
 // ties: z on a grid of 0.5 and no bias, so that many experts score the same (the selection
 // must keep the lower index first, as the CPU's insertion does)
+// ties 1: scores on a coarse grid, no bias (many equal values); 2: NaN logits — every 5th,
+// and every logit of one token in 7 — ranked last on both backends: the indices must agree
+// and be distinct (the other outputs are NaN and not compared)
 static void t_moe_route(int N, int E, int k, int renorm, int ties) {
     char op[48];
-    snprintf(op, sizeof op, "moe_route N%d E%d k%d%s%s", N, E, k, renorm ? "" : " plain", ties ? " ties" : "");
+    snprintf(op, sizeof op, "moe_route N%d E%d k%d%s%s", N, E, k, renorm ? "" : " plain",
+             ties == 2 ? " NaN" : ties ? " ties" : "");
     float *z = hrandn((size_t)N * E, 2), *bias = hrandn(E, 0.2), *dgate = hrandn((size_t)N * k, 1);
-    if (ties) {
+    if (ties == 1) {
         for (size_t j = 0; j < (size_t)N * E; j++) z[j] = roundf(2 * z[j]) / 2;
         for (int j = 0; j < E; j++) bias[j] = 0;
     }
+    if (ties == 2)
+        for (size_t j = 0; j < (size_t)N * E; j++)
+            if (j % 5 == 2 || (j / E) % 7 == 3) z[j] = NAN;
     float *dz = hrandn((size_t)N * E, 1);
     float *gz = dfl(z, (size_t)N * E), *gbias = dfl(bias, E), *gdgate = dfl(dgate, (size_t)N * k), *gdz = dfl(dz, (size_t)N * E);
     int *gidx = dpoison_int((size_t)N * k);
@@ -881,6 +888,17 @@ static void t_moe_route(int N, int E, int k, int renorm, int ties) {
     CPU->moe_route_fwd(idx, gate, s, alpha, z, bias, N, E, k, 1.7f, renorm);
     GPU->moe_route_fwd(gidx, ggate, gs, galpha, gz, gbias, N, E, k, 1.7f, renorm);
     cmp_int(op, "fwd idx (exact)", gidx, idx, (size_t)N * k);
+    if (ties == 2) {   // distinct experts per token on the GPU
+        int *h = lm_malloc((size_t)N * k * sizeof(int)), dup = 0;
+        GPU->to_host(h, gidx, (size_t)N * k * sizeof(int));
+        for (int i = 0; i < N; i++)
+            for (int t = 0; t < k; t++)
+                for (int u = 0; u < t; u++) dup += h[(size_t)i * k + t] == h[(size_t)i * k + u];
+        record(op, "fwd idx repeated within a token (count)", dup, 0);
+        free(h);
+        DFREE(gz, gbias, gdgate, gdz, gidx, ggate, gs, galpha); HFREE(z, bias, dgate, dz, idx, gate, s, alpha);
+        return;
+    }
     cmp(op, "fwd gate", ggate, gate, (size_t)N * k, TOL);
     cmp(op, "fwd s", gs, s, (size_t)N * E, TOL);
     cmp(op, "fwd alpha", galpha, alpha, N, TOL);
@@ -1066,15 +1084,28 @@ static void t_grouped_matmul(int N, int E, int k, int capacity, int C, int OC) {
 // contract); y, dx and the gradients start random (they accumulate) — but with assign dx and
 // the weight gradients are written: NaN on the GPU, 3 on the CPU (the routing is skewed, so
 // some experts have no rows and must come back as zeros; capacity 40 drops some slots).
+// a device copy of n floats one float past a 16-byte boundary (*base: what to free)
+static float *dfl_shifted(const float *h, size_t n, float **base) {
+    *base = GPU->alloc((n + 1) * sizeof(float));
+    GPU->to_device(*base + 1, h, n * sizeof(float));
+    return *base + 1;
+}
+// shift: the op's y, dy and dx one float past a 16-byte boundary (the combine's and gate
+// gradient's scalar accesses on the fp32 side; the op's own buffers stay aligned)
+static void t_experts_op_at(int N, int E, int k, int capacity, int C, int F, int act, int assign, int shift);
 static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int act, int assign) {
+    t_experts_op_at(N, E, k, capacity, C, F, act, assign, 0);
+}
+static void t_experts_op_at(int N, int E, int k, int capacity, int C, int F, int act, int assign, int shift) {
     const int mode = lm_cuda_gemm_mode();
     const int bf16 = mode == LM_GEMM_BF16;
     const double tol_f = bf16 ? 1e-2 : TOL, tol_b = bf16 ? 2e-2 : TOL;
     const size_t NK = (size_t)N * k, nw = (size_t)E * F * C;
     plan_t p = make_plan(NULL, N, E, k, capacity, 1, 0);
     char op[64];
-    snprintf(op, sizeof op, "moe_experts %dx%d E%d %s %s%s%s", C, F, E, lm_cuda_gemm_name(mode),
-             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()), act == LM_ACT_SITU ? " situ" : "", assign ? " dW=" : "");
+    snprintf(op, sizeof op, "moe_experts %dx%d E%d %s %s%s%s%s", C, F, E, lm_cuda_gemm_name(mode),
+             lm_cuda_moe_gemm_name(lm_cuda_moe_gemm()), act == LM_ACT_SITU ? " situ" : "", assign ? " dW=" : "",
+             shift ? " +1" : "");
     float *x = hrandn((size_t)N * C, 1), *W1 = hrandn(nw, 0.2), *W3 = hrandn(nw, 0.2), *W2 = hrandn(nw, 0.2);
     float *gate = hunif(NK, 0.1, 1), *y = hrandn((size_t)N * C, 1), *dy = hrandn((size_t)N * C, 1);
     float *dx = hrandn((size_t)N * C, 1), *dgate = hrandn(NK, 1);
@@ -1088,6 +1119,16 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
         for (size_t j = 0; j < (size_t)N * C; j++) dx[j] = 3.0f;
         DFREE(gdW1, gdW3, gdW2, gdx);
         gdW1 = dpoison(nw); gdW3 = dpoison(nw); gdW2 = dpoison(nw); gdx = dpoison((size_t)N * C);
+    }
+    float *gy_base = gy, *gdy_base = gdy, *gdx_base = gdx;
+    if (shift) {
+        float *h = lm_malloc((size_t)N * C * sizeof(float));
+        GPU->to_host(h, gdx, (size_t)N * C * sizeof(float));   // dx as set up above (NaN when written)
+        DFREE(gy, gdy, gdx);
+        gy = dfl_shifted(y, (size_t)N * C, &gy_base);
+        gdy = dfl_shifted(dy, (size_t)N * C, &gdy_base);
+        gdx = dfl_shifted(h, (size_t)N * C, &gdx_base);
+        free(h);
     }
     // saved tensors and work buffers: [R, C] xp, yp, dyp, dxp; [R, F] ea, eb, eh, dea, deb, deh.
     // The work buffers' contents on entry must not matter: NaN on both sides
@@ -1145,7 +1186,7 @@ static void t_experts_op(int N, int E, int k, int capacity, int C, int F, int ac
         GPU->free(ds[i]);
         free(hs[i]);
     }
-    DFREE(gx, gW1, gW3, gW2, ggate, gy, gdy, gdx, gdgate, gdW1, gdW3, gdW2);
+    DFREE(gx, gW1, gW3, gW2, ggate, gy_base, gdy_base, gdx_base, gdgate, gdW1, gdW3, gdW2);
     HFREE(x, W1, W3, W2, gate, y, dy, dx, dgate, dW1, dW3, dW2, y0);
     free_plan(&p);
 }
@@ -2069,6 +2110,9 @@ int main(int argc, char **argv) {
         t_moe_route(300, 80, 4, 1, 1);
         t_moe_route(100, 300, 16, 0, 1);
         t_moe_route(20, 3000, 5, 1, 0);   // more than 2048 experts: a thread per token
+        t_moe_route(300, 80, 4, 1, 2);    // NaN logits
+        t_moe_route(300, 256, 8, 1, 2);
+        t_moe_route(20, 3000, 5, 1, 2);
         t_moe_plan();
         t_moe_experts();
         // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
@@ -2101,6 +2145,8 @@ int main(int argc, char **argv) {
         t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU, 0);
         t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU, 1);
         t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
+        t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0, 1);   // y, dy, dx not 16-byte aligned
+        t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1, 1);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);   // fp32: the finer ops, exact
         t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);
