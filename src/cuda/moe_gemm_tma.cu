@@ -99,35 +99,72 @@ template <int WN> __device__ __forceinline__ WtTile wt_tile(const WtArgs &a, int
     return t;
 }
 
+// The ring both kernels share: STAGES slots of STAGE bytes (1024-aligned) and per slot a
+// `full` mbarrier (the producer's arrival + the slot's bytes) and an `empty` one (one arrival
+// per consumer warpgroup). A side's position in it: slot and phase.
+template <class Cfg> struct WtRing {
+    uint32_t base, full0, empty0;
+    int slot = 0, phase = 0;
+    // every thread of the CTA (thread 0 initialises the barriers; a __syncthreads follows)
+    __device__ explicit WtRing(uint8_t *raw) {
+        base = ((uint32_t)__cvta_generic_to_shared(raw) + 1023u) & ~1023u;
+        full0 = base + Cfg::STAGES * Cfg::STAGE;
+        empty0 = full0 + Cfg::STAGES * 8;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < Cfg::STAGES; s++) {
+                mb_init(full0 + 8 * s, 1);
+                mb_init(empty0 + 8 * s, 2);
+            }
+            mb_init_fence();
+        }
+        __syncthreads();
+    }
+    __device__ uint32_t at() const { return base + slot * Cfg::STAGE; }
+    __device__ uint32_t full() const { return full0 + 8 * slot; }
+    __device__ void advance() {
+        if (++slot == Cfg::STAGES) { slot = 0; phase ^= 1; }
+    }
+    // producer: wait until the consumers freed the slot, then expect its bytes
+    __device__ void produce_begin() const {
+        mb_wait(empty0 + 8 * slot, phase ^ 1);
+        mb_expect_tx(full(), Cfg::STAGE);
+    }
+    // consumer: wait for the slot's bytes
+    __device__ void consume_begin() const { mb_wait(full(), phase); }
+    // consumer, after issuing a slice's multiplies: commit them, wait for the previous slice's
+    // (its slot can then be refilled: the leader frees it), move on
+    __device__ void consume_end(int &prev, bool leader) {
+        wg_commit();
+        wg_wait<1>();
+        if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+        prev = slot;
+        advance();
+    }
+    // consumer, after a tile's last slice: its multiplies done, its slot freed
+    __device__ void tile_end(int prev, bool leader) const {
+        wg_wait<0>();
+        if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+    }
+};
+
 // MODE as above; ACC: Out += (else Out =); OBF: Out is bf16, written (not with ACC)
 template <class Cfg, int MODE, bool ACC, bool OBF>
 __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const __grid_constant__ WtArgs args) {
     static_assert(!(ACC && OBF), "a bf16 output is written, not added into");
-    constexpr int WN = Cfg::WN, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE;
+    constexpr int WN = Cfg::WN;
     extern __shared__ uint8_t wt_raw[];
-    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wt_raw) + 1023u) & ~1023u;
-    const uint32_t full0 = ring + STAGES * STAGE, empty0 = full0 + STAGES * 8;
+    WtRing<Cfg> ring(wt_raw);
     const int tid = threadIdx.x, warp = tid >> 5;
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mb_init(full0 + 8 * s, 1);    // the producer's arrival (+ the bytes)
-            mb_init(empty0 + 8 * s, 2);   // one arrival per consumer warpgroup
-        }
-        mb_init_fence();
-    }
-    __syncthreads();
     const int total = args.tile_start[args.E];
 
     if (warp == 8) {   // producer
         if ((tid & 31) != 0) return;
-        int slot = 0, phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             const WtTile t = wt_tile<WN>(args, tile);
             for (int kt = 0; kt < t.KT; kt++) {
-                mb_wait(empty0 + 8 * slot, phase ^ 1);
-                const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
+                ring.produce_begin();
+                const uint32_t sa = ring.at(), sb = sa + WT_A_BYTES, full = ring.full();
                 const int p = kt >= args.kt[0], k0 = (kt - (p ? args.kt[0] : 0)) * WT_K;
-                mb_expect_tx(full, STAGE);
                 tma_2d(sa, &args.a[p], k0, t.o0 + t.m0, full);
                 if (MODE == WT_DINP) {   // WN/64 blocks of 64 n × 64 k rows (8 KB each)
 #pragma unroll
@@ -136,7 +173,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
                 } else {
                     tma_2d(sb, &args.b[p], k0, t.e * args.N + t.n0, full);
                 }
-                if (++slot == STAGES) { slot = 0; phase ^= 1; }
+                ring.advance();
             }
         }
         return;
@@ -145,14 +182,13 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
     // consumers: warpgroup wg multiplies rows 64·wg .. 64·wg+63 of each tile
     const int wg = warp >> 2;
     const bool leader = (tid & 127) == 0;
-    int slot = 0, phase = 0;
     float acc[WN / 2];
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         const WtTile t = wt_tile<WN>(args, tile);
         int prev = -1;
         for (int kt = 0; kt < t.KT; kt++) {
-            mb_wait(full0 + 8 * slot, phase);
-            const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES;
+            ring.consume_begin();
+            const uint32_t sa = ring.at(), sb = sa + WT_A_BYTES;
             wg_fence();
 #pragma unroll
             for (int j = 0; j < WT_K / 16; j++) {
@@ -162,14 +198,9 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
                 const uint64_t db = MODE == WT_FWD ? wb_desc(sb + j * 32, 16, 1024) : wb_desc(sb + 2 * j * 1024, 8192, 1024);
                 wg_ss<WN, 0, MODE == WT_FWD ? 0 : 1>(acc, da, db, kt > 0 || j > 0);
             }
-            wg_commit();
-            wg_wait<1>();   // the previous slice's multiply is done: its slot can be refilled
-            if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
-            prev = slot;
-            if (++slot == STAGES) { slot = 0; phase ^= 1; }
+            ring.consume_end(prev, leader);
         }
-        wg_wait<0>();
-        if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+        ring.tile_end(prev, leader);
         if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
         else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
     }
@@ -204,37 +235,26 @@ template <int WN> __device__ __forceinline__ WtDwTile wt_dw_tile(const WtDwArgs 
 // ACC: dW += (else dW =, zeros for experts without rows)
 template <class Cfg, bool ACC>
 __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __grid_constant__ WtDwArgs args) {
-    constexpr int WN = Cfg::WN, STAGES = Cfg::STAGES, STAGE = Cfg::STAGE;
+    constexpr int WN = Cfg::WN;
     extern __shared__ uint8_t wt_raw[];
-    const uint32_t ring = ((uint32_t)__cvta_generic_to_shared(wt_raw) + 1023u) & ~1023u;
-    const uint32_t full0 = ring + STAGES * STAGE, empty0 = full0 + STAGES * 8;
+    WtRing<Cfg> ring(wt_raw);
     const int tid = threadIdx.x, warp = tid >> 5;
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mb_init(full0 + 8 * s, 1);
-            mb_init(empty0 + 8 * s, 2);
-        }
-        mb_init_fence();
-    }
-    __syncthreads();
     const int total = args.E * (args.ntm[0] + args.ntm[1]) * args.ntn;
 
     if (warp == 8) {   // producer
         if ((tid & 31) != 0) return;
-        int slot = 0, phase = 0;
         for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
             const WtDwTile t = wt_dw_tile<WN>(args, tile);
             const int KT = (t.rows + WT_K - 1) / WT_K, n0 = t.n0;
             for (int kt = 0; kt < KT; kt++) {
-                mb_wait(empty0 + 8 * slot, phase ^ 1);
-                const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES, full = full0 + 8 * slot;
+                ring.produce_begin();
+                const uint32_t sa = ring.at(), sb = sa + WT_A_BYTES, full = ring.full();
                 const int r0 = t.o0 + kt * WT_K;
-                mb_expect_tx(full, STAGE);
                 tma_2d(sa, &args.a[t.p], t.m0, r0, full);
                 tma_2d(sa + 8192, &args.a[t.p], t.m0 + 64, r0, full);
 #pragma unroll
                 for (int nb = 0; nb < WN / 64; nb++) tma_2d(sb + nb * 8192, &args.b, n0 + 64 * nb, r0, full);
-                if (++slot == STAGES) { slot = 0; phase ^= 1; }
+                ring.advance();
             }
         }
         return;
@@ -242,7 +262,6 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
 
     const int wg = warp >> 2;
     const bool leader = (tid & 127) == 0;
-    int slot = 0, phase = 0;
     float acc[WN / 2];
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         const WtDwTile t = wt_dw_tile<WN>(args, tile);
@@ -257,8 +276,8 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
         }
         int prev = -1;
         for (int kt = 0; kt < KT; kt++) {
-            mb_wait(full0 + 8 * slot, phase);
-            const uint32_t sa = ring + slot * STAGE, sb = sa + WT_A_BYTES;
+            ring.consume_begin();
+            const uint32_t sa = ring.at(), sb = sa + WT_A_BYTES;
             const int valid = t.rows - kt * WT_K;
             if (valid < WT_K) {   // the next expert's rows (or zeros past the tensor): zero them in both tiles
                 constexpr int BLOCKS = 2 + WN / 64;   // 64-wide blocks of 64 k rows, 8 KB each
@@ -279,14 +298,9 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
                 const uint64_t db = wb_desc(sb + 2 * j * 1024, 8192, 1024);
                 wg_ss<WN, 1, 1>(acc, da, db, kt > 0 || j > 0);
             }
-            wg_commit();
-            wg_wait<1>();
-            if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
-            prev = slot;
-            if (++slot == STAGES) { slot = 0; phase ^= 1; }
+            ring.consume_end(prev, leader);
         }
-        wg_wait<0>();
-        if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
+        ring.tile_end(prev, leader);
         const int M = args.M[t.p];
         wg_store_acc<WN, ACC>(acc, args.dW[t.p] + ((long)t.e * M + t.m0) * args.N + n0, args.N, M - t.m0,
                               args.N - n0, tid);
