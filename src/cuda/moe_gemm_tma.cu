@@ -32,7 +32,7 @@
 // producer warp and consumer warpgroups. An expert's row range starts anywhere and its last
 // slice runs into the next expert's rows: the consumers zero those rows of both tiles in
 // shared memory (generic stores, a proxy fence and a barrier of the 256 consumer threads)
-// before that slice's multiply. A first TMA version (session 12) had the producer thread
+// before that slice's multiply. A first TMA version (session 12) had the producer warp
 // write those zeros itself and ran at 55–83 TFLOP/s at Kimi shapes; it was removed then.
 // Two weights that share B (dW1 and dW3, both · xp) go in one launch as two parts of the m
 // range.
