@@ -82,6 +82,14 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ float4 ld4(const float *p, bool ok) { return ok ? ld4(p) : make_float4(0.f, 0.f, 0.f, 0.f); }
+// four fp32 values at p: one 16-byte access when vec (p 16-byte aligned), else four
+__device__ __forceinline__ float4 ld4v(const float *p, int vec) {
+    return vec ? ld4(p) : make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void st4v(float *p, float4 x, int vec) {
+    if (vec) *reinterpret_cast<float4 *>(p) = x;
+    else p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
+}
 __device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
 __device__ __forceinline__ float4 add4(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
 // four consecutive bf16 (8-byte aligned) to or from fp32: one 8-byte access, rounded to nearest

@@ -7,7 +7,7 @@ __global__ static void add_k(float *out, const float *a, const float *b, size_t 
     const size_t done = vec ? 4 * (n / 4) : 0;
     for (size_t i = i0; i < done / 4; i += stride) {
         const float4 x = reinterpret_cast<const float4 *>(a)[i], y = reinterpret_cast<const float4 *>(b)[i];
-        reinterpret_cast<float4 *>(out)[i] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        reinterpret_cast<float4 *>(out)[i] = add4(x, y);
     }
     for (size_t i = done + i0; i < n; i += stride) out[i] = a[i] + b[i];
 }

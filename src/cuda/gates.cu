@@ -116,14 +116,8 @@ __global__ static void glu_bwd_k(float *dg, float *du, const float *dh, const fl
             dgs[j] = hs[j] * b * da;
             dus[j] = hs[j] * a * db;
         }
-        if (dg) {
-            const float4 o = ld4(dg + e);
-            *reinterpret_cast<float4 *>(dg + e) = make_float4(o.x + dgs[0], o.y + dgs[1], o.z + dgs[2], o.w + dgs[3]);
-        }
-        if (du) {
-            const float4 o = ld4(du + e);
-            *reinterpret_cast<float4 *>(du + e) = make_float4(o.x + dus[0], o.y + dus[1], o.z + dus[2], o.w + dus[3]);
-        }
+        if (dg) *reinterpret_cast<float4 *>(dg + e) = add4(ld4(dg + e), make_float4(dgs[0], dgs[1], dgs[2], dgs[3]));
+        if (du) *reinterpret_cast<float4 *>(du + e) = add4(ld4(du + e), make_float4(dus[0], dus[1], dus[2], dus[3]));
     }
     GRID_STRIDE(i, n - done) glu_bwd_one(dg, du, dh, g, u, done + i, act);
 }

@@ -51,9 +51,7 @@ void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N
 
 // dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros; T as split_fwd_k's
 __device__ __forceinline__ float split_add(float a, float b) { return a + b; }
-__device__ __forceinline__ float4 split_add(float4 a, float4 b) {
-    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
+__device__ __forceinline__ float4 split_add(float4 a, float4 b) { return add4(a, b); }
 template <typename T>
 __global__ static void split_bwd_kv_k(T *dkv, const T *dk, const T *dv, int N, int H, int Dn, int De, int Dv,
                                       int assign) {

@@ -275,14 +275,6 @@ void cuda_moe_combine_fwd(real *y, const real *yp, const real *gate, const int *
 
 // bf16 yp (the experts op's kept form, moe_experts.cu): eight channels a thread, one 16-byte
 // load of yp per slot; the same additions in the same order as combine_fwd_k's. C8 = C / 8.
-// four fp32 values at p: one 16-byte access when vec (p 16-byte aligned), else four
-__device__ __forceinline__ float4 ld4v(const float *p, int vec) {
-    return vec ? ld4(p) : make_float4(p[0], p[1], p[2], p[3]);
-}
-__device__ __forceinline__ void st4v(float *p, float4 x, int vec) {
-    if (vec) *reinterpret_cast<float4 *>(p) = x;
-    else p[0] = x.x, p[1] = x.y, p[2] = x.z, p[3] = x.w;
-}
 // vec: y 16-byte aligned (the same sums either way)
 __global__ static void combine_fwd_bf16_k(float *y, const __nv_bfloat16 *yp, const float *gate, const int *slot_row,
                                           int N, int k, int C8, int assign, int vec) {

@@ -41,16 +41,6 @@ __device__ __forceinline__ void store8_bf16(bf16 *dst, float4 a, float4 b) {
     h = __floats2bfloat162_rn(b.z, b.w); v.w = *reinterpret_cast<uint32_t *>(&h);
     *reinterpret_cast<uint4 *>(dst) = v;
 }
-// p[0..7] into a, b: two 16-byte loads, or (vec 0: p not 16-byte aligned) eight 4-byte ones
-__device__ __forceinline__ void ld8(const float *p, int vec, float4 &a, float4 &b) {
-    if (vec) {
-        a = ld4(p);
-        b = ld4(p + 4);
-    } else {
-        a = make_float4(p[0], p[1], p[2], p[3]);
-        b = make_float4(p[4], p[5], p[6], p[7]);
-    }
-}
 
 // xpb [R, C] (bf16) = x [N, C] rows by row_token, zeros where row_token < 0; C % 8 == 0,
 // vec: x 16-byte aligned
@@ -61,7 +51,7 @@ __global__ static void gather_bf16_k(bf16 *xpb, const float *x, const int *row_t
         const size_t r = i / c8, c = (i % c8) * 8;
         const int t = row_token[r];
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-        if (t >= 0) ld8(x + (size_t)t * C + c, vec, a, b);
+        if (t >= 0) a = ld4v(x + (size_t)t * C + c, vec), b = ld4v(x + (size_t)t * C + c + 4, vec);
         store8_bf16(xpb + r * C + c, a, b);
     }
 }
@@ -142,8 +132,8 @@ __global__ static void combine_bwd_bf16_k(bf16 *dypb, const float *dy, const flo
         const int r = slot_row[it];
         if (r < 0) continue;
         const float w = gate[it];
-        float4 a, b;
-        ld8(dy + (it / k) * C + c, vec, a, b);
+        const float *src = dy + (it / k) * C + c;
+        float4 a = ld4v(src, vec), b = ld4v(src + 4, vec);
         a.x *= w; a.y *= w; a.z *= w; a.w *= w;
         b.x *= w; b.y *= w; b.z *= w; b.w *= w;
         store8_bf16(dypb + (size_t)r * C + c, a, b);
