@@ -50,36 +50,18 @@ struct RScanArgs {
 };
 enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
 
-// chunk gc of head h: W, Qg, KrT, M, gl from the workspace; dO rows [0, len) of the value
-// slice [vb0, vb0+VB) from d_o (token rows t0..), zeros elsewhere or without d_o
+// chunk gc of head h into the stage at shared address st: W, Qg, KrT, M, gl from the
+// workspace; dO rows [0, len) of the value slice [vb0, vb0+VB) from d_o (token rows t0..),
+// zeros elsewhere or without d_o
 template <int K>
-__device__ __forceinline__ void rscan_load(const bf16 *W, const bf16 *Qg, const bf16 *KrT, const bf16 *Mm,
-                                           const float *gl, const bf16 *d_o, int H, int V, int NC,
-                                           unsigned char *st, const ScanStage &L, int h, int gc, long long t0,
-                                           int len, int vb0, int VB) {
-    int tid = threadIdx.x, nthr = blockDim.x;
-    size_t hc = (size_t)h * NC + gc;
-    const bf16 *gW = W + hc * 16 * K, *gQ = Qg + hc * 16 * K, *gK = KrT + hc * 16 * K, *gM = Mm + hc * 512;
-    const float *ggl = gl + hc * K;
-    bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
-    bf16 *sO = (bf16 *)(st + L.oVal), *sM = (bf16 *)(st + L.oM);
-    float *sgl = (float *)(st + L.ogl);
-    for (int i = tid; i < 2 * K; i += nthr) {
-        int r = i / (K / 8), pc = i % (K / 8);
-        cp_async16(sW + r * (K + 8) + pc * 8, gW + r * K + pc * 8);
-        cp_async16(sQ + r * (K + 8) + pc * 8, gQ + r * K + pc * 8);
-        cp_async16(sK + (i >> 1) * KDA_LD16 + (i & 1) * 8, gK + (i >> 1) * 16 + (i & 1) * 8);
-    }
-    for (int i = tid; i < 2 * VB; i += nthr) {
-        int r = i / (VB / 8), pc = i % (VB / 8);
-        bool ok = d_o && r < len;
-        const bf16 *src = ok ? d_o + ((size_t)(t0 + r) * H + h) * V + vb0 + pc * 8 : gW;
-        cp_async16(sO + r * (VB + 8) + pc * 8, src, ok ? 16 : 0);
-    }
-    for (int i = tid; i < 64 + K / 4; i += nthr) {
-        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
-        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
-    }
+__device__ __forceinline__ void rscan_load(const RScanArgs &a, const ScanStage &L, const ValuePiece &vp, uint32_t st,
+                                           int h, int gc, long long t0, int len, int vb0) {
+    const size_t hc = (size_t)h * a.NC + gc;
+    const bf16 *gW = a.W + hc * 16 * K;
+    const bool ok = a.d_o && vp.row < len;
+    const bf16 *gv = vp.row < 0 ? NULL : ok ? a.d_o + ((size_t)(t0 + vp.row) * a.H + h) * a.V + vb0 + vp.col : gW;
+    copy_chunk<K>(L, st, gW, a.Qg + hc * 16 * K, a.KrT + hc * 16 * K, a.M + hc * 512, a.gl + hc * K, vp, gv,
+                  ok ? 16 : 0);
 }
 
 // G = KDA_SEG: a step takes a whole 64-token group backwards, W being the merged W~
@@ -111,13 +93,15 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     frag_load_kv<K>(ds, dS_end, a.V, v0, lane);
 
     // step i (from the end) into stage buf: chunks [i·G, i·G + G) of the block, in slots j
+    const ValuePiece vpc = value_piece(L, VB);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
     auto load_step = [&](int buf, int i) {
 #pragma unroll
         for (int j = 0; j < G; j++) {
             const int c = i * G + j;   // relative to c0
             if (c < nc)
-                rscan_load<K>(a.W, a.Qg, a.KrT, a.M, a.gl, a.d_o, a.H, a.V, a.NC, smem_raw + buf * SB + j * L.bytes, L, h,
-                              cbase + c0 + c, bos + 16 * (c0 + c), min(16, len_n - 16 * (c0 + c)), vb0, VB);
+                rscan_load<K>(a, L, vpc, sbase + buf * SB + j * L.bytes, h, cbase + c0 + c, bos + 16 * (c0 + c),
+                              min(16, len_n - 16 * (c0 + c)), vb0);
         }
     };
     const int NSt = a.stages;
@@ -125,16 +109,17 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
         if (st < nsteps) load_step(st, nsteps - 1 - st);
         cp_async_commit();
     }
-    for (int it = 0; it < nsteps; it++) {
+    // stages: this step's (rd) and the one refilled in it (wr, the previous step's)
+    for (int it = 0, rd = 0, wr = NSt - 1; it < nsteps; it++, rd = rd + 1 == NSt ? 0 : rd + 1, wr = wr + 1 == NSt ? 0 : wr + 1) {
         const int i = nsteps - 1 - it, itn = it + NSt - 1;   // i: the step, from the block's start
         // one block barrier per step: past it, this step's stage has landed for every thread
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill
-        cp_async_wait_n(NSt - 2);
+        cp_async_wait_stage(NSt);
         __syncthreads();
-        if (itn < nsteps) load_step(itn % NSt, nsteps - 1 - itn);
+        if (itn < nsteps) load_step(wr, nsteps - 1 - itn);
         cp_async_commit();
-        unsigned char *st = smem_raw + (it % NSt) * SB;
+        unsigned char *st = smem_raw + rd * SB;
         const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
         if (a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + clast / KDA_SEG) * a.V * K, v0, lane);
@@ -252,6 +237,19 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
         for (int e = tid; e < K / 4; e += nthr) cp_async16(bg + 4 * e, a.gl + hc * K + 4 * e);
     }
     cp_async_commit();
+    // the backward sweep's first loads (this warp's rows of the state gradient; the last chunk's
+    // Qg, dO, M) into L2 while the forward sweep runs: with one block per SM, nothing else hides
+    // their latency (ncu, session 21: the sweep's start waited on them)
+    {
+        const int il = nsg - 1, c = cf + il;
+        const size_t hc = (size_t)h * a.NC + gcf + il;
+        const char *dck = (const char *)(a.dckpt + ckoff + (size_t)v0 * K);
+        for (int off = 128 * lane; off < 16 * K * 4; off += 32 * 128) prefetch_l2(dck + off);
+        if (warp == 0 && 128 * lane < 32 * K) prefetch_l2((const char *)(a.Qg + hc * 16 * K) + 128 * lane);
+        if (warp == 1 && a.d_o && 16 * c + (lane >> 1) < len_n)
+            prefetch_l2(a.d_o + ((size_t)(bos + 16 * c + (lane >> 1)) * a.H + h) * V + (lane & 1) * (V / 2));
+        if (warp == 2 && lane < 8) prefetch_l2((const char *)(a.M + hc * 512) + 128 * lane);
+    }
     float s[K / 8][4];
     frag_load_vk<K>(s, a.ckpt + ckoff, v0, lane);
     cp_async_wait<0>();

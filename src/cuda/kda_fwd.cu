@@ -471,32 +471,15 @@ struct ScanArgs {
 };
 enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
 
-// cp.async the chunk gc of head h (value slice [vb0, vb0+VB)) into one stage
+// chunk gc of head h into the stage at shared address st: W, Qg (when needQg), KrT, the value
+// slice [vb0, vb0 + VB) of U (when needU), M, gl
 template <int K>
-__device__ __forceinline__ void scan_load(const ScanArgs &a, unsigned char *st, const ScanStage &L, int h, int gc,
-                                          int vb0, int VB, bool needQg, bool needU = true) {
-    int tid = threadIdx.x, nthr = blockDim.x;
-    size_t hc = (size_t)h * a.NC + gc;
-    const bf16 *gW = a.W + hc * 16 * K, *gQ = a.Qg + hc * 16 * K, *gK = a.KrT + hc * 16 * K;
-    const bf16 *gU = a.U + hc * 16 * a.V + vb0, *gM = a.M + hc * 512;
-    const float *ggl = a.gl + hc * K;
-    bf16 *sW = (bf16 *)(st + L.oW), *sQ = (bf16 *)(st + L.oQg), *sK = (bf16 *)(st + L.oKrT);
-    bf16 *sU = (bf16 *)(st + L.oVal), *sM = (bf16 *)(st + L.oM);
-    float *sgl = (float *)(st + L.ogl);
-    for (int i = tid; i < 2 * K; i += nthr) {
-        int r = i / (K / 8), pc = i % (K / 8);
-        cp_async16(sW + r * (K + 8) + pc * 8, gW + r * K + pc * 8);
-        if (needQg) cp_async16(sQ + r * (K + 8) + pc * 8, gQ + r * K + pc * 8);
-        cp_async16(sK + (i >> 1) * KDA_LD16 + (i & 1) * 8, gK + (i >> 1) * 16 + (i & 1) * 8);
-    }
-    for (int i = tid; needU && i < 2 * VB; i += nthr) {
-        int r = i / (VB / 8), pc = i % (VB / 8);
-        cp_async16(sU + r * (VB + 8) + pc * 8, gU + (size_t)r * a.V + pc * 8);
-    }
-    for (int i = tid; i < 64 + K / 4; i += nthr) {
-        if (i < 64) cp_async16(KDA_MTILE(sM, i), KDA_MSRC(gM, i));
-        else cp_async16(sgl + 4 * (i - 64), ggl + 4 * (i - 64));
-    }
+__device__ __forceinline__ void scan_load(const ScanArgs &a, const ScanStage &L, const ValuePiece &vp, uint32_t st,
+                                          int h, int gc, int vb0, bool needQg, bool needU = true) {
+    const size_t hc = (size_t)h * a.NC + gc;
+    const bf16 *gv = needU && vp.row >= 0 ? a.U + hc * 16 * a.V + (size_t)vp.row * a.V + vb0 + vp.col : NULL;
+    copy_chunk<K>(L, st, a.W + hc * 16 * K, needQg ? a.Qg + hc * 16 * K : NULL, a.KrT + hc * 16 * K, a.M + hc * 512,
+                  a.gl + hc * K, vp, gv, 16);
 }
 
 // bytes after the pipeline stages: the block's output tile (bf16 [16G][VB+8] when KS = 1;
@@ -530,7 +513,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 // (kda_merge.cu): the group's four V' come from one product with the state, then each chunk's
 // output and state update in turn (the update no longer waits on the next chunk's V').
 template <int K, bool SPLIT, bool OUT, bool CKPT, int KS, int G>
-__global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
+__global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) {
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
@@ -564,27 +547,30 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
     }
 
     // the step from chunk cs: its (up to) G chunks into stage buf
+    const ValuePiece vpc = value_piece(L, VB);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
     auto load_step = [&](int buf, int cs) {
 #pragma unroll
         for (int j = 0; j < G; j++)
             if (cs + j < nc)
-                scan_load<K>(a, smem_raw + buf * SB + j * L.bytes, L, h, cbase + cs + j, vb0, VB, OUT, !zero_u);
+                scan_load<K>(a, L, vpc, sbase + buf * SB + j * L.bytes, h, cbase + cs + j, vb0, OUT, !zero_u);
     };
     for (int st = 0; st < NSt - 1; st++) {
         if (c0 + st * G < nc) load_step(st, c0 + st * G);
         cp_async_commit();
     }
-    for (int c = c0; c < nc; c += G) {
-        const int step = (c - c0) / G, cn = c + (NSt - 1) * G;
+    // stages: this step's (rd) and the one refilled in it (wr, the previous step's)
+    for (int c = c0, rd = 0, wr = NSt - 1; c < nc; c += G, rd = rd + 1 == NSt ? 0 : rd + 1, wr = wr + 1 == NSt ? 0 : wr + 1) {
+        const int cn = c + (NSt - 1) * G;
         // one block barrier per step: past it, this step's stage has landed for every thread
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill (and, KS > 1, with the output partials). A KS = 1 warp writes its own output
         // columns, so no second barrier is needed after the step.
-        cp_async_wait_n(NSt - 2);
+        cp_async_wait_stage(NSt);
         __syncthreads();
-        if (cn < nc) load_step((step + NSt - 1) % NSt, cn);
+        if (cn < nc) load_step(wr, cn);
         cp_async_commit();
-        unsigned char *st = smem_raw + (step % NSt) * SB;
+        unsigned char *st = smem_raw + rd * SB;
         const int nsub = min(G, nc - c);
         if (CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
@@ -637,11 +623,10 @@ __global__ void __launch_bounds__(256) kda_scan_kernel(ScanArgs a) {
             if (OUT) {
                 float o[2][4];
                 int g = lane >> 2, t = lane & 3;
+                scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, KS == 1 || ks == 0, KDA_LDK(K));   // M's term once per slice
                 if (KS == 1) {
-                    scan_out<K, SPLIT>(s, sQ, sM, av, lane, o);
                     store_acc_rows<2>(sO + 16 * j * (VB + 8), VB + 8, 16 * vs, o, lane);
                 } else {
-                    scan_out<KP, SPLIT>(s, sQ + kp0, sM, av, lane, o, ks == 0, KDA_LDK(K));   // M's term once per slice
                     float *op = sOp + (size_t)ks * 16 * G * (VB + 4);
 #pragma unroll
                     for (int nt = 0; nt < 2; nt++)

@@ -28,8 +28,10 @@
 #define KDA_LD16 24            // row stride of [·][16] bf16 tiles
 // M (per chunk, [16][16]) is kept as bf16 hi then lo; in shared memory as two [16][KDA_LD16]
 // tiles. 16-byte piece i < 64 of the pair: tile i/32, row (i%32)/2, half i%2.
-#define KDA_MTILE(sM, i) ((sM) + ((i) >> 5) * 16 * KDA_LD16 + (((i) & 31) >> 1) * KDA_LD16 + ((i) & 1) * 8)
-#define KDA_MSRC(gM, i) ((gM) + ((i) >> 5) * 256 + (((i) & 31) >> 1) * 16 + ((i) & 1) * 8)
+#define KDA_MTILE_OFF(i) (((i) >> 5) * 16 * KDA_LD16 + (((i) & 31) >> 1) * KDA_LD16 + ((i) & 1) * 8)
+#define KDA_MSRC_OFF(i) (((i) >> 5) * 256 + (((i) & 31) >> 1) * 16 + ((i) & 1) * 8)
+#define KDA_MTILE(sM, i) ((sM) + KDA_MTILE_OFF(i))
+#define KDA_MSRC(gM, i) ((gM) + KDA_MSRC_OFF(i))
 
 // Shared-memory layout of one pipeline stage of the forward scan and of the backward
 // state-gradient scan (byte offsets): W, Qg [16][K+8], KrT [K][KDA_LD16], a 16-row slice of
@@ -48,6 +50,60 @@ __host__ __device__ inline ScanStage scan_stage(int K, int VB) {
     s.ogl = off; off += K * 4;
     s.bytes = (off + 127) & ~127;
     return s;
+}
+
+// A chunk's copies into a ScanStage: the 16-byte pieces of W, Qg, KrT (2K each; piece i of W,
+// Qg is row i/(K/8), 8 columns from 8·(i%(K/8)), piece i of KrT row i/2, half i%2, and every
+// tile is i·8 elements into the chunk), the value slice's 2·VB pieces (U forward, dO backward;
+// at most one a thread), and M's 64 and gl's K/4 pieces. A thread takes pieces tid, tid + nthr,
+// ...; the addresses are shifts and adds of i and the stage's shared address (ncu, session 21,
+// forward scan at B1·T8192·H96: the copies' index arithmetic — divisions by the run-time slice
+// width and stage count, 64-bit products — drew ~30% of the kernel's stall samples). The value
+// piece's row and column (a division by the slice width) are worked out once per kernel.
+struct ValuePiece {
+    int row;        // −1: this thread has none
+    int col;        // its first column in the slice
+    uint32_t soff;  // its byte offset in a stage
+};
+__device__ __forceinline__ ValuePiece value_piece(const ScanStage &L, int VB) {
+    ValuePiece v;
+    const int tid = threadIdx.x;
+    v.row = tid < 2 * VB ? tid / (VB / 8) : -1;
+    v.col = (tid % (VB / 8)) * 8;
+    v.soff = L.oVal + 2 * (v.row * (VB + 8) + v.col);
+    return v;
+}
+
+__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, int src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+
+// a chunk's copies into the stage at shared address st (layout L): the [16][K] tiles at gW,
+// gQ (NULL: not copied), gK, M at gM, gl at ggl, and the value piece vp from gv (this thread's
+// piece already; NULL: none) with vbytes of it (0: zeros)
+template <int K>
+__device__ __forceinline__ void copy_chunk(const ScanStage &L, uint32_t st, const bf16 *gW, const bf16 *gQ,
+                                           const bf16 *gK, const bf16 *gM, const float *ggl, const ValuePiece &vp,
+                                           const bf16 *gv, int vbytes) {
+    const int tid = threadIdx.x, nthr = blockDim.x;
+    for (int i = tid; i < 2 * K; i += nthr) {
+        const uint32_t sw = st + L.oW + 16 * i + 16 * (i / (K / 8));   // row i/(K/8) of K + 8
+        cp_async16_s(sw, gW + 8 * i);
+        if (gQ) cp_async16_s(sw + (L.oQg - L.oW), gQ + 8 * i);
+        cp_async16_s(st + L.oKrT + 2 * ((i >> 1) * KDA_LD16 + (i & 1) * 8), gK + 8 * i);
+    }
+    if (gv) cp_async16_s(st + vp.soff, gv, vbytes);
+    for (int i = tid; i < 64 + K / 4; i += nthr) {
+        if (i < 64) cp_async16_s(st + L.oM + 2 * KDA_MTILE_OFF(i), gM + KDA_MSRC_OFF(i));
+        else cp_async16_s(st + L.ogl + 16 * (i - 64), ggl + 4 * (i - 64));
+    }
+}
+
+// wait until this step's stage has landed: at most NSt − 2 younger copy groups in flight
+__device__ __forceinline__ void cp_async_wait_stage(int NSt) {
+    if (NSt == 3) cp_async_wait<1>();
+    else if (NSt == 2) cp_async_wait<0>();
+    else cp_async_wait_n(NSt - 2);
 }
 
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
