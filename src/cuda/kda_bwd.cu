@@ -207,6 +207,7 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     if (!a.sq.segment(gs, n, sidx)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5, nthr = blockDim.x;
     int V = a.V, ldv = V + 8, v0 = 16 * warp, g = lane >> 2, t = lane & 3;
+    const int vsh = __ffs(V / 8) - 1;   // V is a power of two: a row of V/8 pieces is a shift
     int nc_n = a.sq.nchunks(n), cf = KDA_SEG * sidx, nsg = min(KDA_SEG, nc_n - cf), gcf = a.sq.chunk0(n) + cf;
     int len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
             cp_async16(bK + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hc * 16 * K + (e >> 1) * 16 + (e & 1) * 8);
         }
         for (int e = tid; e < 2 * V; e += nthr) {
-            int r = e / (V / 8), pc = e % (V / 8);
+            int r = e >> vsh, pc = e & (V / 8 - 1);
             cp_async16(bU + r * ldv + pc * 8, a.U + hc * 16 * V + (size_t)r * V + pc * 8);
         }
         for (int e = tid; e < K / 4; e += nthr) cp_async16(bg + 4 * e, a.gl + hc * K + 4 * e);
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
             }
         }
         {
-            const int r = tid / (V / 8), pc = tid % (V / 8);   // 2V pieces, one per thread
+            const int r = tid >> vsh, pc = tid & (V / 8 - 1);   // 2V pieces, one per thread
             const bool ok = a.d_o && r < len;
             op(3 * PW, sdO + r * ldv + pc * 8, ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + pc * 8 : a.W, ok);
         }
@@ -361,25 +362,26 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
                 if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
             }
         }
-        if (warp == NW - 1) {   // dM = dO V'ᵀ (inclusive lower triangle)
+        // dM = dO V'ᵀ (inclusive lower triangle): its two 8-column tiles on the last two warps,
+        // which otherwise have the same products as the others (on one warp, the block's barrier
+        // below waited for it: ncu, session 21)
+        if (warp >= NW - 2) {
+            const int nt = warp - (NW - 2);
+            float acc[4] = {};
+            for (int j = 0; j < V / 16; j++) {
+                uint32_t fO[4], b[2];
+                lda_row_sm(fO, sdO, ldv, 16 * j, lane);
+                ldb_nk(b, Vi, ldv, 8 * nt, 16 * j, lane);
+                mma16816(acc, fO, b);
+            }
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                float acc[4] = {};
-                for (int j = 0; j < V / 16; j++) {
-                    uint32_t fO[4], b[2];
-                    lda_row(fO, sdO, ldv, 16 * j, lane);
-                    ldb_nk(b, Vi, ldv, 8 * nt, 16 * j, lane);
-                    mma16816(acc, fO, b);
-                }
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-                    a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
-                }
+            for (int e = 0; e < 4; e++) {
+                int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+                a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
             }
         }
         for (int e = tid; e < 2 * V; e += nthr) {   // dU = dV' (bf16)
-            int r = e / (V / 8), pc = e % (V / 8);
+            int r = e >> vsh, pc = e & (V / 8 - 1);
             *reinterpret_cast<uint4 *>(a.dU + hc * 16 * V + (size_t)r * V + pc * 8) =
                 *reinterpret_cast<const uint4 *>(sdVp + r * ldv + pc * 8);
         }
