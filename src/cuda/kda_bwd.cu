@@ -415,6 +415,9 @@ struct BwdSmem {
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], L[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
     float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
+    // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
+    // (read from global memory where they are used, their latency was exposed: ncu, session 21)
+    float dQg[16][K], dKr[16][K], dgl[K], dMraw[256];
 };
 
 // the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
@@ -503,6 +506,15 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             cp_async16(&S.v[r][pc * 8], a.v + (ok ? (row0 + r * rs) * V + pc * 8 : 0), ok ? 16 : 0);
             cp_async16(&S.dU[r][pc * 8], a.dU + hc * 16 * V + (size_t)r * V + pc * 8);
         }
+#pragma unroll
+        for (int i = tid; i < 16 * K / 4; i += BWD_THREADS) {
+            cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + hc * 16 * K + 4 * i);
+            cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + hc * 16 * K + 4 * i);
+        }
+        for (int i = tid; i < K / 4 + 64; i += BWD_THREADS) {
+            if (i < K / 4) cp_async16(S.dgl + 4 * i, a.dgl + hc * K + 4 * i);
+            else cp_async16(S.dMraw + 4 * (i - K / 4), a.dM + hc * 256 + 4 * (i - K / 4));
+        }
         cp_async_commit();
     }
     float rbl[RPW];
@@ -526,7 +538,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     }
     for (int e = tid; e < 256; e += BWD_THREADS) {
         int i = e >> 4, j = e & 15;
-        S.dM[i][j] = j <= i ? a.dM[hc * 256 + e] : 0.f;
+        S.dM[i][j] = j <= i ? S.dMraw[e] : 0.f;
     }
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
@@ -764,11 +776,11 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     float dAp = 0.f;
     if (cch < K) {
         float G15 = Gs[15], gl = ex2f_(G15), dG[16], dqs[16], sumKr = 0.f;
-        float dQgr[16], dKrr[16], dglc = a.dgl[hc * K + cch];
+        float dQgr[16], dKrr[16], dglc = S.dgl[cch];
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            dQgr[j] = a.dQg[hc * 16 * K + j * K + cch];
-            dKrr[j] = a.dKr[hc * 16 * K + j * K + cch];
+            dQgr[j] = S.dQg[j][cch];
+            dKrr[j] = S.dKr[j][cch];
         }
         float dKbv[16];
 #pragma unroll
