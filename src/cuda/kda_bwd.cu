@@ -519,7 +519,8 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     }
     float rbl[RPW];
     chunk_beta_rows<RPW, BWD_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
-    cp_async_wait<0>();
+    const float A_log_h = a.A_log[h], dtb = tid < K ? a.dt_bias[(size_t)h * K + tid] : 0.f;
+    cp_async_wait_all_loads();
     __syncthreads();
     const int cch = tid;
     float fr[16], qx[16], kx[16];
@@ -570,9 +571,9 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
 
     // per channel: the gate sum and the normalised rows (kept in registers), factors
     float Gs[16], qn[16], kn[16];
-    float eA = expf(a.A_log[h]), db = 0.f;
+    float eA = expf(A_log_h), db = 0.f;
     if (cch < K) {
-        db = a.dt_bias[(size_t)h * K + cch];
+        db = dtb;
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {

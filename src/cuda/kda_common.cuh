@@ -188,6 +188,11 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// every copy landed, as a compiler barrier for memory too: global loads written before it (the
+// backward chunk kernel's β logits and gate parameters) are issued before it, their latency
+// overlapping the copies' (without the clobber nvcc sank the β loads below the wait; ncu, session
+// 21: chunk kernel 2.11 → 1.99 ms at B1·T8192·H96; the same in prep made it 13% slower)
+__device__ __forceinline__ void cp_async_wait_all_loads() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // wait until at most n (< 8) groups are pending, n at run time
 __device__ __forceinline__ void cp_async_wait_n(int n) {
     switch (n) {
