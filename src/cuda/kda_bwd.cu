@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
         // one block barrier per step: past it, this step's stage has landed for every thread
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill
-        cp_async_wait_stage(NSt);
+        cp_async_wait_n(NSt - 2);
         __syncthreads();
         if (itn < nsteps) load_step(wr, nsteps - 1 - itn);
         cp_async_commit();

@@ -180,9 +180,12 @@ __device__ __forceinline__ void ldb_f32kn_split(uint32_t bh[2], uint32_t bl[2], 
 }
 
 // ---- cp.async (16 bytes; src_bytes = 0 fills zeros) ----
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes = 16) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+// to shared address s (a 32-bit shared-window address: the scans add offsets to one per stage)
+__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, int src_bytes = 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes = 16) {
+    cp_async16_s((uint32_t)__cvta_generic_to_shared(smem), gmem, src_bytes);
 }
 // the 128-byte line holding p into L2
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
@@ -193,11 +196,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 // overlapping the copies' (without the clobber nvcc sank the β loads below the wait; ncu, session
 // 21: chunk kernel 2.11 → 1.99 ms at B1·T8192·H96; the same in prep made it 13% slower)
 __device__ __forceinline__ void cp_async_wait_all_loads() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// wait until at most n (< 8) groups are pending, n at run time
+// wait until at most n (< 8) groups are pending, n at run time. The scans' counts (1 and 0: three
+// or two stages) are tested first: a switch alone compiles to a jump table in their step loop
+// (ncu, session 21)
 __device__ __forceinline__ void cp_async_wait_n(int n) {
-    switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
+    if (n == 1) cp_async_wait<1>();
+    else if (n == 0) cp_async_wait<0>();
+    else switch (n) {
     case 2: cp_async_wait<2>(); break;
     case 3: cp_async_wait<3>(); break;
     case 4: cp_async_wait<4>(); break;

@@ -566,7 +566,7 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill (and, KS > 1, with the output partials). A KS = 1 warp writes its own output
         // columns, so no second barrier is needed after the step.
-        cp_async_wait_stage(NSt);
+        cp_async_wait_n(NSt - 2);
         __syncthreads();
         if (cn < nc) load_step(wr, cn);
         cp_async_commit();

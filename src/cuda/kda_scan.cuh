@@ -74,10 +74,6 @@ __device__ __forceinline__ ValuePiece value_piece(const ScanStage &L, int VB) {
     return v;
 }
 
-__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, int src_bytes = 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-
 // a chunk's copies into the stage at shared address st (layout L): the [16][K] tiles at gW,
 // gQ (NULL: not copied), gK, M at gM, gl at ggl, and the value piece vp from gv (this thread's
 // piece already; NULL: none) with vbytes of it (0: zeros)
@@ -97,13 +93,6 @@ __device__ __forceinline__ void copy_chunk(const ScanStage &L, uint32_t st, cons
         if (i < 64) cp_async16_s(st + L.oM + 2 * KDA_MTILE_OFF(i), gM + KDA_MSRC_OFF(i));
         else cp_async16_s(st + L.ogl + 16 * (i - 64), ggl + 4 * (i - 64));
     }
-}
-
-// wait until this step's stage has landed: at most NSt − 2 younger copy groups in flight
-__device__ __forceinline__ void cp_async_wait_stage(int NSt) {
-    if (NSt == 3) cp_async_wait<1>();
-    else if (NSt == 2) cp_async_wait<0>();
-    else cp_async_wait_n(NSt - 2);
 }
 
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
