@@ -199,14 +199,20 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
     kc->len = L - steps - warm;   // the last timed step attends over all L positions
     int *tok = lm_malloc((size_t)B * sizeof(int));
     lm_fwd_opts fo = {.training = 0, .capacity = -1, .cache = kc};
-    double *ms = lm_malloc((size_t)steps * sizeof(double));
+    double *ms = lm_malloc((size_t)steps * sizeof(double)), *enq = lm_malloc((size_t)steps * sizeof(double));
+    // BENCH_GEN_PROFILE=B: at batch B, the last timed step alone between cudaProfilerStart/Stop
+    // (for `ncu --profile-from-start off`: the kernels of one step)
+    const int prof = getenv("BENCH_GEN_PROFILE") && atoi(getenv("BENCH_GEN_PROFILE")) == B;
     for (int s = 0; s < warm + steps; s++) {
         random_tokens(tok, B, c->vocab, r);
         sync_dev();
+        if (prof && s == warm + steps - 1) lm_cuda_profiler(1);
         double t0 = lm_time_sec();
         lm_model_forward(m, tok, NULL, B, 1, fo);
+        double t1 = lm_time_sec();
         sync_dev();
-        if (s >= warm) ms[s - warm] = (lm_time_sec() - t0) * 1e3;
+        if (prof && s == warm + steps - 1) lm_cuda_profiler(0);
+        if (s >= warm) ms[s - warm] = (lm_time_sec() - t0) * 1e3, enq[s - warm] = (t1 - t0) * 1e3;
     }
     double ms_min = ms[0], ms_max = ms[0];
     for (int s = 1; s < steps; s++) ms_min = fmin(ms_min, ms[s]), ms_max = fmax(ms_max, ms[s]);
@@ -214,9 +220,13 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
     res.tok_s = B / (res.ms * 1e-3);
     res.used_gb = (fr - (double)free_bytes()) / GB;
     res.ok = 1;
-    printf("  decode  B=%-3d L=%-8d %8.3f ms/step (min %.3f, max %.3f)  %9.0f tok/s   cache %.2f GB "
-           "(KDA state+conv %.3f, MLA latents %.2f), GPU memory used %.2f GB\n",
-           B, L, res.ms, ms_min, ms_max, res.tok_s, (kda + mla) / GB, kda / GB, mla / GB, res.used_gb);
+    // host: until lm_model_forward returns (the work queued, the host's own waits included);
+    // the rest of the step is the device finishing what was queued
+    printf("  decode  B=%-3d L=%-8d %8.3f ms/step (min %.3f, max %.3f; host %.3f)  %9.0f tok/s   cache %.2f GB "
+           "(KDA state+conv %.3f, MLA latents %.2f), GPU memory used %.2f GB; %ld of %d steps replayed%s\n",
+           B, L, res.ms, ms_min, ms_max, lm_median(enq, steps), res.tok_s, (kda + mla) / GB, kda / GB, mla / GB,
+           res.used_gb, kc->graph_runs, warm + steps, kc->graph_off ? " (LINMOE_DECODE_GRAPH=0)" : "");
+    free(enq);
     // the MLA decode op alone on the last MLA layer's cache (lens = L from the last step)
     for (int i = c->n_layers - 1; i >= 0; i--)
         if (lm_layer_is_mla(c, i)) {

@@ -300,6 +300,10 @@ typedef struct lm_ops {
     //   kpe_cache [B,Tmax,De]; lens [B] int32 in backend memory; scale = (Dn+De)^-1/2 as in training
     void (*mla_decode)(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
                        const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
+    // appends T rows per sequence to a cache [B, Tmax, W]: rows lens[b] − T … lens[b] − 1 of
+    //   sequence b ← x [B, T, W]; lens [B] int32 in backend memory already counting them (read
+    //   by the device, so that a recorded decode step appends where the cache ends when replayed)
+    void (*cache_append)(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax);
 
     // ---- MoE ----
     // router: s = sigmoid(z), z [N,E] router logits; selection = top-(k+1) of s + bias
@@ -407,6 +411,20 @@ typedef struct lm_ops {
     // Muon on `count` stacked matrices [rows, cols]: m = μm + g; u = g + μm (Nesterov);
     //   O = NewtonSchulz5(u); p ← p − lr·(0.2·sqrt(max(rows,cols))·O + wd·p)
     void (*muon)(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
+
+    // ---- recording (optional: NULL on a backend that runs every op as it is called) ----
+    // graph_begin: the ops called until graph_end are recorded, not run; graph_end returns a
+    // replayable handle, or NULL when the recording was spoiled (an op needed to allocate, or
+    // to remake a cached weight copy, while recording: run the same ops again as they come).
+    // graph_run queues the recorded work again: the same kernels on the same memory with the
+    // same arguments (only the contents of memory may differ), valid while graph_epoch() is
+    // the value it had at graph_end (every allocation, free and weight-copy change bumps it).
+    // No op may read back to the host while recording.
+    void (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_run)(void *graph);
+    void (*graph_free)(void *graph);
+    unsigned long (*graph_epoch)(void);
 } lm_ops;
 
 extern const lm_ops lm_cpu_ops;

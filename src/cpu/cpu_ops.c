@@ -44,6 +44,7 @@ const lm_ops lm_cpu_ops = {
     .attn_max_logit = cpu_attn_max_logit,
     .head_matmul = cpu_head_matmul,
     .mla_decode = cpu_mla_decode,
+    .cache_append = cpu_cache_append,
     .moe_route_fwd = cpu_moe_route_fwd,
     .moe_route_bwd = cpu_moe_route_bwd,
     .moe_plan = cpu_moe_plan,

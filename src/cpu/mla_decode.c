@@ -34,6 +34,14 @@ void cpu_head_matmul(real *out, const real *inp, const real *W, int N, int H, in
     }
 }
 
+// cache [B, Tmax, W]: rows lens[b] − T … lens[b] − 1 of sequence b ← x [B, T, W]
+void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax) {
+    for (int b = 0; b < B; b++) {
+        LM_CHECK(lens[b] >= T && lens[b] <= Tmax, "cache_append: lens[%d] = %d outside [%d, %d]", b, lens[b], T, Tmax);
+        memcpy(cache + ((size_t)b * Tmax + lens[b] - T) * W, x + (size_t)b * T * W, (size_t)T * W * sizeof(real));
+    }
+}
+
 // One decode step per sequence b and head h over its lens[b] cached tokens:
 //   score_t = scale·(q_lat·c_t + q_pe·kpe_t), t < lens[b];  o_lat = Σ_t softmax(score)_t c_t
 // o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R]; kpe_cache [B,Tmax,De]; lens [B]

@@ -45,6 +45,8 @@ unsigned long lm_cuda_weight_copies_made(void);
 // host-side device queries for C callers (benchmarks, the CLI), so that no C file needs the
 // CUDA headers: wait for the device; free bytes on the device; the device's name and memory
 void lm_cuda_sync(void);
+// cudaProfilerStart (on) / cudaProfilerStop: brackets a region for `ncu --profile-from-start off`
+void lm_cuda_profiler(int on);
 size_t lm_cuda_free_bytes(void);
 const char *lm_cuda_device_name(double *total_bytes);   // the current device
 
@@ -109,6 +111,7 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
 void lm_cuda_zero_attn_grads(float *dq, float *dk, float *dv, size_t nqk, size_t nv);
 int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 void cuda_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
+void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax);
 void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
 void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);
 void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx, int N, int E, int k, real route_scale, int renorm);
@@ -144,6 +147,12 @@ void cuda_xent_bwd(real *dlogits, const real *logits, const real *lse, const int
 void cuda_adamw(real *p, const real *g, real *m, real *v, const lm_adamw_span *spans, int nspans, real lr, real b1,
                 real b2, real eps, real bc1, real bc2, real gscale);
 void cuda_muon(real *p, const real *g, real *m, int count, int rows, int cols, real lr, real mu, real wd);
+// cuda_graph.cu
+void cuda_graph_begin(void);
+void *cuda_graph_end(void);
+void cuda_graph_run(void *graph);
+void cuda_graph_free(void *graph);
+unsigned long cuda_graph_epoch(void);
 
 #ifdef __cplusplus
 }

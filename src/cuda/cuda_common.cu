@@ -3,14 +3,21 @@
 #include "cuda_common.cuh"
 #include <string.h>
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 
 void lm_cuda_fail(const char *what, const char *expr, const char *file, int line) {
     lm_die("CUDA error: %s in %s at %s:%d", what, expr, file, line);
 }
 
-cudaStream_t lm_cuda_stream(void) { return 0; }   // the legacy default stream (see the header)
+static cudaStream_t g_stream;
+cudaStream_t lm_cuda_stream(void) {   // (see the header)
+    if (!g_stream) cudaCheck(cudaStreamCreate(&g_stream));
+    return g_stream;
+}
 
 static cublasHandle_t g_cublas;
+static void *g_cublas_ws;
+#define CUBLAS_WS_BYTES ((size_t)32 << 20)   // cuBLAS's own default on Hopper
 static void *g_scratch;
 static size_t g_scratch_cap;
 static int g_gemm_mode = -1;   // lm_gemm_mode; -1: not yet read from LM_CUDA_GEMM
@@ -44,6 +51,9 @@ cublasHandle_t lm_cublas(void) {
     if (!g_cublas) {
         cublasCheck(cublasCreate(&g_cublas));
         cublasCheck(cublasSetStream(g_cublas, lm_cuda_stream()));
+        // a workspace of our own: cuBLAS then never allocates inside a recorded step
+        cudaCheck(cudaMalloc(&g_cublas_ws, CUBLAS_WS_BYTES));
+        cublasCheck(cublasSetWorkspace(g_cublas, g_cublas_ws, CUBLAS_WS_BYTES));
     }
     // fp32: plain SGEMM (matches the CPU reference to ~1e-6); tf32 and bf16 let cuBLAS use
     // tensor cores (the bf16 GEMMs themselves are issued in bf16 by matmul.cu; this mode
@@ -56,21 +66,33 @@ cublasHandle_t lm_cublas(void) {
 void *lm_cuda_scratch(size_t bytes) {
     if (bytes == 0) bytes = 256;
     if (bytes > g_scratch_cap) {
-        if (g_scratch) cudaCheck(cudaFree(g_scratch));   // waits for queued work
+        if (lm_cuda_recording()) {   // the recorded ops hold the old block: spoiled, freed after
+            lm_cuda_spoil_recording();
+            lm_cuda_free_later(g_scratch);
+        } else if (g_scratch) {
+            cudaCheck(cudaFree(g_scratch));   // waits for queued work
+        }
         size_t cap = bytes + bytes / 4;
         cudaCheck(cudaMalloc(&g_scratch, cap));
         g_scratch_cap = cap;
+        lm_cuda_mem_changed();
     }
     return g_scratch;
 }
 
 void lm_cuda_read(void *host, const void *dev, size_t bytes) {
     if (!bytes) return;
+    if (lm_cuda_recording()) {   // nothing has run: the recording is spoiled and its step re-run op by op
+        lm_cuda_spoil_recording();
+        memset(host, 0, bytes);
+        return;
+    }
     cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, lm_cuda_stream()));
     cudaCheck(cudaStreamSynchronize(lm_cuda_stream()));
 }
 
 void lm_cuda_sync(void) { cudaCheck(cudaDeviceSynchronize()); }
+void lm_cuda_profiler(int on) { cudaCheck(on ? cudaProfilerStart() : cudaProfilerStop()); }
 int lm_cuda_num_sms(void) {
     static int n = 0;
     if (!n) {
@@ -96,6 +118,7 @@ const char *lm_cuda_device_name(double *total_bytes) {
 
 void lm_cuda_backend_shutdown(void) {
     if (g_cublas) { cublasDestroy(g_cublas); g_cublas = NULL; }
+    if (g_cublas_ws) { cudaFree(g_cublas_ws); g_cublas_ws = NULL; }
     if (g_scratch) { cudaFree(g_scratch); g_scratch = NULL; g_scratch_cap = 0; }
     lm_cuda_weight_cache_free();
 }

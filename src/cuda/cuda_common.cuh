@@ -3,9 +3,10 @@
 // device workspace, and a few device helpers (block reductions, the column-sum pattern
 // used by every deterministic parameter-gradient reduction).
 //
-// Stream: every op runs on lm_cuda_stream(), which is the legacy default stream (0).
-// Host<->device copies made with plain cudaMemcpy by the memory ops are therefore
-// ordered with the kernels without extra synchronisation.
+// Stream: every op runs on lm_cuda_stream(), one stream created by the backend with the
+// default (blocking) flags, so that work on the legacy default stream (cudaMalloc's zero fill,
+// other programs' plain cudaMemcpy) stays ordered with it; it is not the legacy stream itself
+// because only a created stream can be recorded into a CUDA graph (lm_cuda_graph_begin).
 #ifndef LM_CUDA_COMMON_CUH
 #define LM_CUDA_COMMON_CUH
 
@@ -34,8 +35,19 @@ cublasHandle_t lm_cublas(void);
 // the previous contents are not kept). Growing it frees the old buffer with cudaFree,
 // which waits for the device, so work already queued on the old buffer is finished.
 void *lm_cuda_scratch(size_t bytes);
-// reads a host copy of `bytes` from device memory on the op stream (waits)
+// reads a host copy of `bytes` from device memory on the op stream (waits; while recording,
+// zeros and a spoiled recording)
 void lm_cuda_read(void *host, const void *dev, size_t bytes);
+// Recording (CUDA graphs, cuda_graph.cu). While the op stream records, nothing runs, so the
+// backend must not allocate, free or read back: lm_cuda_recording() tells the allocation
+// sites, which then mark the recording spoiled (lm_cuda_spoil_recording; lm_cuda_graph_end
+// then returns NULL) and hand blocks to lm_cuda_free_later instead of cudaFree (freed when
+// the recording ends). lm_cuda_mem_changed bumps the epoch a recorded graph is valid for:
+// every allocation, free and write of weights whose bf16 copies a graph would read.
+int lm_cuda_recording(void);
+void lm_cuda_spoil_recording(void);
+void lm_cuda_free_later(void *p);
+void lm_cuda_mem_changed(void);
 // the current device's SM count (queried once)
 int lm_cuda_num_sms(void);
 

@@ -33,8 +33,10 @@ static int g_nblocks, g_capblocks;
 static void *cu_alloc(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;
+    LM_CHECK(!lm_cuda_recording(), "cuda alloc of %zu bytes while recording a graph", bytes);
+    lm_cuda_mem_changed();
     cudaCheck(cudaMalloc(&p, bytes));
-    cudaCheck(cudaMemset(p, 0, bytes));
+    cudaCheck(cudaMemsetAsync(p, 0, bytes, lm_cuda_stream()));
     if (g_nblocks == g_capblocks) {
         g_capblocks = g_capblocks ? 2 * g_capblocks : 64;
         g_blocks = (cu_block *)lm_realloc(g_blocks, (size_t)g_capblocks * sizeof(cu_block));
@@ -45,6 +47,8 @@ static void *cu_alloc(size_t bytes) {
 }
 static void cu_free(void *p) {
     if (!p) return;
+    LM_CHECK(!lm_cuda_recording(), "cuda free while recording a graph");
+    lm_cuda_mem_changed();
     size_t bytes = 0;
     for (int i = 0; i < g_nblocks; i++)
         if (g_blocks[i].p == p) {
@@ -62,13 +66,20 @@ static void cu_free(void *p) {
     if (bytes) lm_cuda_weight_cache_drop(p, bytes);
     else lm_cuda_weight_cache_free();
 }
+// Host memory is pageable: cudaMemcpyAsync stages it before returning, so the caller may
+// reuse it at once. The copies are ordered with the ops on the op stream; to_host waits.
 static void cu_to_device(void *dst, const void *src, size_t bytes) {
-    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return;
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, lm_cuda_stream()));
     lm_cuda_weights_written(dst, bytes);   // weights arrive this way (init, checkpoints)
 }
-static void cu_to_host(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost)); }
-static void cu_copy(void *dst, const void *src, size_t bytes) { cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice)); }
-static void cu_zero(void *p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
+static void cu_to_host(void *dst, const void *src, size_t bytes) { lm_cuda_read(dst, src, bytes); }
+static void cu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lm_cuda_stream()));
+}
+static void cu_zero(void *p, size_t bytes) {
+    if (bytes) cudaCheck(cudaMemsetAsync(p, 0, bytes, lm_cuda_stream()));
+}
 static void cu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_stride, size_t rows, size_t cols) {
     if (rows == 0 || cols == 0) return;
     static int max_pitch = 0;
@@ -79,12 +90,13 @@ static void cu_copy2d(real *dst, size_t dst_stride, const real *src, size_t src_
     }
     const size_t dp = dst_stride * sizeof(real), sp = src_stride * sizeof(real), w = cols * sizeof(real);
     if (dp <= (size_t)max_pitch && sp <= (size_t)max_pitch) {
-        cudaCheck(cudaMemcpy2D(dst, dp, src, sp, w, rows, cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpy2DAsync(dst, dp, src, sp, w, rows, cudaMemcpyDeviceToDevice, lm_cuda_stream()));
         return;
     }
     // pitches past the device limit (a long cache: max_len·R·4 bytes can pass 2 GiB): a copy per row
     for (size_t r = 0; r < rows; r++)
-        cudaCheck(cudaMemcpy(dst + r * dst_stride, src + r * src_stride, w, cudaMemcpyDeviceToDevice));
+        cudaCheck(cudaMemcpyAsync(dst + r * dst_stride, src + r * src_stride, w, cudaMemcpyDeviceToDevice,
+                                  lm_cuda_stream()));
 }
 
 // ---- fp32 ↔ bf16 ----
@@ -381,6 +393,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .attn_max_logit = cuda_attn_max_logit,
     .head_matmul = cuda_head_matmul,
     .mla_decode = cuda_mla_decode,
+    .cache_append = cuda_cache_append,
     .moe_route_fwd = cuda_moe_route_fwd,
     .moe_route_bwd = cuda_moe_route_bwd,
     .moe_plan = cuda_moe_plan,
@@ -408,4 +421,9 @@ extern "C" const lm_ops lm_cuda_ops = {
     .xent_bwd = cuda_xent_bwd,
     .adamw = cuda_adamw,
     .muon = cuda_muon,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_run = cuda_graph_run,
+    .graph_free = cuda_graph_free,
+    .graph_epoch = cuda_graph_epoch,
 };

@@ -617,6 +617,23 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
     cudaLaunchCheck();
 }
 
+// ---- cache append: rows lens[b] − T … lens[b] − 1 of sequence b ← x [B, T, W] ----
+// grid (⌈T·W/256⌉, B). The position is read on the device (a recorded decode step replays it
+// at the cache's current end); a lens[b] < T or > Tmax (never from lm_cache) writes nothing.
+__global__ static void cache_append_k(float *cache, const float *x, const int *lens, int T, int W, int Tmax) {
+    const int b = blockIdx.y, len = lens[b];
+    const size_t n = (size_t)T * W, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n || len < T || len > Tmax) return;
+    cache[((size_t)b * Tmax + len - T) * W + i] = x[(size_t)b * n + i];
+}
+
+void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax) {
+    if (B <= 0 || T <= 0 || W <= 0) return;
+    const size_t n = (size_t)T * W;
+    cache_append_k<<<dim3((unsigned)((n + 255) / 256), B), 256, 0, lm_cuda_stream()>>>(cache, x, lens, T, W, Tmax);
+    cudaLaunchCheck();
+}
+
 // ---- per-head max logit (QK-Clip): one block per head, a fixed-order tree reduction ----
 __global__ static void attn_max_logit_k(float *out, const float *q, const float *k, int B, int T, int H, int Dqk,
                                         float scale) {
@@ -649,5 +666,5 @@ void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, in
     float *d = (float *)lm_cuda_scratch((size_t)H * sizeof(float));
     attn_max_logit_k<<<H, 256, 0, lm_cuda_stream()>>>(d, q, k, B, T, H, Dqk, scale);
     cudaCheck(cudaGetLastError());
-    cudaCheck(cudaMemcpy(out_host, d, (size_t)H * sizeof(float), cudaMemcpyDeviceToHost));
+    lm_cuda_read(out_host, d, (size_t)H * sizeof(float));
 }

@@ -34,12 +34,19 @@ static unsigned long g_epoch = 1, g_made;
 
 unsigned long lm_cuda_weight_copies_made(void) { return g_made; }
 
-void lm_cuda_weights_changed(void) { g_epoch++; }
+// (a recorded graph reads the copies as they were: lm_cuda_mem_changed retires it)
+void lm_cuda_weights_changed(void) {
+    g_epoch++;
+    lm_cuda_mem_changed();
+}
 void lm_cuda_weights_written(const void *p, size_t bytes) {
     const char *lo = (const char *)p, *hi = lo + bytes;
     for (int i = 0; i < g_wc_n; i++) {
         const char *wlo = (const char *)g_wc[i].w, *whi = wlo + g_wc[i].n * sizeof(float);
-        if (wlo < hi && lo < whi) g_wc[i].epoch = 0;
+        if (wlo < hi && lo < whi) {
+            g_wc[i].epoch = 0;
+            lm_cuda_mem_changed();   // (not for the uploads of tokens and targets)
+        }
     }
 }
 
@@ -54,11 +61,16 @@ const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
         en->epoch = 0;
     }
     if (en->epoch == g_epoch && en->n == n) return en->buf;
+    // a copy made while recording would be remade at every replay: the recording is spoiled
+    // (the caller runs that step op by op and records a later one)
+    if (lm_cuda_recording()) lm_cuda_spoil_recording();
     if (n > en->cap) {
-        if (en->buf) cudaCheck(cudaFree(en->buf));
+        if (en->buf && lm_cuda_recording()) lm_cuda_free_later(en->buf);
+        else if (en->buf) cudaCheck(cudaFree(en->buf));
         cudaCheck(cudaMalloc(&en->buf, n * sizeof(__nv_bfloat16)));
         en->cap = n;
     }
+    lm_cuda_mem_changed();
     lm_cuda_to_bf16(en->buf, W, n);
     g_made++;
     en->n = n;
@@ -76,6 +88,8 @@ __nv_bfloat16 *lm_cuda_weight_bf16_claim(const float *W, size_t n) {
 }
 
 void lm_cuda_weight_cache_drop(const void *p, size_t bytes) {
+    LM_CHECK(!lm_cuda_recording(), "cuda: bf16 weight copies dropped while recording a graph");
+    lm_cuda_mem_changed();
     const char *lo = (const char *)p, *hi = lo + bytes;
     for (int i = 0; i < g_wc_n;) {
         const char *w = (const char *)g_wc[i].w;
@@ -91,6 +105,8 @@ void lm_cuda_weight_cache_drop(const void *p, size_t bytes) {
 }
 
 void lm_cuda_weight_cache_free(void) {
+    LM_CHECK(!lm_cuda_recording(), "cuda: bf16 weight copies freed while recording a graph");
+    lm_cuda_mem_changed();
     for (int i = 0; i < g_wc_n; i++)
         if (g_wc[i].buf) cudaCheck(cudaFree(g_wc[i].buf));
     memset(g_wc, 0, sizeof g_wc);

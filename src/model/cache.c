@@ -25,6 +25,8 @@ lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_
     k->mem = ops->alloc(L->numel * sizeof(real));
     lm_layout_bind(L, k, k->mem);
     k->lens_value = -1;   // uninitialised memory
+    const char *e = getenv("LINMOE_DECODE_GRAPH");
+    k->graph_off = e && strcmp(e, "0") == 0;
     return k;
 }
 
@@ -36,6 +38,7 @@ void lm_cache_reset(lm_cache *k) {
 
 void lm_cache_free(lm_cache *k) {
     if (!k) return;
+    lm_cache_drop_graph(k);
     if (k->scratch) k->ops->free(k->scratch);
     k->ops->free(k->mem);
     lm_layout_free(&k->layout);
@@ -51,4 +54,20 @@ real *lm_cache_scratch(lm_cache *k, size_t bytes) {
         k->scratch = k->ops->alloc(k->scratch_bytes);
     }
     return k->scratch;
+}
+
+void lm_cache_set_lens(lm_cache *k, int value) {
+    if (k->lens_value == value) return;
+    int *h = lm_malloc((size_t)k->B * sizeof(int));
+    for (int b = 0; b < k->B; b++) h[b] = value;
+    k->ops->to_device(k->lens, h, (size_t)k->B * sizeof(int));
+    free(h);
+    k->lens_value = value;
+}
+
+void lm_cache_drop_graph(lm_cache *k) {
+    if (k->graph) k->ops->graph_free(k->graph);
+    k->graph = NULL;
+    k->graph_model = NULL;
+    k->eager_epoch = 0;
 }

@@ -25,6 +25,15 @@ typedef struct lm_cache {
     // time (grown on demand, lm_cache_scratch)
     real *scratch;
     size_t scratch_bytes;
+    // one-token steps recorded and replayed on a backend with graph ops (lm_model_forward):
+    // the recording, the model and backend memory epoch it belongs to; the epoch at which a
+    // step last ran op by op (the next step is recorded if nothing moved since); steps
+    // replayed so far. graph_off (LINMOE_DECODE_GRAPH=0 at creation) runs every step op by op.
+    void *graph;
+    const void *graph_model;
+    unsigned long graph_epoch, eager_epoch;
+    long graph_runs;
+    int graph_off;
 } lm_cache;
 
 lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_len);
@@ -33,5 +42,9 @@ void lm_cache_free(lm_cache *k);
 size_t lm_cache_bytes(const lm_cache *k);
 // backend memory of at least `bytes`, owned by the cache (contents not kept when it grows)
 real *lm_cache_scratch(lm_cache *k, size_t bytes);
+// every entry of the backend's lens ← value (uploaded only when it changes)
+void lm_cache_set_lens(lm_cache *k, int value);
+// drops the recorded decode step (the next steps run op by op, then record again)
+void lm_cache_drop_graph(lm_cache *k);
 
 #endif

@@ -112,6 +112,9 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
             o->copy(out, a->routed, (size_t)N * d * sizeof(real));
         }
     }
+    // the balancing losses (host values: the backend waits for them) are not formed when
+    // generating with a cache, whose steps may be recorded and replayed (lm_model_forward)
+    if (s->cache) return;
     if (c->balance == LM_BAL_AUX && c->aux_coef > 0)
         s->aux_loss += s->aux_dloss * o->moe_aux_fwd(a->s, a->counts, N, E, k, c->aux_coef);
     if (c->zloss_coef > 0) s->aux_loss += s->aux_dloss * o->moe_zloss_fwd(a->z, N, E, c->zloss_coef);

@@ -8,19 +8,17 @@
 static real mla_scale(const lm_config *c) { return 1 / sqrt((real)lm_mla_qk_dim(c)); }
 
 // Appends this chunk's latents c [B,T,R] and extra key dims kpe [B,T,De] to the cache
-// at positions len … len+T−1 of every sequence.
+// at positions len … len+T−1 of every sequence: where the backend's lens (len + T, set by
+// lm_model_forward) says, so that a recorded one-token step appends at the current end.
 static void cache_append(lm_step_ctx *s, const lm_mla_acts *a) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     lm_cache *kc = s->cache;
     const int R = c->kv_lora_rank, De = c->qk_extra_dim, T = s->T;
     LM_CHECK(kc->len + T <= kc->max_len, "cache is full (%d + %d tokens > %d)", kc->len, T, kc->max_len);
-    // one strided copy per tensor (row b: T·R values, cache stride max_len·R), not one per sequence
-    o->copy2d(kc->mla_c[s->layer] + (size_t)kc->len * R, (size_t)kc->max_len * R, a->c, (size_t)T * R, (size_t)s->B,
-              (size_t)T * R);
-    if (De > 0)
-        o->copy2d(kc->mla_kpe[s->layer] + (size_t)kc->len * De, (size_t)kc->max_len * De, a->kpe, (size_t)T * De,
-                  (size_t)s->B, (size_t)T * De);
+    LM_CHECK(kc->lens_value == kc->len + T, "MLA cache append: lens not set for this chunk");
+    o->cache_append(kc->mla_c[s->layer], a->c, kc->lens, s->B, T, R, kc->max_len);
+    if (De > 0) o->cache_append(kc->mla_kpe[s->layer], a->kpe, kc->lens, s->B, T, De, kc->max_len);
 }
 
 // Attention of the chunk's queries over the whole cache in the absorbed form: W_uk is
@@ -37,16 +35,10 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
     o->copy2d(a->q_nope, Dn, a->q, Dqk, (size_t)N * Hm, Dn);
     if (De > 0) o->copy2d(a->q_pe, De, a->q + Dn, Dqk, (size_t)N * Hm, De);
     o->head_matmul(a->q_lat, a->q_nope, p->kv_b, N, Hm, Dn, R, stride, 1);
-    int *lens = NULL;
     for (int t = 0; t < T; t++) {
         // every sequence has the same length; the backend copy is rewritten only when that
-        // length changes, so a one-token step uploads it once for all the MLA layers
-        if (kc->lens_value != kc->len + t + 1) {
-            if (!lens) lens = lm_malloc((size_t)B * sizeof(int));
-            for (int b = 0; b < B; b++) lens[b] = kc->len + t + 1;
-            o->to_device(kc->lens, lens, (size_t)B * sizeof(int));
-            kc->lens_value = kc->len + t + 1;
-        }
+        // length changes: a one-token step finds it set by lm_model_forward (len + 1)
+        lm_cache_set_lens(kc, kc->len + t + 1);
         // token t of every sequence: rows b·T + t
         o->copy2d(a->step_q_lat, (size_t)Hm * R, a->q_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, B, (size_t)Hm * R);
         if (De > 0)
@@ -56,7 +48,6 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
                       kc->lens, B, Hm, R, De, kc->max_len, mla_scale(c));
         o->copy2d(a->o_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, a->step_o_lat, (size_t)Hm * R, B, (size_t)Hm * R);
     }
-    free(lens);
     o->head_matmul(a->o, a->o_lat, p->kv_b + (size_t)Dn * R, N, Hm, R, Dv, stride, 0);
 }
 

@@ -417,18 +417,14 @@ static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
     }
 }
 
-double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int B, int T, lm_fwd_opts opts) {
+// The forward's device work from the uploaded tokens to the logits (m->ctx set): what a
+// recorded one-token step replays, so nothing here may depend on a host value that changes
+// from step to step (the cache's length reaches the ops through its backend lens).
+static void forward_body(lm_model *m) {
     const lm_ops *o = m->ops;
     const lm_config *c = &m->cfg;
-    lm_model_reserve(m, B, T);
-    const int N = B * T, d = c->d_model;
+    const int N = m->ctx.N, d = c->d_model;
     lm_acts *a = &m->acts;
-    m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
-                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache,
-                           .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL,
-                           .lo = opts.training && !opts.cache ? reserve_lo(m) : NULL};
-    LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
-    o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
     o->embed_fwd(a->stream[m->stream_embed], a->tokens, m->params.embed, N, d);
     for (int t = 0; t < m->n_tape; t++) {
         const lm_tape_op *op = &m->tape[t];
@@ -458,6 +454,52 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     if (!lm_final_normed(m))
         o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
     lm_linear_fwd(o, a->logits, a->fn, m->params.lm_head, N, d, c->vocab, fn_lo, 1);   // fn_lo: by the norm
+}
+
+// A one-token step with a cache on a backend that records: the first step at a memory epoch
+// runs op by op (the workspace and the weight copies reach their steady state), the next is
+// recorded and then replayed for every later step until the backend's memory moves (an
+// allocation, a free, a weight copy remade: a new epoch) or another model uses the cache.
+static void forward_step_recorded(lm_model *m, lm_cache *kc) {
+    const lm_ops *o = m->ops;
+    if (kc->graph && (kc->graph_model != m || kc->graph_epoch != o->graph_epoch())) lm_cache_drop_graph(kc);
+    if (!kc->graph && kc->graph_model == m && kc->eager_epoch == o->graph_epoch()) {
+        o->graph_begin();
+        forward_body(m);
+        kc->graph = o->graph_end();
+        kc->graph_epoch = o->graph_epoch();
+    }
+    if (kc->graph) {
+        o->graph_run(kc->graph);
+        kc->graph_runs++;
+        return;
+    }
+    forward_body(m);   // (a recording spoiled: again op by op, recorded next time)
+    kc->graph_model = m;
+    kc->eager_epoch = o->graph_epoch();
+}
+
+double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int B, int T, lm_fwd_opts opts) {
+    const lm_ops *o = m->ops;
+    const lm_config *c = &m->cfg;
+    lm_model_reserve(m, B, T);
+    const int N = B * T;
+    lm_acts *a = &m->acts;
+    m->ctx = (lm_step_ctx){.ops = o, .c = c, .B = B, .T = T, .N = N, .training = opts.training,
+                           .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache,
+                           .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL,
+                           .lo = opts.training && !opts.cache ? reserve_lo(m) : NULL};
+    LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
+    o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
+    lm_cache *kc = opts.cache;
+    if (kc) {
+        LM_CHECK(kc->len + T <= kc->max_len, "cache is full (%d + %d tokens > %d)", kc->len, T, kc->max_len);
+        lm_cache_set_lens(kc, kc->len + T);   // the cache's length after this chunk, for the MLA layers
+    }
+    // the recorded path: one-token inference steps after the first token (whose MLA layers
+    // attend without the cache's absorbed path)
+    if (kc && T == 1 && kc->len > 0 && !opts.training && o->graph_begin && !kc->graph_off) forward_step_recorded(m, kc);
+    else forward_body(m);
     if (opts.cache) opts.cache->len += T;
     m->last_count = 0;
     m->last_ce_sum = 0;

@@ -248,6 +248,58 @@ static void t_elementwise(void) {
     DFREE(ga, gb, go); HFREE(a, b, o, acc);
 }
 
+// cache_append: rows lens[b] − T … lens[b] − 1 of each sequence, lens read from backend memory
+static void t_cache_append(int B, int T, int W, int Tmax) {
+    char op[64];
+    snprintf(op, sizeof op, "cache_append B%d T%d W%d", B, T, W);
+    float *cache = hrandn((size_t)B * Tmax * W, 1), *x = hrandn((size_t)B * T * W, 1);
+    int *lens = lm_malloc((size_t)B * sizeof(int));
+    for (int b = 0; b < B; b++) lens[b] = T + (int)lm_rng_below(&R, (uint32_t)(Tmax - T + 1));   // T ≤ lens ≤ Tmax
+    float *gc = dfl(cache, (size_t)B * Tmax * W), *gx = dfl(x, (size_t)B * T * W);
+    int *gl = GPU->alloc((size_t)B * sizeof(int));
+    GPU->to_device(gl, lens, (size_t)B * sizeof(int));
+    CPU->cache_append(cache, x, lens, B, T, W, Tmax);
+    GPU->cache_append(gc, gx, gl, B, T, W, Tmax);
+    cmp(op, "cache", gc, cache, (size_t)B * Tmax * W, 0);
+    DFREE(gc, gx, gl); HFREE(cache, x, lens);
+}
+
+// recording: a recorded add replays on the memory's current contents; uploads of non-weights
+// keep the epoch, allocations move it; a host read while recording spoils the recording
+static void t_graph(void) {
+    if (!GPU->graph_begin) return;   // (the harness's CPU table records nothing)
+    const size_t n = 5000;
+    float *a = hrandn(n, 1), *b = hrandn(n, 1), *o = lm_malloc(n * sizeof(float));
+    float *ga = dfl(a, n), *gb = dfl(b, n), *go = dpoison(n);
+    const unsigned long e0 = GPU->graph_epoch();
+    GPU->graph_begin();
+    GPU->add(go, ga, gb, n);
+    void *g = GPU->graph_end();
+    record("graph", "add recorded", g == NULL, 0);
+    float mid;
+    GPU->to_host(&mid, go + n / 2, sizeof mid);
+    record("graph", "nothing ran while recording", !isnan(mid), 0);
+    for (int rep = 0; rep < 2 && g; rep++) {
+        for (size_t i = 0; i < n; i++) a[i] += 1;   // new contents, same memory
+        GPU->to_device(ga, a, n * sizeof(float));
+        GPU->graph_run(g);
+        CPU->add(o, a, b, n);
+        cmp("graph", "replayed add", go, o, n, 0);
+    }
+    record("graph", "epoch kept by uploads and replays", GPU->graph_epoch() != e0, 0);
+    float *gx = GPU->alloc(64);
+    record("graph", "epoch moved by an allocation", GPU->graph_epoch() == e0, 0);
+    GPU->graph_free(g);
+    GPU->graph_begin();
+    GPU->add(go, ga, gb, n);
+    const double s = GPU->sumsq(gb, n);   // a host read: zero while recording
+    void *g2 = GPU->graph_end();
+    record("graph", "host read spoils the recording", g2 != NULL || s != 0, 0);
+    GPU->graph_free(g2);
+    record("graph", "op by op after a spoiled recording", fabs(GPU->sumsq(gb, n) - CPU->sumsq(b, n)) > 1e-6 * n, 0);
+    DFREE(ga, gb, go, gx); HFREE(a, b, o);
+}
+
 // ---------------------------------------------------------------------------
 // embedding, linear, norms, gates, conv
 
@@ -1732,22 +1784,42 @@ static void model_incremental(const char *label, lm_config c, const int *chunks,
     GPU->to_host(full, mg->acts.logits, nl * sizeof(real));
     lm_model_forward(mc, tok, NULL, B, T, o);
     memcpy(ref, mc->acts.logits, nl * sizeof(real));
-    lm_cache *kc = lm_cache_create(&c, GPU, B, T);
-    o.cache = kc;
-    int pos = 0;
-    for (int i = 0; i < nchunks; i++) {
-        int n = chunks[i];
-        int *ct = lm_malloc((size_t)B * n * sizeof(int));
-        for (int b = 0; b < B; b++) memcpy(ct + b * n, tok + b * T + pos, n * sizeof(int));
-        lm_model_forward(mg, ct, NULL, B, n, o);
-        for (int b = 0; b < B; b++)
-            GPU->to_host(inc + ((size_t)b * T + pos) * c.vocab, mg->acts.logits + (size_t)b * n * c.vocab,
-                         (size_t)n * c.vocab * sizeof(real));
-        pos += n;
-        free(ct);
+    // the chunks twice: one-token steps recorded and replayed (the default), then op by op
+    real *inc_ops = lm_malloc(nl * sizeof(real));
+    long replayed = 0;
+    int one_token_steps = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        lm_cache *kc = lm_cache_create(&c, GPU, B, T);
+        kc->graph_off = pass == 1;
+        o.cache = kc;
+        real *dst = pass ? inc_ops : inc;
+        int pos = 0;
+        for (int i = 0; i < nchunks; i++) {
+            int n = chunks[i];
+            one_token_steps += pass == 0 && n == 1 && pos > 0;
+            int *ct = lm_malloc((size_t)B * n * sizeof(int));
+            for (int b = 0; b < B; b++) memcpy(ct + b * n, tok + b * T + pos, n * sizeof(int));
+            lm_model_forward(mg, ct, NULL, B, n, o);
+            for (int b = 0; b < B; b++)
+                GPU->to_host(dst + ((size_t)b * T + pos) * c.vocab, mg->acts.logits + (size_t)b * n * c.vocab,
+                             (size_t)n * c.vocab * sizeof(real));
+            pos += n;
+            free(ct);
+        }
+        if (pass == 0) replayed = kc->graph_runs;
+        lm_cache_free(kc);
     }
     char op[64];
     snprintf(op, sizeof op, "generate %s", label);
+    // recorded steps run the same kernels on the same inputs: bit for bit the op-by-op logits.
+    // Every one-token step after the first two replays its recording (the first runs op by
+    // op, the second is recorded, then replayed), on a backend that records.
+    record(op, "recorded steps vs op by op (max abs)", tu_max_abs_diff(inc, inc_ops, nl), 0);
+    if (GPU->graph_begin) {
+        const long want = one_token_steps >= 2 ? one_token_steps - 1 : 0;
+        printf("    %ld of %d one-token steps replayed a recording (want %ld)\n", replayed, one_token_steps, want);
+        record(op, "one-token steps not replayed", (double)labs(replayed - want), 0);
+    }
     // the CPU's own incremental-vs-full difference on these configs reaches 6.5e-5 (max abs);
     // relative tolerance as for the full forward below
     // (bf16 KDA: the recurrent decode step and the chunked prefill round differently)
@@ -1767,10 +1839,9 @@ static void model_incremental(const char *label, lm_config c, const int *chunks,
     lm_model_forward(mc, tok, NULL, B, T, o0);
     printf("    forward noise floor, CPU vs CPU with params x (1 + 1e-7 N(0,1)): logits %.2e\n",
            tu_rel_rms(mc->acts.logits, ref, nl));
-    lm_cache_free(kc);
     lm_model_free(mg);
     lm_model_free(mc);
-    HFREE(host, tok, tgt, full, ref, inc);
+    HFREE(host, tok, tgt, full, ref, inc, inc_ops);
 }
 
 // Weights and parameters of a checkpoint folder's model.safetensors, on the CPU backend
@@ -2060,6 +2131,9 @@ int main(int argc, char **argv) {
     if (!only_model) {
         printf("== CUDA ops vs CPU reference (relative RMS error; integer outputs: mismatches)\n");
         t_elementwise();
+        t_cache_append(3, 1, 40, 17);
+        t_cache_append(2, 5, 9, 12);
+        t_graph();
         t_embed();
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
