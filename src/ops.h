@@ -244,6 +244,10 @@ typedef struct lm_ops {
                           const real *cache, int B, int T, int C, int W, int assign);
     // cache ← the last W-1 inputs of [cache ++ inp] per sequence (for decode after prefill)
     void (*conv_cache_update)(real *cache, const real *inp, int B, int T, int C, int W);
+    // one token of n ≤ 3 convs at once (a KDA layer's q, k, v; W ≥ 2): for j < n, conv_silu_fwd
+    //   of inp[j] [B, C[j]] with cache[j] (T = 1) into out[j], then conv_cache_update of cache[j]
+    void (*conv_step)(real *const *out, const real *const *inp, const real *const *w, real *const *cache,
+                      const int *C, int n, int B, int W);
 
     // ---- KDA (see lm_kda_args) ----
     void (*kda_fwd)(const lm_kda_args *a);

@@ -108,3 +108,11 @@ void cpu_conv_cache_update(real *cache, const real *inp, int B, int T, int C, in
         }
     }
 }
+
+void cpu_conv_step(real *const *out, const real *const *inp, const real *const *w, real *const *cache, const int *C,
+                   int n, int B, int W) {
+    for (int j = 0; j < n; j++) {
+        cpu_conv_silu_fwd(out[j], inp[j], w[j], cache[j], B, 1, C[j], W);
+        cpu_conv_cache_update(cache[j], inp[j], B, 1, C[j], W);
+    }
+}

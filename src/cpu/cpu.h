@@ -32,6 +32,8 @@ void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void 
 void cpu_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 void cpu_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
 void cpu_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W, int assign);
+void cpu_conv_step(real *const *out, const real *const *inp, const real *const *w, real *const *cache, const int *C,
+                   int n, int B, int W);
 void cpu_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
 void cpu_kda_fwd(const lm_kda_args *a);
 void cpu_kda_bwd(const lm_kda_args *a);

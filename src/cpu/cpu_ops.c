@@ -32,6 +32,7 @@ const lm_ops lm_cpu_ops = {
     .conv_silu_fwd = cpu_conv_silu_fwd,
     .conv_silu_bwd = cpu_conv_silu_bwd,
     .conv_cache_update = cpu_conv_cache_update,
+    .conv_step = cpu_conv_step,
     .kda_fwd = cpu_kda_fwd,
     .kda_bwd = cpu_kda_bwd,
     .kda_decode = cpu_kda_decode,

@@ -387,6 +387,48 @@ __global__ static void conv_cache_k(float *cache, const float *inp, int B, int T
     }
 }
 
+// ---- one token of up to three convs (decode) ----
+// A thread per (sequence, channel) of the n tensors: conv_z's sum at T = 1 (the cached W−1
+// inputs, then x; the same order), SiLU, then the cache rolled by one. One launch where
+// conv_silu_fwd and conv_cache_update took two per tensor (6 per KDA layer and token).
+struct ConvStep {
+    float *out[3];
+    const float *inp[3], *w[3];
+    float *cache[3];
+    int C[3], n;
+};
+__global__ static void conv_step_k(ConvStep a, int B, int W) {
+    size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    int j = 0;
+    while (j < a.n && e >= (size_t)B * a.C[j]) e -= (size_t)B * a.C[j++];
+    if (j >= a.n) return;
+    const int C = a.C[j], b = (int)(e / C), c = (int)(e % C), M = W - 1;
+    float *cb = a.cache[j] + (size_t)b * M * C + c;
+    const float *wc = a.w[j] + (size_t)c * W;
+    const float x = a.inp[j][(size_t)b * C + c];
+    float s = 0.0f;
+    for (int i = 0; i < M; i++) s += wc[i] * cb[(size_t)i * C];
+    s += wc[M] * x;
+    a.out[j][(size_t)b * C + c] = s * dsigmoid(s);
+    for (int i = 0; i + 1 < M; i++) cb[(size_t)i * C] = cb[(size_t)(i + 1) * C];
+    cb[(size_t)(M - 1) * C] = x;
+}
+
+void cuda_conv_step(real *const *out, const real *const *inp, const real *const *w, real *const *cache, const int *C,
+                    int n, int B, int W) {
+    LM_CHECK(n >= 1 && n <= 3 && W >= 2, "cuda conv_step: %d convs of width %d (1 to 3, width ≥ 2)", n, W);
+    ConvStep a;
+    size_t total = 0;
+    for (int j = 0; j < n; j++) {
+        a.out[j] = out[j]; a.inp[j] = inp[j]; a.w[j] = w[j]; a.cache[j] = cache[j]; a.C[j] = C[j];
+        total += (size_t)B * C[j];
+    }
+    a.n = n;
+    if (!total) return;
+    conv_step_k<<<(unsigned)((total + 255) / 256), 256, 0, lm_cuda_stream()>>>(a, B, W);
+    cudaLaunchCheck();
+}
+
 void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W) {
     int M = W - 1;
     if (M <= 0 || T == 0 || B * C == 0) return;

@@ -90,6 +90,8 @@ void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void
 void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
 void cuda_conv_silu_fwd(real *out, const real *inp, const real *w, const real *cache, int B, int T, int C, int W);
 void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w, const real *cache, int B, int T, int C, int W, int assign);
+void cuda_conv_step(real *const *out, const real *const *inp, const real *const *w, real *const *cache, const int *C,
+                    int n, int B, int W);
 void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, int W);
 void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
 void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,

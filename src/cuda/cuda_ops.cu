@@ -335,17 +335,9 @@ static void cu_kda_decode(const lm_kda_args *a) {
     LM_CHECK(!a->conv_W, "cuda kda_decode: the conv is not part of the decode step");
     LM_CHECK(a->state != NULL, "cuda kda_decode: no state pool");
     kda_call c;
-    kda_call_init(&c, a);
-    carver cv = {NULL, 0};
-    __nv_bfloat16 *o = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
-        kda_call_inputs(&c, &cv, a, 1);
-        o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
-    }
-    cudaCheck(kda_decode(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, c.q, c.k, c.v, c.f, c.beta,
-                  a->A_log, a->dt_bias, a->state, a->slots, o, lm_cuda_stream()));
-    from_bf16(a->o, o, c.nv, 0);
+    kda_call_init(&c, a);   // (the argument checks)
+    cudaCheck(kda_decode_f32(a->B, a->H, a->K, a->V, a->gate_mode, (float)a->lb, (float)a->scale, a->q, a->k, a->v, a->f,
+                             a->beta_logit, a->A_log, a->dt_bias, a->state, a->slots, a->o, lm_cuda_stream()));
 }
 
 // designated initialisers in the field order of lm_ops (C++20 requires that order)
@@ -381,6 +373,7 @@ extern "C" const lm_ops lm_cuda_ops = {
     .conv_silu_fwd = cuda_conv_silu_fwd,
     .conv_silu_bwd = cuda_conv_silu_bwd,
     .conv_cache_update = cuda_conv_cache_update,
+    .conv_step = cuda_conv_step,
     .kda_fwd = cu_kda_fwd,
     .kda_bwd = cu_kda_bwd,
     .kda_decode = cu_kda_decode,

@@ -83,6 +83,11 @@ cudaError_t kda_decode_to(int B, int H, int K, int V, int gate_mode, float lb, f
                           const __nv_bfloat16 *f, const __nv_bfloat16 *beta, const float *A_log,
                           const float *dt_bias, const float *state_in, const int *slots_in, float *state_out,
                           const int *slots_out, __nv_bfloat16 *o, cudaStream_t stream);
+// kda_decode on fp32 q, k, v, f, beta and o (the backend's op: its activations are fp32, and
+// rounding them to bf16 first took five launches of their own per step)
+cudaError_t kda_decode_f32(int B, int H, int K, int V, int gate_mode, float lb, float scale, const float *q,
+                           const float *k, const float *v, const float *f, const float *beta, const float *A_log,
+                           const float *dt_bias, float *state, const int *slots, float *o, cudaStream_t stream);
 // Short-conv decode step (width W ≤ 8, no bias, SiLU) for B sequences of C channels:
 // x [B,C] pre-conv input, w [C,W] fp32 (w[c][W-1] multiplies x), cache [n_slots,W-1,C]
 // holding the W-1 previous inputs of slot slots[b] (b when NULL), rolled in place;

@@ -24,17 +24,22 @@
 
 #define DEC_THREADS 256
 
+// q, k, v, f, beta and o are TI / TO (bf16 for the kernel API, fp32 for the backend's op)
 struct DecArgs {
     int H;
     int gate_mode;
     float lb, scale;
-    const bf16 *q, *k, *v, *f, *beta;
+    const void *q, *k, *v, *f, *beta;
     const float *A_log, *dt_bias;
     const float *state_in;   // may equal state_out (in place)
     float *state_out;
     const int *slots_in, *slots_out;
-    bf16 *o;
+    void *o;
 };
+__device__ __forceinline__ float dec_ld(const bf16 *p, size_t i) { return bf(p[i]); }
+__device__ __forceinline__ float dec_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ void dec_st(bf16 *p, size_t i, float x) { p[i] = __float2bfloat16(x); }
+__device__ __forceinline__ void dec_st(float *p, size_t i, float x) { p[i] = x; }
 
 template <int K, int VT> struct DecShared {
     static constexpr int VG = VT / 4, RG = DEC_THREADS / VG, KR = K / RG;
@@ -42,9 +47,10 @@ template <int K, int VT> struct DecShared {
 };
 
 // grid (B·H·V/VT): block → item (sequence b, head h) and its columns c0 .. c0 + VT − 1
-template <int K, int V, int VT>
+template <int K, int V, int VT, typename TI, typename TO>
 __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
     typedef DecShared<K, VT> Sh;
+    const TI *aq = (const TI *)a.q, *ak = (const TI *)a.k, *av = (const TI *)a.v, *af = (const TI *)a.f;
     constexpr int VG = Sh::VG, RG = Sh::RG, KR = Sh::KR;
     __shared__ __align__(16) Sh sm;   // red and sr are read as float4
     const int item = blockIdx.x / (V / VT), c0 = (blockIdx.x % (V / VT)) * VT;
@@ -60,12 +66,12 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
     for (int i = 0; i < KR; i++) {
         x[i] = *reinterpret_cast<const float4 *>(Si + (size_t)(rg * KR + i) * V + 4 * cg);
     }
-    const float vt = tid < VT ? bf(a.v[bh * V + c0 + tid]) : 0.f;
+    const float vt = tid < VT ? dec_ld(av, bh * V + c0 + tid) : 0.f;
 
     float q2 = 0.f, k2 = 0.f;
     if (tid < K) {
-        float qv = bf(a.q[bh * K + tid]), kv = bf(a.k[bh * K + tid]);
-        float g = kda_gate(a.gate_mode, a.lb, expf(a.A_log[h]), bf(a.f[bh * K + tid]) + a.dt_bias[(size_t)h * K + tid]);
+        float qv = dec_ld(aq, bh * K + tid), kv = dec_ld(ak, bh * K + tid);
+        float g = kda_gate(a.gate_mode, a.lb, expf(a.A_log[h]), dec_ld(af, bh * K + tid) + a.dt_bias[(size_t)h * K + tid]);
         sm.sq[tid] = qv;
         sm.sk[tid] = kv;
         sm.sal[tid] = ex2f_(g * KDA_LOG2E);
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
         tk += sm.wsum[1][w];
     }
     const float rq = rsqrtf(tq + 1e-6f) * a.scale, rk = rsqrtf(tk + 1e-6f);
-    const float beta = sigmoidf_(bf(a.beta[bh]));
+    const float beta = sigmoidf_(dec_ld((const TI *)a.beta, bh));
 
     // decay and prediction p = Sᵀ k̂
     float4 p = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -129,7 +135,7 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
         float s = 0.f;
 #pragma unroll
         for (int r = 0; r < RG; r++) s += sm.red[r][tid];
-        a.o[bh * V + c0 + tid] = __float2bfloat16(s);
+        dec_st((TO *)a.o, bh * V + c0 + tid, s);
     }
 }
 
@@ -141,31 +147,47 @@ static int decode_split(void) {
     return s == 1 || s == 2 || s == 4 ? s : DEC_SPLIT_DEFAULT;
 }
 
-template <int K, int V>
+template <int K, int V, typename T>
 static cudaError_t launch_decode(const DecArgs &a, int B, cudaStream_t stream) {
     const int split = decode_split();
     const unsigned grid = (unsigned)(B * a.H * split);
-    if (split == 4) kda_decode_kernel<K, V, V / 4><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else if (split == 2) kda_decode_kernel<K, V, V / 2><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else kda_decode_kernel<K, V, V><<<grid, DEC_THREADS, 0, stream>>>(a);
+    if (split == 4) kda_decode_kernel<K, V, V / 4, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
+    else if (split == 2) kda_decode_kernel<K, V, V / 2, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
+    else kda_decode_kernel<K, V, V, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
     return cudaGetLastError();
 }
-
-extern "C" cudaError_t kda_decode_to(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
-                                     const bf16 *k, const bf16 *v, const bf16 *f, const bf16 *beta, const float *A_log,
-                                     const float *dt_bias, const float *state_in, const int *slots_in, float *state_out,
-                                     const int *slots_out, bf16 *o, cudaStream_t stream) {
+template <typename T>
+static cudaError_t decode_to(int B, int H, int K, int V, int gate_mode, float lb, float scale, const T *q, const T *k,
+                             const T *v, const T *f, const T *beta, const float *A_log, const float *dt_bias,
+                             const float *state_in, const int *slots_in, float *state_out, const int *slots_out, T *o,
+                             cudaStream_t stream) {
     if (B < 0 || H <= 0 || (gate_mode != 0 && gate_mode != 1) || !state_in || !state_out) return cudaErrorInvalidValue;
     if (B == 0) return cudaSuccess;
     DecArgs a;
     a.H = H; a.gate_mode = gate_mode; a.lb = lb; a.scale = scale;
     a.q = q; a.k = k; a.v = v; a.f = f; a.beta = beta; a.A_log = A_log; a.dt_bias = dt_bias;
     a.state_in = state_in; a.state_out = state_out; a.slots_in = slots_in; a.slots_out = slots_out; a.o = o;
-    if (K == 128 && V == 128) return launch_decode<128, 128>(a, B, stream);
-    if (K == 64 && V == 64) return launch_decode<64, 64>(a, B, stream);
-    if (K == 128 && V == 64) return launch_decode<128, 64>(a, B, stream);
-    if (K == 64 && V == 128) return launch_decode<64, 128>(a, B, stream);
+    if (K == 128 && V == 128) return launch_decode<128, 128, T>(a, B, stream);
+    if (K == 64 && V == 64) return launch_decode<64, 64, T>(a, B, stream);
+    if (K == 128 && V == 64) return launch_decode<128, 64, T>(a, B, stream);
+    if (K == 64 && V == 128) return launch_decode<64, 128, T>(a, B, stream);
     return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t kda_decode_to(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,
+                                     const bf16 *k, const bf16 *v, const bf16 *f, const bf16 *beta, const float *A_log,
+                                     const float *dt_bias, const float *state_in, const int *slots_in, float *state_out,
+                                     const int *slots_out, bf16 *o, cudaStream_t stream) {
+    return decode_to<bf16>(B, H, K, V, gate_mode, lb, scale, q, k, v, f, beta, A_log, dt_bias, state_in, slots_in,
+                           state_out, slots_out, o, stream);
+}
+
+extern "C" cudaError_t kda_decode_f32(int B, int H, int K, int V, int gate_mode, float lb, float scale, const float *q,
+                                      const float *k, const float *v, const float *f, const float *beta,
+                                      const float *A_log, const float *dt_bias, float *state, const int *slots, float *o,
+                                      cudaStream_t stream) {
+    return decode_to<float>(B, H, K, V, gate_mode, lb, scale, q, k, v, f, beta, A_log, dt_bias, state, slots, state,
+                            slots, o, stream);
 }
 
 extern "C" cudaError_t kda_decode(int B, int H, int K, int V, int gate_mode, float lb, float scale, const bf16 *q,

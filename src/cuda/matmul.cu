@@ -41,9 +41,110 @@ void cuda_matmul_fwd(real *out, const real *inp, const real *W, const real *bias
     }
 }
 
+// ---- a few rows (decode steps): the whole list in one launch ----
+// cuBLAS ran a one-token step's list (a KDA layer: 6 projections of xn, down to OC = 8) as
+// 10 gemv / dot + reduce launches of 3–5 µs for ~3 µs of weight reads (ncu, session 22). Here
+// a warp takes one output column of one linear: its fp32 weight row against the N ≤ FEW_N
+// input rows held in shared memory, fp32 products, lane partials over k ≡ lane (mod 32) in
+// float4 steps then a butterfly — an order of its own, as cuBLAS has its own.
+#define FEW_N 8
+#define FEW_WARPS 8
+struct FewList {
+    const float *W[LM_MAX_LINEARS];
+    float *out[LM_MAX_LINEARS];
+    int col0[LM_MAX_LINEARS + 1];   // the list's columns: linear i has [col0[i], col0[i+1])
+    int n;
+};
+// grid ⌈col0[n] / FEW_WARPS⌉ blocks of 32·FEW_WARPS threads; N·C floats of dynamic shared memory
+template <int NR>
+__global__ static void __launch_bounds__(32 * FEW_WARPS) few_rows_linears_k(FewList L, const float *x, int C) {
+    extern __shared__ __align__(16) float xs[];   // [NR][C]
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool vec = C % 4 == 0 && (uintptr_t)x % 16 == 0;
+    if (vec)
+        for (int i = threadIdx.x; i < NR * C / 4; i += blockDim.x)
+            reinterpret_cast<float4 *>(xs)[i] = __ldg(reinterpret_cast<const float4 *>(x) + i);
+    else
+        for (int i = threadIdx.x; i < NR * C; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+    const int j = blockIdx.x * FEW_WARPS + warp;
+    if (j >= L.col0[L.n]) return;
+    int i = 0;
+    while (j >= L.col0[i + 1]) i++;
+    const int o = j - L.col0[i], OC = L.col0[i + 1] - L.col0[i];
+    const float *w = L.W[i] + (size_t)o * C;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.f;
+    if (C % 4 == 0 && (uintptr_t)w % 16 == 0) {
+        // FEW_U loads in flight per lane before their products (one at a time left the kernel
+        // latency-bound: 5.4 µs a launch, ~0.7 TB/s of weights at B1; ncu, session 22)
+        constexpr int FEW_U = 8;
+        for (int k0 = 4 * lane; k0 < C; k0 += 128 * FEW_U) {
+            float4 wv[FEW_U];
+#pragma unroll
+            for (int u = 0; u < FEW_U; u++)
+                wv[u] = k0 + 128 * u < C ? __ldg(reinterpret_cast<const float4 *>(w + k0 + 128 * u))
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int u = 0; u < FEW_U; u++) {
+                const int k = k0 + 128 * u;
+                if (k >= C) break;
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    const float4 xv = *reinterpret_cast<const float4 *>(xs + r * C + k);
+                    acc[r] = fmaf(wv[u].x, xv.x, fmaf(wv[u].y, xv.y, fmaf(wv[u].z, xv.z, fmaf(wv[u].w, xv.w, acc[r]))));
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < C; k += 32) {
+            const float wv = __ldg(w + k);
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] = fmaf(wv, xs[r * C + k], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], s);
+    if (lane < NR) {   // lane r writes row r (every lane holds every sum after the butterfly)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == lane) L.out[i][(size_t)r * OC + o] = acc[r];
+    }
+}
+
+// 1 if the list ran here: N ≤ FEW_N rows whose inputs fit in shared memory
+static int few_rows_linears(const lm_linears *L, const real *inp, int N, int C) {
+    if (N > FEW_N || C <= 0 || (size_t)N * C * sizeof(float) > 48 * 1024) return 0;
+    FewList f;
+    f.n = 0;
+    f.col0[0] = 0;
+    for (int i = 0; i < L->n; i++) {
+        if (L->OC[i] <= 0) continue;
+        f.W[f.n] = L->W[i];
+        f.out[f.n] = L->out[i];
+        f.col0[f.n + 1] = f.col0[f.n] + L->OC[i];
+        f.n++;
+    }
+    if (!f.n) return 1;
+    const unsigned blocks = (unsigned)((f.col0[f.n] + FEW_WARPS - 1) / FEW_WARPS);
+    const size_t sm = (size_t)N * C * sizeof(float);
+    cudaStream_t st = lm_cuda_stream();
+    switch (N) {
+#define FEW_CASE(n) case n: few_rows_linears_k<n><<<blocks, 32 * FEW_WARPS, sm, st>>>(f, inp, C); break;
+        FEW_CASE(1) FEW_CASE(2) FEW_CASE(3) FEW_CASE(4) FEW_CASE(5) FEW_CASE(6) FEW_CASE(7) FEW_CASE(8)
+#undef FEW_CASE
+    }
+    cudaLaunchCheck();
+    return 1;
+}
+
 // out_i [N,OC_i] = inp [N,C] · W_i [OC_i,C]ᵀ; in the bf16 mode inp is rounded once for the list
 void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
     if (N <= 0) return;
+    if (few_rows_linears(L, inp, N, C)) return;
     const float one = 1.0f, zero = 0.0f;
     const __nv_bfloat16 *xb = NULL;
     for (int i = 0; i < L->n; i++) {

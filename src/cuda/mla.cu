@@ -345,7 +345,13 @@ void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q,
 #define DEC_RT 4                    // rows per step: DEC_NH·DEC_RT must be 32
 #define DEC_KR 2                    // float4 groups of 128 channels of c per lane: R ≤ 256
 #define DEC_WARPS 4                 // warps (= splits) per block, all of one sequence
-#define DEC_MINROWS 64              // shortest split: its partial (H·R floats) stays ≤ 1/10 of its rows
+// shortest split: its partial (H·R floats) stays ≤ 1/10 of its rows. Unless splits that long
+// leave SMs idle (a short cache, few sequences: B1 × 4K made 16 blocks whose warps took 16
+// dependent row steps each, ~37 µs a layer): then down to DEC_MINROWS_SHORT (28 µs there;
+// at B1 × 64K, where 64-row splits fill the GPU, 16-row ones took 130 µs against 80: their
+// partials and the combine; bench_generate --op-only, session 22)
+#define DEC_MINROWS 64
+#define DEC_MINROWS_SHORT 16
 static_assert(DEC_NH * DEC_RT == 32, "one score per lane after the reduce-scatter");
 
 
@@ -451,15 +457,15 @@ __device__ static void dec_split(float *part_o, float *part_ml, const float *qs,
 // grid (NS / DEC_WARPS, B), DEC_WARPS warps; part_o [B,NS,H,R], part_ml [B,NS,H,2]
 __global__ static void __launch_bounds__(32 * DEC_WARPS) mla_decode_split_k(
     float *part_o, float *part_ml, const float *q_lat, const float *q_pe, const float *c_cache,
-    const float *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, int NS, float scale) {
+    const float *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, int NS, int minrows, float scale) {
     __shared__ __align__(16) float qs[DEC_NH * 128 * DEC_KR];
     __shared__ __align__(16) float qes[DEC_NH * 128];
     const int b = blockIdx.y, w = threadIdx.x >> 5, s = blockIdx.x * DEC_WARPS + w;
     int len = lens[b];
     len = len < 0 ? 0 : (len > Tmax ? Tmax : len);
-    // split length: len / NS rounded up to whole row steps, at least DEC_MINROWS
+    // split length: len / NS rounded up to whole row steps, at least minrows
     int rps = (len + NS - 1) / NS;
-    rps = max(DEC_MINROWS, (rps + DEC_RT - 1) / DEC_RT * DEC_RT);
+    rps = max(minrows, (rps + DEC_RT - 1) / DEC_RT * DEC_RT);
     const int t0 = min(len, s * rps), t1 = min(len, t0 + rps);
     if ((long)blockIdx.x * DEC_WARPS * rps >= len) {   // the whole block is past the end
         if ((threadIdx.x & 31) < H) part_ml[(((size_t)b * NS + s) * H + (threadIdx.x & 31)) * 2 + 1] = 0.0f;
@@ -589,9 +595,12 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
                        lm_aligned16({c_cache}) && (De == 0 || lm_aligned16({kpe_cache})) && Tmax > 0;
     if (split) {
         // blocks per sequence: two full waves over all sequences (rounded down, so the
-        // last wave is nearly full), no more than the DEC_MINROWS-row splits of a full cache
+        // last wave is nearly full), no more than the minrows-row splits of a full cache
         long nb = 2L * split_slots() / B;
-        const long nb_max = ((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS);
+        int minrows = DEC_MINROWS;
+        if ((long)B * (((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS)) < lm_cuda_num_sms())
+            minrows = DEC_MINROWS_SHORT;
+        const long nb_max = ((long)Tmax + minrows * DEC_WARPS - 1) / (minrows * DEC_WARPS);
         if (nb > nb_max) nb = nb_max;
         if (nb > 4096 / DEC_WARPS) nb = 4096 / DEC_WARPS;   // the combine keeps NS weights in shared memory
         if (nb < 1) nb = 1;
@@ -602,7 +611,7 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
         dim3 grid(NS / DEC_WARPS, B);
         mla_decode_split_k<<<grid, 32 * DEC_WARPS, 0, lm_cuda_stream()>>>(part_o, part_ml, q_lat, q_pe, c_cache,
                                                                           kpe_cache, lens, B, H, R, De, Tmax, NS,
-                                                                          scale);
+                                                                          minrows, scale);
         cudaLaunchCheck();
         mla_decode_combine_k<<<dim3(H, B, (R + 31) / 32), 32 * DEC_COMB_WARPS, (size_t)NS * sizeof(float),
                                lm_cuda_stream()>>>(o_lat, part_o, part_ml, H, R, NS);

@@ -117,14 +117,47 @@ __global__ static void plan_hist_k(int *counts, const int *idx, size_t NK, int E
         if (e >= 0 && e < E) atomicAdd(&counts[e], 1);   // integer counts: exact in any order
     }
 }
-// off_dl [E+1] dropless offsets; offsets [E+1] after capacity
-__global__ static void plan_offsets_k(int *off_dl, int *offsets, const int *counts, int E, int capacity) {
-    if (blockIdx.x || threadIdx.x) return;
-    off_dl[0] = offsets[0] = 0;
-    for (int e = 0; e < E; e++) {
-        int c = counts[e];
-        off_dl[e + 1] = off_dl[e] + c;
-        offsets[e + 1] = offsets[e] + (capacity >= 0 && c > capacity ? capacity : c);
+// off_dl [E+1] dropless offsets; offsets [E+1] after capacity. One block: thread t sums its run
+// of ⌈E / threads⌉ experts, a block scan of those sums, then each thread writes its run's
+// offsets (integers: exact). Was one thread walking all E: ~9 µs a launch at E = 80 (ncu,
+// session 22), a decode step's largest MoE-plan kernel.
+#define OFF_THREADS 1024
+__device__ __forceinline__ int plan_cap(int c, int capacity) { return capacity >= 0 && c > capacity ? capacity : c; }
+__global__ static void __launch_bounds__(OFF_THREADS) plan_offsets_k(int *off_dl, int *offsets, const int *counts, int E,
+                                                                     int capacity) {
+    __shared__ int wsum[2][OFF_THREADS / 32];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, t * per), e1 = min(E, e0 + per);
+    int a = 0, b = 0;
+    for (int e = e0; e < e1; e++) {
+        const int c = counts[e];
+        a += c;
+        b += plan_cap(c, capacity);
+    }
+    int ia = a, ib = b;   // inclusive scans over the warp, then over the warps' totals
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, ia, o), y = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) ia += x, ib += y;
+    }
+    if (lane == 31) wsum[0][warp] = ia, wsum[1][warp] = ib;
+    __syncthreads();
+    if (warp == 0) {
+        int x = lane < nw ? wsum[0][lane] : 0, y = lane < nw ? wsum[1][lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, x, o), v = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) x += u, y += v;
+        }
+        if (lane < nw) wsum[0][lane] = x, wsum[1][lane] = y;
+    }
+    __syncthreads();
+    int sa = (warp ? wsum[0][warp - 1] : 0) + ia - a, sb = (warp ? wsum[1][warp - 1] : 0) + ib - b;
+    if (t == 0) off_dl[0] = offsets[0] = 0;
+    for (int e = e0; e < e1; e++) {
+        const int c = counts[e];
+        off_dl[e + 1] = sa += c;
+        offsets[e + 1] = sb += plan_cap(c, capacity);
     }
 }
 __global__ static void iota_k(int *v, size_t n) {
@@ -170,10 +203,75 @@ __global__ static void plan_place_k(int *row_token, int *slot_row, const int *sk
     }
 }
 
+// The whole plan for a few assignments without a capacity (decode steps) in one block: the
+// counts (a thread per expert over the keys in shared memory), the offsets (plan_offsets_k's
+// scan), and each assignment's row = its expert's offset + the earlier assignments of that
+// expert (the stable order the radix sort gives). The general path is seven launches (two
+// memsets, histogram, offsets, iota, the sort, placement): ~40 µs of a B1 step's MoE layer.
+#define PLAN_FEW 1024
+__global__ static void __launch_bounds__(PLAN_FEW) plan_few_k(int *counts, int *offsets, int *row_token, int *slot_row,
+                                                              const int *idx, int NK, int E, int k) {
+    __shared__ int key[PLAN_FEW], cnt[PLAN_FEW], off[PLAN_FEW + 1], wsum[PLAN_FEW / 32];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    for (int r = t; r < NK; r += blockDim.x) key[r] = idx[r];
+    __syncthreads();
+    for (int e = t; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int r = 0; r < NK; r++) c += key[r] == e;
+        cnt[e] = c;
+        counts[e] = c;
+    }
+    __syncthreads();
+    // exclusive scan of cnt: thread t sums its run of experts, a block scan of the sums
+    const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, t * per), e1 = min(E, e0 + per);
+    int a = 0;
+    for (int e = e0; e < e1; e++) a += cnt[e];
+    int ia = a;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, ia, o);
+        if (lane >= o) ia += x;
+    }
+    if (lane == 31) wsum[warp] = ia;
+    __syncthreads();
+    if (warp == 0) {
+        int x = lane < nw ? wsum[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += u;
+        }
+        if (lane < nw) wsum[lane] = x;
+    }
+    __syncthreads();
+    int sa = (warp ? wsum[warp - 1] : 0) + ia - a;
+    if (t == 0) off[0] = offsets[0] = 0;
+    for (int e = e0; e < e1; e++) off[e + 1] = offsets[e + 1] = sa += cnt[e];
+    __syncthreads();
+    for (int r = t; r < NK; r += blockDim.x) {
+        const int e = key[r];
+        if (e < 0 || e >= E) {
+            slot_row[r] = -1;
+            continue;
+        }
+        int pos = 0;
+        for (int q = 0; q < r; q++) pos += key[q] == e;
+        row_token[off[e] + pos] = r / k;
+        slot_row[r] = off[e] + pos;
+    }
+    for (int r = off[E] + t; r < NK; r += blockDim.x) row_token[r] = -1;   // rows no assignment uses
+}
+
 void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx,
                    const real *s, int N, int E, int k, int capacity) {
     const size_t NK = (size_t)N * k;
     cudaStream_t st = lm_cuda_stream();
+    if (capacity < 0 && NK > 0 && NK <= PLAN_FEW && E <= PLAN_FEW) {
+        const int threads = (int)(NK > (size_t)E ? NK : (size_t)E);
+        plan_few_k<<<1, (threads + 31) / 32 * 32, 0, st>>>(counts, offsets, row_token, slot_row, idx, (int)NK, E, k);
+        cudaLaunchCheck();
+        return;
+    }
     cudaCheck(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(int), st));
     if (NK == 0) {
         cudaCheck(cudaMemsetAsync(offsets, 0, (size_t)(E + 1) * sizeof(int), st));
@@ -194,7 +292,8 @@ void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, con
     if (g > 4096) g = 4096;
     plan_hist_k<<<g, 256, 0, st>>>(counts, idx, NK, E);
     cudaLaunchCheck();
-    plan_offsets_k<<<1, 1, 0, st>>>(off_dl, offsets, counts, E, capacity);
+    const int off_threads = E >= OFF_THREADS ? OFF_THREADS : (E + 31) / 32 * 32;
+    plan_offsets_k<<<1, off_threads > 0 ? off_threads : 32, 0, st>>>(off_dl, offsets, counts, E, capacity);
     cudaLaunchCheck();
     iota_k<<<g, 256, 0, st>>>(vin, NK);
     cudaLaunchCheck();

@@ -140,6 +140,83 @@ __global__ static void combine_bwd_bf16_k(bf16 *dypb, const float *dy, const flo
     }
 }
 
+// ---- a few rows (decode steps) ----
+// The GEMM kernels tile 128 rows; at a decode step's few rows each of their launches took
+// ~17 µs for ~0.5 µs of weight reads (ncu at B1, session 22). Here a block takes one row r and
+// 8 columns, a warp one column: the row's expert's weight row (the bf16 copy, K-major) against
+// the row's bf16 input in shared memory, fp32 sums — the GEMM kernels' operands and
+// accumulation, in another order. GLU: the same columns of W1 and W3, ea and eb rounded to
+// bf16 as the GEMMs write them and eh formed from the rounded values (as glu_bf16_k).
+// grid (⌈N/8⌉, R), 256 threads, K·2 bytes of dynamic shared memory; K % 8 == 0. Rows past
+// offsets[E] (no assignment) are left alone, as by the GEMMs' schedule.
+#define FEW_ROWS 16
+__device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b) {
+    const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162 *>(&a), *y = reinterpret_cast<const __nv_bfloat162 *>(&b);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 u = __bfloat1622float2(x[j]), v = __bfloat1622float2(y[j]);
+        s = fmaf(u.x, v.x, s);
+        s = fmaf(u.y, v.y, s);
+    }
+    return s;
+}
+template <bool GLU>
+__global__ static void __launch_bounds__(256) few_rows_k(bf16 *out, bf16 *ea, bf16 *eb, const bf16 *A, const bf16 *W,
+                                                         const bf16 *W3, const int *offsets, int E, int N, int K, int act) {
+    extern __shared__ __align__(16) unsigned char few_sm[];
+    uint4 *arow = reinterpret_cast<uint4 *>(few_sm);
+    const int r = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (r >= offsets[E]) return;
+    int e = 0, hi = E;   // the row's expert: offsets[e] ≤ r < offsets[e + 1] (offsets[E] > r)
+    while (hi - e > 1) {
+        const int mid = (e + hi) >> 1;
+        if (offsets[mid] <= r) e = mid;
+        else hi = mid;
+    }
+    for (int i = threadIdx.x; i < K / 8; i += blockDim.x) arow[i] = reinterpret_cast<const uint4 *>(A + (size_t)r * K)[i];
+    __syncthreads();
+    const int n = blockIdx.x * 8 + warp;
+    if (n >= N) return;
+    const uint4 *w = reinterpret_cast<const uint4 *>(W + ((size_t)e * N + n) * K);
+    const uint4 *w3 = GLU ? reinterpret_cast<const uint4 *>(W3 + ((size_t)e * N + n) * K) : w;
+    float s = 0.f, s3 = 0.f;
+    constexpr int U = 4;   // loads in flight per lane before their products
+    for (int k0 = lane; k0 < K / 8; k0 += 32 * U) {
+        uint4 wv[U], wv3[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bool in = k0 + 32 * u < K / 8;
+            wv[u] = in ? __ldg(w + k0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+            if (GLU) wv3[u] = in ? __ldg(w3 + k0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (k0 + 32 * u >= K / 8) break;
+            const uint4 av = arow[k0 + 32 * u];
+            s += dot8_bf16(wv[u], av);
+            if (GLU) s3 += dot8_bf16(wv3[u], av);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (GLU) s3 += __shfl_xor_sync(0xffffffffu, s3, o);
+    }
+    if (lane) return;
+    const size_t at = (size_t)r * N + n;
+    if (GLU) {
+        const bf16 g = __float2bfloat16(s), u = __float2bfloat16(s3);
+        ea[at] = g;
+        eb[at] = u;
+        float ga, dga, ub, dub;
+        lm_glu_parts(__bfloat162float(g), __bfloat162float(u), act, &ga, &dga, &ub, &dub);
+        out[at] = __float2bfloat16(ga * ub);
+    } else {
+        out[at] = __float2bfloat16(s);
+    }
+}
+
 // The kernels of the bf16 path (forward kf, input gradients into the zeroed work buffers
 // ki, weight gradients kw), or 0: the fp32 path. Decided from the modes, the shapes and the
 // tensors both directions share, so that a backward finds xp and eh in the form its forward
@@ -180,10 +257,21 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     else
         gather_bf16_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, x, ex->row_token, R, C, lm_aligned16({x}));
     cudaLaunchCheck();
-    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
-    lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
     const int lo = experts_lo(kf, ki);
+    if (lo && R <= FEW_ROWS && C % 8 == 0 && F % 8 == 0) {   // a decode step's few rows
+        few_rows_k<true><<<dim3((F + 7) / 8, R), 256, (size_t)C * 2, st>>>(
+            ehb, (bf16 *)ex->ea, (bf16 *)ex->eb, xpb, lm_cuda_weight_bf16(ex->W1, nw), lm_cuda_weight_bf16(ex->W3, nw),
+            ex->offsets, E, F, C, ex->act);
+        cudaLaunchCheck();
+        few_rows_k<false><<<dim3((C + 7) / 8, R), 256, (size_t)F * 2, st>>>(
+            (bf16 *)ex->yp, NULL, NULL, ehb, lm_cuda_weight_bf16(ex->W2, nw), NULL, ex->offsets, E, C, F, 0);
+        cudaLaunchCheck();
+        lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
+        return;
+    }
+    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
+    lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
     lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
     lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
     if (lo) glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, (const bf16 *)ex->ea, (const bf16 *)ex->eb, n, ex->act);

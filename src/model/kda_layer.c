@@ -63,15 +63,24 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
         const real *pre[3] = {a->qp, a->kp, a->vp};
         real *post[3] = {a->q, a->k, a->v};
         const real *w[3] = {p->q_conv, p->k_conv, p->v_conv};
-        for (int j = 0; j < 3; j++) {
-            o->conv_silu_fwd(post[j], pre[j], w[j], W > 1 ? conv[j] : NULL, s->B, s->T, HK, W);
-            if (W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, HK, W);
+        const int C[3] = {HK, HK, HK};
+        if (s->T == 1 && W > 1) {   // one token: the three convs and their cache rolls in one op
+            o->conv_step(post, pre, w, conv, C, 3, s->B, W);
+        } else {
+            for (int j = 0; j < 3; j++) {
+                o->conv_silu_fwd(post[j], pre[j], w[j], W > 1 ? conv[j] : NULL, s->B, s->T, C[j], W);
+                if (W > 1) o->conv_cache_update(conv[j], pre[j], s->B, s->T, C[j], W);
+            }
         }
-        k.S0 = k.S_out = kc->kda_state[s->layer];
+        // one token: the recurrent step on the cached state (one kernel on the GPU, where the
+        // chunked forward runs its prep and scan kernels for a single chunk of one token)
+        if (s->T == 1) k.state = kc->kda_state[s->layer];
+        else k.S0 = k.S_out = kc->kda_state[s->layer];
     } else {
         kda_args_conv(&k, c, p, a);
     }
-    o->kda_fwd(&k);
+    if (k.state) o->kda_decode(&k);
+    else o->kda_fwd(&k);
     if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B), 0);
     void *on_lo = lm_lo(s, LM_LO_ATTN_OUT);   // written by the gated norm
     o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, on_lo);

@@ -264,6 +264,57 @@ static void t_cache_append(int B, int T, int W, int Tmax) {
     DFREE(gc, gx, gl); HFREE(cache, x, lens);
 }
 
+// one token of three convs with their caches (a KDA layer's q, k, v in one launch)
+static void t_conv_step(int B, int W) {
+    char op[48];
+    snprintf(op, sizeof op, "conv_step B%d W%d", B, W);
+    const int C[3] = {45, 64, 37}, M = W - 1;
+    float *x[3], *w[3], *c[3], *o[3], *gx[3], *gw[3], *gc[3], *go[3];
+    for (int j = 0; j < 3; j++) {
+        x[j] = hrandn((size_t)B * C[j], 1); w[j] = hrandn((size_t)C[j] * W, 0.5); c[j] = hrandn((size_t)B * M * C[j], 1);
+        o[j] = lm_malloc((size_t)B * C[j] * sizeof(float));
+        gx[j] = dfl(x[j], (size_t)B * C[j]); gw[j] = dfl(w[j], (size_t)C[j] * W); gc[j] = dfl(c[j], (size_t)B * M * C[j]);
+        go[j] = dpoison((size_t)B * C[j]);
+    }
+    CPU->conv_step(o, (const real *const *)x, (const real *const *)w, c, C, 3, B, W);
+    GPU->conv_step(go, (const real *const *)gx, (const real *const *)gw, gc, C, 3, B, W);
+    for (int j = 0; j < 3; j++) {
+        char what[32];
+        snprintf(what, sizeof what, "out %d", j);
+        cmp(op, what, go[j], o[j], (size_t)B * C[j], TOL);
+        snprintf(what, sizeof what, "cache %d (exact)", j);
+        cmp(op, what, gc[j], c[j], (size_t)B * M * C[j], 0);
+        DFREE(gx[j], gw[j], gc[j], go[j]); HFREE(x[j], w[j], c[j], o[j]);
+    }
+}
+
+// the KDA op's one-token step on a state pool (fp32 activations straight into the kernel)
+static void t_kda_decode_op(int B, int H, int K, int gate) {
+    char op[64];
+    snprintf(op, sizeof op, "kda_decode B%d H%d K%d %s", B, H, K, gate == LM_GATE_BOUNDED ? "bounded" : "unbounded");
+    const int nslots = B + 2, V = K;
+    const size_t nq = (size_t)B * H * K, nv = (size_t)B * H * V, ns = (size_t)nslots * H * K * V;
+    float *q = hrandn(nq, 1), *k = hrandn(nq, 1), *v = hrandn(nv, 1), *f = hrandn(nq, 1), *bl = hrandn((size_t)B * H, 1);
+    float *A = hrandn(H, 0.5), *db = hrandn((size_t)H * K, 0.5), *st = hrandn(ns, 0.3), *o = lm_malloc(nv * sizeof(float));
+    int slots[16];
+    for (int b = 0; b < B; b++) slots[b] = nslots - 1 - b;   // reversed, two slots untouched
+    float *gq = dfl(q, nq), *gk = dfl(k, nq), *gv = dfl(v, nv), *gf = dfl(f, nq), *gbl = dfl(bl, (size_t)B * H);
+    float *gA = dfl(A, H), *gdb = dfl(db, (size_t)H * K), *gst = dfl(st, ns), *go = dpoison(nv);
+    int *gsl = dint(slots, B);
+    lm_kda_args a = {.B = B, .T = 1, .H = H, .K = K, .V = V, .gate_mode = gate, .lb = -5, .chunk = 16,
+                     .scale = 1 / sqrt((real)K)};
+    lm_kda_args g = a;
+    a.q = q; a.k = k; a.v = v; a.f = f; a.beta_logit = bl; a.A_log = A; a.dt_bias = db; a.state = st; a.slots = slots; a.o = o;
+    g.q = gq; g.k = gk; g.v = gv; g.f = gf; g.beta_logit = gbl; g.A_log = gA; g.dt_bias = gdb; g.state = gst;
+    g.slots = gsl; g.o = go;
+    CPU->kda_decode(&a);
+    GPU->kda_decode(&g);
+    // fp32 on both sides; the GPU's exponentials and sigmoid are the SFU's approximations
+    cmp(op, "o", go, o, nv, 1e-4);
+    cmp(op, "state pool", gst, st, ns, 1e-5);
+    DFREE(gq, gk, gv, gf, gbl, gA, gdb, gst, go, gsl); HFREE(q, k, v, f, bl, A, db, st, o);
+}
+
 // recording: a recorded add replays on the memory's current contents; uploads of non-weights
 // keep the epoch, allocations move it; a host read while recording spoils the recording
 static void t_graph(void) {
@@ -1020,8 +1071,15 @@ static void free_plan(plan_t *p) {
 }
 
 static void t_moe_plan(void) {
+    // dropless with ≤ 1024 assignments: the one-block plan; more: the sort
     plan_t a = make_plan("dropless", 300, 12, 3, -1, 1, 0);
     free_plan(&a);
+    plan_t a1 = make_plan("dropless, one token", 1, 80, 4, -1, 0, 0);
+    free_plan(&a1);
+    plan_t a2 = make_plan("dropless, 64 tokens", 64, 80, 4, -1, 1, 0);
+    free_plan(&a2);
+    plan_t a3 = make_plan("dropless, 2000 tokens (sorted)", 2000, 12, 3, -1, 1, 0);
+    free_plan(&a3);
     plan_t b = make_plan("capacity 40", 300, 12, 3, 40, 1, 0);
     printf("    (capacity 40: %d of %d rows kept)\n", b.offsets[12], 900);
     free_plan(&b);
@@ -2134,10 +2192,17 @@ int main(int argc, char **argv) {
         t_cache_append(3, 1, 40, 17);
         t_cache_append(2, 5, 9, 12);
         t_graph();
+        t_conv_step(3, 4);
+        t_conv_step(2, 2);
+        t_kda_decode_op(3, 2, 64, LM_GATE_BOUNDED);
+        t_kda_decode_op(5, 4, 128, LM_GATE_UNBOUNDED);
         t_embed();
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
         t_linears(200, 72);
+        t_linears(1, 1024);   // ≤ 8 rows: the list in one launch (float4 steps)
+        t_linears(8, 72);
+        t_linears(3, 130);    // C not a multiple of 4: the scalar loop
         lm_cuda_set_gemm_mode(LM_GEMM_BF16);
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
@@ -2221,6 +2286,11 @@ int main(int argc, char **argv) {
         t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
         t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0, 1);   // y, dy, dx not 16-byte aligned
         t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1, 1);
+        // ≤ 16 rows (decode steps): the forward's warp-per-column kernels, the backward's GEMMs;
+        // the `small` preset's widths at one token, a capacity that drops rows
+        t_experts_op(1, 80, 4, -1, 1024, 256, LM_ACT_SWIGLU, 0);
+        t_experts_op(4, 12, 3, -1, 72, 40, LM_ACT_SWIGLU, 1);
+        t_experts_op(5, 8, 2, 1, 72, 40, LM_ACT_SITU, 0);
         lm_cuda_set_gemm_mode(LM_GEMM_FP32);
         t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);   // fp32: the finer ops, exact
         t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);
