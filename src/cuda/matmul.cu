@@ -60,32 +60,37 @@ template <int NR>
 __global__ static void __launch_bounds__(32 * FEW_WARPS) few_rows_linears_k(FewList L, const float *x, int C) {
     extern __shared__ __align__(16) float xs[];   // [NR][C]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool vec = C % 4 == 0 && (uintptr_t)x % 16 == 0;
-    if (vec)
-        for (int i = threadIdx.x; i < NR * C / 4; i += blockDim.x)
-            reinterpret_cast<float4 *>(xs)[i] = __ldg(reinterpret_cast<const float4 *>(x) + i);
-    else
-        for (int i = threadIdx.x; i < NR * C; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
     const int j = blockIdx.x * FEW_WARPS + warp;
-    if (j >= L.col0[L.n]) return;
+    const bool active = j < L.col0[L.n];
     int i = 0;
-    while (j >= L.col0[i + 1]) i++;
-    const int o = j - L.col0[i], OC = L.col0[i + 1] - L.col0[i];
+    while (active && j >= L.col0[i + 1]) i++;
+    const int o = active ? j - L.col0[i] : 0, OC = L.col0[i + 1] - L.col0[i];
     const float *w = L.W[i] + (size_t)o * C;
+    const bool wvec = active && C % 4 == 0 && (uintptr_t)w % 16 == 0;
+    // FEW_U 16-byte loads in flight per lane before their products (one at a time left the
+    // kernel latency-bound), the first FEW_U issued before the block stages the inputs
+    constexpr int FEW_U = 8;
+    float4 wv[FEW_U];
+    auto load_batch = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < FEW_U; u++)
+            wv[u] = k0 + 128 * u < C ? __ldg(reinterpret_cast<const float4 *>(w + k0 + 128 * u))
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    };
+    if (wvec) load_batch(4 * lane);
+    if (C % 4 == 0 && (uintptr_t)x % 16 == 0)
+        for (int e = threadIdx.x; e < NR * C / 4; e += blockDim.x)
+            reinterpret_cast<float4 *>(xs)[e] = __ldg(reinterpret_cast<const float4 *>(x) + e);
+    else
+        for (int e = threadIdx.x; e < NR * C; e += blockDim.x) xs[e] = x[e];
+    __syncthreads();
+    if (!active) return;
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
-    if (C % 4 == 0 && (uintptr_t)w % 16 == 0) {
-        // FEW_U loads in flight per lane before their products (one at a time left the kernel
-        // latency-bound: 5.4 µs a launch, ~0.7 TB/s of weights at B1; ncu, session 22)
-        constexpr int FEW_U = 8;
+    if (wvec) {
         for (int k0 = 4 * lane; k0 < C; k0 += 128 * FEW_U) {
-            float4 wv[FEW_U];
-#pragma unroll
-            for (int u = 0; u < FEW_U; u++)
-                wv[u] = k0 + 128 * u < C ? __ldg(reinterpret_cast<const float4 *>(w + k0 + 128 * u))
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k0 != 4 * lane) load_batch(k0);
 #pragma unroll
             for (int u = 0; u < FEW_U; u++) {
                 const int k = k0 + 128 * u;
@@ -99,9 +104,9 @@ __global__ static void __launch_bounds__(32 * FEW_WARPS) few_rows_linears_k(FewL
         }
     } else {
         for (int k = lane; k < C; k += 32) {
-            const float wv = __ldg(w + k);
+            const float wk = __ldg(w + k);
 #pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] = fmaf(wv, xs[r * C + k], acc[r]);
+            for (int r = 0; r < NR; r++) acc[r] = fmaf(wk, xs[r * C + k], acc[r]);
         }
     }
 #pragma unroll

@@ -174,22 +174,29 @@ __global__ static void __launch_bounds__(256) few_rows_k(bf16 *out, bf16 *ea, bf
         if (offsets[mid] <= r) e = mid;
         else hi = mid;
     }
-    for (int i = threadIdx.x; i < K / 8; i += blockDim.x) arow[i] = reinterpret_cast<const uint4 *>(A + (size_t)r * K)[i];
-    __syncthreads();
     const int n = blockIdx.x * 8 + warp;
-    if (n >= N) return;
-    const uint4 *w = reinterpret_cast<const uint4 *>(W + ((size_t)e * N + n) * K);
-    const uint4 *w3 = GLU ? reinterpret_cast<const uint4 *>(W3 + ((size_t)e * N + n) * K) : w;
-    float s = 0.f, s3 = 0.f;
-    constexpr int U = 4;   // loads in flight per lane before their products
-    for (int k0 = lane; k0 < K / 8; k0 += 32 * U) {
-        uint4 wv[U], wv3[U];
+    const bool active = n < N;
+    const uint4 *w = reinterpret_cast<const uint4 *>(W + ((size_t)e * N + (active ? n : 0)) * K);
+    const uint4 *w3 = GLU ? reinterpret_cast<const uint4 *>(W3 + ((size_t)e * N + (active ? n : 0)) * K) : w;
+    // U 16-byte loads in flight per lane before their products, the first U issued before the
+    // block stages the row
+    constexpr int U = 4;
+    uint4 wv[U], wv3[U];
+    auto load_batch = [&](int k0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const bool in = k0 + 32 * u < K / 8;
             wv[u] = in ? __ldg(w + k0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
             if (GLU) wv3[u] = in ? __ldg(w3 + k0 + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
         }
+    };
+    if (active) load_batch(lane);
+    for (int i = threadIdx.x; i < K / 8; i += blockDim.x) arow[i] = reinterpret_cast<const uint4 *>(A + (size_t)r * K)[i];
+    __syncthreads();
+    if (!active) return;
+    float s = 0.f, s3 = 0.f;
+    for (int k0 = lane; k0 < K / 8; k0 += 32 * U) {
+        if (k0 != lane) load_batch(k0);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             if (k0 + 32 * u >= K / 8) break;
