@@ -61,12 +61,21 @@ const __nv_bfloat16 *lm_cuda_weight_bf16(const float *W, size_t n) {
         en->epoch = 0;
     }
     if (en->epoch == g_epoch && en->n == n) return en->buf;
-    // a copy made while recording would be remade at every replay: the recording is spoiled
-    // (the caller runs that step op by op and records a later one)
-    if (lm_cuda_recording()) lm_cuda_spoil_recording();
+    // a copy needed while recording: the recording is spoiled (nothing recorded runs) and the
+    // entry left stale, so that the op-by-op rerun of the step makes the copy; the recorded
+    // ops still get a buffer of the right size (cuBLAS refuses a NULL operand)
+    if (lm_cuda_recording()) {
+        lm_cuda_spoil_recording();
+        if (n > en->cap) {
+            lm_cuda_free_later(en->buf);
+            cudaCheck(cudaMalloc(&en->buf, n * sizeof(__nv_bfloat16)));
+            en->cap = n;
+            lm_cuda_mem_changed();
+        }
+        return en->buf;
+    }
     if (n > en->cap) {
-        if (en->buf && lm_cuda_recording()) lm_cuda_free_later(en->buf);
-        else if (en->buf) cudaCheck(cudaFree(en->buf));
+        if (en->buf) cudaCheck(cudaFree(en->buf));
         cudaCheck(cudaMalloc(&en->buf, n * sizeof(__nv_bfloat16)));
         en->cap = n;
     }

@@ -349,6 +349,22 @@ static void t_graph(void) {
     GPU->graph_free(g2);
     record("graph", "op by op after a spoiled recording", fabs(GPU->sumsq(gb, n) - CPU->sumsq(b, n)) > 1e-6 * n, 0);
     DFREE(ga, gb, go, gx); HFREE(a, b, o);
+    // a bf16 weight copy needed while recording (weights just uploaded: stale) spoils it and is
+    // made by the op-by-op rerun (the recorded conversion never ran)
+    const int mode = lm_cuda_gemm_mode(), N = 70, C = 64, OC = 40;
+    lm_cuda_set_gemm_mode(LM_GEMM_BF16);   // ≥ 64 rows: the bf16 GEMM on the weight's copy
+    float *x = hrandn((size_t)N * C, 1), *W = hrandn((size_t)OC * C, 0.2), *y = lm_malloc((size_t)N * OC * sizeof(float));
+    float *gxx = dfl(x, (size_t)N * C), *gW = dfl(W, (size_t)OC * C), *gy = dpoison((size_t)N * OC);
+    GPU->graph_begin();
+    GPU->matmul_fwd(gy, gxx, gW, NULL, N, C, OC);
+    void *g3 = GPU->graph_end();
+    record("graph", "weight copy spoils the recording", g3 != NULL, 0);
+    GPU->graph_free(g3);
+    GPU->matmul_fwd(gy, gxx, gW, NULL, N, C, OC);
+    CPU->matmul_fwd(y, x, W, NULL, N, C, OC);
+    cmp("graph", "bf16 linear after a spoiled recording", gy, y, (size_t)N * OC, 1e-2);
+    lm_cuda_set_gemm_mode(mode);
+    DFREE(gxx, gW, gy); HFREE(x, W, y);
 }
 
 // ---------------------------------------------------------------------------
