@@ -9,13 +9,13 @@ static real mla_scale(const lm_config *c) { return 1 / sqrt((real)lm_mla_qk_dim(
 
 // Appends this chunk's latents c [B,T,R] and extra key dims kpe [B,T,De] to the cache
 // at positions len … len+T−1 of every sequence: where the backend's lens (len + T, set by
-// lm_model_forward) says, so that a recorded one-token step appends at the current end.
+// lm_model_forward, which also refuses a chunk that does not fit) says, so that a recorded
+// one-token step appends at the current end.
 static void cache_append(lm_step_ctx *s, const lm_mla_acts *a) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     lm_cache *kc = s->cache;
     const int R = c->kv_lora_rank, De = c->qk_extra_dim, T = s->T;
-    LM_CHECK(kc->len + T <= kc->max_len, "cache is full (%d + %d tokens > %d)", kc->len, T, kc->max_len);
     LM_CHECK(kc->lens_value == kc->len + T, "MLA cache append: lens not set for this chunk");
     o->cache_append(kc->mla_c[s->layer], a->c, kc->lens, s->B, T, R, kc->max_len);
     if (De > 0) o->cache_append(kc->mla_kpe[s->layer], a->kpe, kc->lens, s->B, T, De, kc->max_len);

@@ -500,7 +500,7 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
     // attend without the cache's absorbed path)
     if (kc && T == 1 && kc->len > 0 && !opts.training && o->graph_begin && !kc->graph_off) forward_step_recorded(m, kc);
     else forward_body(m);
-    if (opts.cache) opts.cache->len += T;
+    if (kc) kc->len += T;
     m->last_count = 0;
     m->last_ce_sum = 0;
     if (!targets) return NAN;
