@@ -480,6 +480,13 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
     return 1;
 }
 
+int lm_cuda_attn_flash_fwd_bf16(float *o, float *lse, const void *q, const void *k, const void *v, int B, int T, int P,
+                                int H, int Dqk, int Dv, float scale) {
+    return cuda_attn_flash_wg_fwd(o, lse, (const fa_bf16 *)q, (const fa_bf16 *)k, (const fa_bf16 *)v, B, T, P, H, Dqk,
+                                  Dv, scale);
+}
+void lm_cuda_round_bf16(void *dst, const float *src, size_t n) { lm_cuda_to_bf16((fa_bf16 *)dst, src, n); }
+
 int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
                         const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
     if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||

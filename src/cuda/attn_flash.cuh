@@ -25,6 +25,10 @@ __device__ __forceinline__ float fa_exp2(float x) {
 // nothing) for other dims or when lm_cuda_fa_wg() is 0.
 int cuda_attn_flash_wg_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                            const __nv_bfloat16 *v, int B, int T, int P, int H, int Dqk, int Dv, float scale);
+// the same forward with a TMA producer warp and ping-ponged warpgroups (attn_flash_ws.cu), for
+// the same dims (0 for others)
+int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                           const __nv_bfloat16 *v, int B, int T, int P, int H, int Dqk, int Dv, float scale);
 // the backward on wgmma for the same dims (attn_flash.cu's fa_bwd contract: dq, dk, dv fp32,
 // accumulated (assign: written), any may be NULL; lse, D [B,H,T]). Returns 0 as above.
 int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,

@@ -22,42 +22,17 @@
 // dS are rounded to bf16 only as operands.
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
-#include "wgmma_ops.cuh"
-#include "attn_flash.cuh"
+#include "attn_wg.cuh"
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef __nv_bfloat16 fw_bf16;
 
 #define FW_THREADS 256   // two warpgroups
 #define FW_BM 128        // query rows per CTA
-
-// acc = A·Bᵀ over NS 64-channel slices, both K-major in shared memory: A's slices hold A_ROWS
-// rows (this warpgroup multiplies rows 64·wg..), B's N; committed by the caller
-template <int N, int NS, int A_ROWS>
-__device__ __forceinline__ void fw_ss_slices(float *acc, uint32_t sA, int wg, uint32_t sB) {
-#pragma unroll
-    for (int sl = 0; sl < NS; sl++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            wg_ss<N, 0, 0>(acc, wb_desc(sA + sl * A_ROWS * 128 + wg * 64 * 128 + j * 32, 16, 1024),
-                           wb_desc(sB + sl * N * 128 + j * 32, 16, 1024), sl > 0 || j > 0);
-}
-
-// the A registers of the 16-deep steps of a product whose k index is the accumulator's
-// column: step j is the 8-column tiles 2j, 2j+1 (the forward's P·V packing)
-template <int NC>
-__device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
-#pragma unroll
-    for (int j = 0; j < NC / 16; j++) {
-        a[j][0] = fa_pack(x[8 * j], x[8 * j + 1]);
-        a[j][1] = fa_pack(x[8 * j + 2], x[8 * j + 3]);
-        a[j][2] = fa_pack(x[8 * j + 4], x[8 * j + 5]);
-        a[j][3] = fa_pack(x[8 * j + 6], x[8 * j + 7]);
-    }
-}
 
 template <int DQK, int DV, int BN, int STAGES> struct FwCfg {
     static constexpr int KS = DQK / 64;                 // 64-channel slices of q and k
@@ -113,8 +88,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
     float acc[DV / 2], s[BN / 2];
 #pragma unroll
     for (int i = 0; i < DV / 2; i++) acc[i] = 0.f;
-    // running max of the raw scores (per row) and this thread's part of the row sum
-    float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.f, 0.f};
+    FwRows rows;
+    rows.init();
     auto issue_s = [&](int kb) {   // S = Q·K_kbᵀ, committed as one group
         const uint32_t sK = sKV + (kb % STAGES) * C::STAGE;
         wg_fence();
@@ -129,50 +104,10 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             wg_rs<DV, 1>(acc, pa[j], wb_desc(sV + j * 2 * (DV / 64) * 1024, 1024, (DV / 64) * 1024), 1);
         wg_commit();
     };
-    // the online softmax of S_kb (landed): new row maxima, P packed into pa (keys 16j..16j+15
-    // are the 8-column tiles 2j, 2j+1 of s), the row sums; alpha rescales O
     auto softmax = [&](uint32_t (*pa)[4], float alpha[2], int kb) {
-        const int k0 = kb * BN;
-        if (k0 + BN - 1 > P + r0 || k0 + BN > Tk) {   // the diagonal or the sequence end crosses the tile
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k0 + 8 * i + 2 * (l & 3) + (e & 1), row = r0 + (l >> 2) + 8 * (e >> 1);
-                    if (key > P + row || key >= Tk) s[4 * i + e] = -INFINITY;
-                }
-        }
-        // key 0 is in tile 0 for every row, so m is finite from the first tile on
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = m[hr];
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));   // the 4 lanes of a row
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            alpha[hr] = fa_exp2((m[hr] - mx) * scale_log2);
-            const float off = mx * scale_log2;
-            m[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
-                s[4 * i + 2 * hr] = fa_exp2(fmaf(s[4 * i + 2 * hr], scale_log2, -off));
-                s[4 * i + 2 * hr + 1] = fa_exp2(fmaf(s[4 * i + 2 * hr + 1], scale_log2, -off));
-                sum += s[4 * i + 2 * hr] + s[4 * i + 2 * hr + 1];
-            }
-            lsum[hr] = lsum[hr] * alpha[hr] + sum;
-        }
-        fw_pack_a<BN>(pa, s);
+        rows.step<BN>(s, pa, alpha, kb * BN, r0, l, P, Tk, scale_log2);
     };
-    auto rescale = [&](const float alpha[2]) {
-#pragma unroll
-        for (int i = 0; i < DV / 8; i++) {
-            acc[4 * i] *= alpha[0];
-            acc[4 * i + 1] *= alpha[0];
-            acc[4 * i + 2] *= alpha[1];
-            acc[4 * i + 3] *= alpha[1];
-        }
-    };
+    auto rescale = [&](const float alpha[2]) { FwRows::rescale<DV>(acc, alpha); };
     // P in registers is packed before any wgmma that reads it is issued (one packed between
     // two wgmmas makes ptxas fence each one)
     uint32_t pa[BN / 16][4], pb[BN / 16][4];
@@ -234,21 +169,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         }
     }
     wg_cp_wait<0>();
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float li = lsum[hr];
-        li += __shfl_xor_sync(0xffffffffu, li, 1);
-        li += __shfl_xor_sync(0xffffffffu, li, 2);
-        const int row = r0 + (l >> 2) + 8 * hr;
-        if (row >= T) continue;
-        const float inv = 1.0f / li;
-        float *orow = o + ((size_t)b * T + row) * ldv + (size_t)h * DV;
-#pragma unroll
-        for (int i = 0; i < DV / 8; i++)
-            *reinterpret_cast<float2 *>(orow + 8 * i + 2 * (l & 3)) =
-                make_float2(acc[4 * i + 2 * hr] * inv, acc[4 * i + 2 * hr + 1] * inv);
-        if (lse && (l & 3) == 0) lse[((size_t)b * H + h) * T + row] = m[hr] * scale + logf(li);
-    }
+    rows.store<DV>(acc, o + (size_t)b * T * ldv + (size_t)h * DV, ldv, lse ? lse + ((size_t)b * H + h) * T : NULL, r0, l,
+                   T, scale);
 }
 
 // ---- backward ----
@@ -535,23 +457,25 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
     }
 }
 
-// The forward's key tile rows: LM_FA_WG = 64 or 128 (default); 0 turns these kernels off, forward
-// and backward (attn_flash.cu's mma.sync kernels run). Read once unless set by lm_cuda_set_fa_wg.
+// The flash kernels (LM_FA_WG): tma (the default: attn_flash_ws.cu's forward), 128 or 64 (the
+// forward here with key tiles of that many rows), 0 (attn_flash.cu's mma.sync kernels, forward
+// and backward). The backward is this file's unless 0. Read once unless set by lm_cuda_set_fa_wg.
 static int g_fa_wg = -1;
 int lm_cuda_fa_wg(void) {
     if (g_fa_wg < 0) {
         const char *s = getenv("LM_FA_WG");
-        g_fa_wg = 128;
+        g_fa_wg = LM_FA_TMA;
         if (s && *s) {
-            g_fa_wg = atoi(s);
-            if (g_fa_wg != 0 && g_fa_wg != 64 && g_fa_wg != 128) lm_die("LM_FA_WG='%s' is not one of 0, 64, 128", s);
+            g_fa_wg = strcmp(s, "tma") == 0 ? LM_FA_TMA : atoi(s);
+            if (g_fa_wg != 0 && g_fa_wg != 64 && g_fa_wg != 128 && g_fa_wg != LM_FA_TMA)
+                lm_die("LM_FA_WG='%s' is not one of tma, 128, 64, 0", s);
         }
     }
     return g_fa_wg;
 }
-void lm_cuda_set_fa_wg(int bn) {
-    LM_CHECK(bn == 0 || bn == 64 || bn == 128, "bad flash-attention key tile %d", bn);
-    g_fa_wg = bn;
+void lm_cuda_set_fa_wg(int mode) {
+    LM_CHECK(mode == 0 || mode == 64 || mode == 128 || mode == LM_FA_TMA, "bad flash-attention kernel choice %d", mode);
+    g_fa_wg = mode;
 }
 
 // the head dims instantiated here
@@ -562,6 +486,7 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16
                            int P, int H, int Dqk, int Dv, float scale) {
     const int bn = lm_cuda_fa_wg();
     if (bn == 0) return 0;
+    if (bn == LM_FA_TMA) return cuda_attn_flash_ws_fwd(o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale);
 #define FW_CASE(a, c)                                                                  \
     if (Dqk == a && Dv == c) {                                                         \
         if (bn == 64) fa_wg_fwd<a, c, 64, 4, true>(o, lse, q, k, v, B, T, P, H, scale); \

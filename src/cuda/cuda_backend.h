@@ -102,11 +102,20 @@ void cuda_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, 
 void cuda_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 // D [B,H,T] = rowsum(dO∘O) per head (o, d_o [B,T,H,Dv]): the softmax-backward term of both attention kernels
 void cuda_attn_D(real *D, const real *d_o, const real *o, int B, int T, int H, int Dv);
-// The flash attention's kernels for Dqk/Dv ∈ {192/128, 128/128, 64/64} (attn_flash_wg.cu, wgmma):
-// the forward's key tile, 128 (default) or 64 rows, or 0 for attn_flash.cu's mma.sync kernels
-// (forward and backward). Read once from LM_FA_WG unless set here first.
+// The flash attention's kernels for Dqk/Dv ∈ {192/128, 128/128, 64/64} (wgmma): LM_FA_TMA (the
+// default; "tma" in LM_FA_WG) for attn_flash_ws.cu's forward, 128 or 64 for attn_flash_wg.cu's
+// with key tiles of that many rows, or 0 for attn_flash.cu's mma.sync kernels (forward and
+// backward; the others share attn_flash_wg.cu's backward). Read once from LM_FA_WG unless set
+// here first.
+#define LM_FA_TMA 1
 int lm_cuda_fa_wg(void);
-void lm_cuda_set_fa_wg(int bn);
+void lm_cuda_set_fa_wg(int mode);
+// Benchmarks: the flash forward alone on bf16 q, k, v already on the device (PyTorch's SDPA is
+// timed on bf16 tensors; attn_fwd above rounds fp32 inputs first). Returns 0, doing nothing,
+// for dims the wgmma kernels do not take. lm_cuda_round_bf16 makes such inputs (n elements).
+int lm_cuda_attn_flash_fwd_bf16(float *o, float *lse, const void *q, const void *k, const void *v, int B, int T, int P,
+                                int H, int Dqk, int Dv, float scale);
+void lm_cuda_round_bf16(void *dst, const float *src, size_t n);
 // tensor-core attention (attn_flash.cu): returns 0, doing nothing, for head dims or pointer
 // alignments it does not handle (the caller falls back to the fp32 kernels of mla.cu).
 int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk, int Dv, real scale);

@@ -40,8 +40,7 @@
 #include "moe_gemm.cuh"
 #include "wgmma_ops.cuh"
 #include "mbarrier.cuh"
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "tma.cuh"
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,15 +68,6 @@ struct WtArgs {
     const int *offsets, *tile_start;
     int E, N, kt[2], kdepth[2];   // kdepth: K_p (dinp: the rows of W_e in map b[p])
 };
-
-// ---- TMA (PTX); the mbarriers are in mbarrier.cuh ----
-// 2-D tile copy global → shared: box at (c0 inner, c1 outer) of the tensor map, completion
-// counted in bytes on `bar`
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    WG_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
-           ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
-           : "memory");
-}
 
 // One output tile: expert e, its rows from o0, the tile at (m0, n0) of the output, KT k
 // slices, c0 its output origin (an element index), M × N valid
@@ -308,26 +298,10 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
 }
 
 // ---- host ----
-static PFN_cuTensorMapEncodeTiled_v12000 wt_encoder(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    if (!fn) {
-        cudaDriverEntryPointQueryResult q;
-        cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&fn, 12000, cudaEnableDefault,
-                                                   &q));
-        LM_CHECK(q == cudaDriverEntryPointSuccess && fn, "cuTensorMapEncodeTiled is not available from the driver");
-    }
-    return fn;
-}
-// bf16 matrix [outer, inner] (row stride inner), boxes of box_outer × box_inner, 128-byte swizzle
+// bf16 matrix [outer, inner] (row stride inner), boxes of box_outer × box_inner
 static CUtensorMap wt_map(const __nv_bfloat16 *base, long inner, long outer, int box_inner, int box_outer) {
-    CUtensorMap m;
-    cuuint64_t dims[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, strides[1] = {(cuuint64_t)inner * 2};
-    cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer}, es[2] = {1, 1};
-    CUresult r = wt_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, es,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    LM_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (%d) for a %ld x %ld bf16 matrix", (int)r, outer, inner);
-    return m;
+    const long dims[2] = {inner, outer}, strides[1] = {inner * 2};
+    return lm_tma_map_bf16(base, 2, dims, strides, box_inner, box_outer);
 }
 
 template <class Cfg, int MODE, bool ACC, bool OBF> static void wt_launch(const WtArgs &a) {

@@ -42,9 +42,11 @@ static int harness_moe_gemm;
     ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
 #define lm_cuda_weight_copies_made() 0UL   // the CPU table keeps no copies
 #define lm_cuda_experts_keep_bf16(C, F) 0   // nor bf16 expert rows
-static int harness_fa_wg = 128;
+static int harness_fa_wg = LM_FA_TMA;
 #define lm_cuda_fa_wg() (harness_fa_wg)
 #define lm_cuda_set_fa_wg(m) ((void)(harness_fa_wg = (m)))
+#define lm_cuda_attn_flash_fwd_bf16(o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale) 0
+#define lm_cuda_round_bf16(dst, src, n) ((void)0)
 #endif
 
 static const lm_ops *CPU = &lm_cpu_ops, *GPU = &lm_cuda_ops;
@@ -878,16 +880,25 @@ static void t_attn_prefix(int B, int T, int P, int H, int Dqk, int Dv, double to
     DFREE(gq, gk, gv, go); HFREE(q, k, v, o);
 }
 
-// The flash kernels' head dims under each kernel choice (LM_FA_WG): wgmma (forward with 128-
-// and with 64-row key tiles; the backward's kernels are the same both times), then attn_flash.cu's
-// mma.sync kernels. T not a multiple of the tiles, T = 1, several tiles, a prefix P that is not either.
+// The flash kernels' head dims under each kernel choice (LM_FA_WG): wgmma (the forward with a
+// TMA producer and ping-ponged warpgroups, then the cp.async forward with 128- and with 64-row key
+// tiles; the backward's kernels are the same each time), then attn_flash.cu's mma.sync kernels.
+// T not a multiple of the tiles, T = 1, several tiles, a prefix P that is not either, B > 1 (the
+// TMA maps' batch dimension).
+static const char *fa_kernel_name(int k) {
+    return k == LM_FA_TMA ? "wgmma, TMA forward"
+           : k == 128     ? "wgmma, forward with 128-key tiles"
+           : k == 64      ? "wgmma, forward with 64-key tiles"
+                          : "mma.sync";
+}
+static const char *fa_kernel_short(int k) {   // bench labels
+    return k == LM_FA_TMA ? "tma" : k == 128 ? "cp128" : k == 64 ? "cp64" : "mma";
+}
 static void t_attn_flash(int quick) {
-    const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
-    for (int i = 0; i < 3; i++) {
+    const int def = lm_cuda_fa_wg(), kernels[] = {LM_FA_TMA, 128, 64, 0};
+    for (int i = 0; i < 4; i++) {
         lm_cuda_set_fa_wg(kernels[i]);
-        printf("  flash kernels: %s\n", kernels[i] ? (kernels[i] == 128 ? "wgmma, forward with 128-key tiles"
-                                                                  : "wgmma, forward with 64-key tiles")
-                                                 : "mma.sync");
+        printf("  flash kernels: %s\n", fa_kernel_name(kernels[i]));
         t_attn(1, 70, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 77, 3, 64, 64, ATTN_BF16_FWD, ATTN_BF16_BWD);
@@ -897,7 +908,9 @@ static void t_attn_flash(int quick) {
         t_attn(1, 300, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(2, 129, 2, 128, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn(1, 1000, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
+        t_attn(3, 300, 2, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);
         t_attn_prefix(2, 300, 200, 2, 128, 128, ATTN_BF16_FWD);
+        if (i == 0) t_attn(1, 4100, 1, 192, 128, ATTN_BF16_FWD, ATTN_BF16_BWD);   // 33 query tiles (TMA forward)
     }
     lm_cuda_set_fa_wg(def);
 }
@@ -2104,6 +2117,12 @@ static void t_bench(void) {
     float *q = drand_big((size_t)Tmax * Hmax * Dqk, 1), *kk = drand_big((size_t)Tmax * Hmax * Dqk, 1);
     float *v = drand_big((size_t)Tmax * Hmax * Dv, 1), *o = drand_big((size_t)Tmax * Hmax * Dv, 1);
     float *lse = drand_big((size_t)Hmax * Tmax, 1);
+    // bf16 copies (in fp32 buffers of half the count) for the kernel-alone rows
+    const size_t nqk = (size_t)Tmax * Hmax * Dqk, nvv = (size_t)Tmax * Hmax * Dv;
+    float *qh = dpoison(nqk / 2), *kh = dpoison(nqk / 2), *vh = dpoison(nvv / 2);
+    lm_cuda_round_bf16(qh, q, nqk);
+    lm_cuda_round_bf16(kh, kk, nqk);
+    lm_cuda_round_bf16(vh, v, nvv);
     const int ash[][2] = {{4096, 8}, {8192, 8}, {8192, 16}, {16384, 8}, {16384, 16}};
     for (size_t i = 0; i < sizeof ash / sizeof *ash; i++) {
         const int T = ash[i][0], H = ash[i][1];
@@ -2111,21 +2130,28 @@ static void t_bench(void) {
         char lf[64], lb[64];
         snprintf(lf, sizeof lf, "attn_fwd T=%d H=%d 192/128", T, H);
         snprintf(lb, sizeof lb, "attn_bwd T=%d H=%d (2.5x fwd FLOPs)", T, H);
-        const int def = lm_cuda_fa_wg(), kernels[] = {128, 64, 0};
-        for (int kk2 = 0; kk2 < 3; kk2++) {   // the forward under each kernel (LM_FA_WG)
-            char lk[80];
-            snprintf(lk, sizeof lk, "%s LM_FA_WG=%d", lf, kernels[kk2]);
+        const int def = lm_cuda_fa_wg(), kernels[] = {LM_FA_TMA, 128, 64, 0};
+        for (int kk2 = 0; kk2 < 4; kk2++) {   // the forward under each kernel (LM_FA_WG)
+            char lk[160];
+            snprintf(lk, sizeof lk, "%s %s", lf, fa_kernel_short(kernels[kk2]));
             lm_cuda_set_fa_wg(kernels[kk2]);
             BENCH(lk, fl, GPU->attn_fwd(o, lse, q, kk, v, 1, T, H, Dqk, Dv, 0.07f), o);
         }
-        for (int kk2 = 0; kk2 < 3; kk2 += 2) {   // the backward: wgmma, mma.sync
-            char lk[80];
-            snprintf(lk, sizeof lk, "%s LM_FA_WG=%d", lb, kernels[kk2]);
+        for (int kk2 = 0; kk2 < 3; kk2++) {   // the wgmma forward kernels alone, on bf16 inputs
+            char lk[160];
+            snprintf(lk, sizeof lk, "%s %s bf16 in", lf, fa_kernel_short(kernels[kk2]));
+            lm_cuda_set_fa_wg(kernels[kk2]);
+            BENCH(lk, fl, lm_cuda_attn_flash_fwd_bf16(o, lse, qh, kh, vh, 1, T, 0, H, Dqk, Dv, 0.07f), o);
+        }
+        for (int kk2 = 1; kk2 < 4; kk2 += 2) {   // the backward: wgmma, mma.sync
+            char lk[160];
+            snprintf(lk, sizeof lk, "%s %s", lb, kernels[kk2] ? "wgmma" : "mma.sync");
             lm_cuda_set_fa_wg(kernels[kk2]);
             BENCH(lk, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f, 0), q);
         }
         lm_cuda_set_fa_wg(def);
     }
+    DFREE(qh, kh, vh);
     float *g = drand_big((size_t)N * d, 1), *rs = drand_big(N, 1);
     BENCH("rmsnorm_fwd 16384x1024", 0, GPU->rmsnorm_fwd(out, rs, x, g, N, d, 1e-5f, NULL), out);
     {   // the memory-bound row ops of a B4 training step (per call; figures for bench/RESULTS.md)
@@ -2178,22 +2204,23 @@ static void t_bench(void) {
 // ---------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
-    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0, only_decode = 0;
+    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0, attn_all = 0, only_decode = 0;
     for (int i = 1; i < argc; i++) {
         only_ops |= strcmp(argv[i], "--ops") == 0;       // skip the model level
         only_model |= strcmp(argv[i], "--model") == 0;   // skip the op checks
         bench |= strcmp(argv[i], "--bench") == 0;        // add timings
         only_attn |= strcmp(argv[i], "--attn") == 0;     // only the attention op checks (for the sanitizers)
+        attn_all |= strcmp(argv[i], "--attn-all") == 0;  // only those, every flash shape of --ops
         only_decode |= strcmp(argv[i], "--decode") == 0; // only the MLA decode op checks (for the sanitizers)
     }
     lm_rng_seed(&R, 20260101);
     // the op checks hold the GEMMs to fp32 (1e-5); bf16 GEMMs get their own checks below
     lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-    if (only_attn) {
+    if (only_attn || attn_all) {
         only_ops = 1;
         only_model = 1;
         t_attn(2, 150, 3, 40, 24, TOL, TOL);
-        t_attn_flash(1);
+        t_attn_flash(!attn_all);
         t_attn_prefix(2, 50, 37, 3, 40, 24, TOL);               // fp32 fallback kernel
     }
     if (only_decode) {
