@@ -29,6 +29,10 @@ int cuda_attn_flash_wg_fwd(float *o, float *lse, const __nv_bfloat16 *q, const _
 // the same dims (0 for others)
 int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                            const __nv_bfloat16 *v, int B, int T, int P, int H, int Dqk, int Dv, float scale);
+// dQ alone on that pipeline (the backward's dq, as cuda_attn_flash_wg_bwd's); 0 for other dims
+int cuda_attn_flash_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                          const __nv_bfloat16 *v, const float *lse, const float *D, int B, int T, int H, int Dqk,
+                          int Dv, float scale, int assign);
 // the backward on wgmma for the same dims (attn_flash.cu's fa_bwd contract: dq, dk, dv fp32,
 // accumulated (assign: written), any may be NULL; lse, D [B,H,T]). Returns 0 as above.
 int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,

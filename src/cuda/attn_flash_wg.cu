@@ -174,14 +174,6 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
 }
 
 // ---- backward ----
-// P = exp2(s·scale_log2 − lse2) where `ok` (causal), else 0; dS = P ∘ (dP − D) · scale. lse2 in
-// log2 units. Rows past T have lse2 = +inf, so their P is exactly 0.
-__device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scale_log2, float lse2, float Dv,
-                                        float scale) {
-    const float p = ok ? fa_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
-    dp = p * (dp - Dv) * scale;
-    s = p;
-}
 // dK, dV. A CTA of two warpgroups owns 128 keys (64 each) with their K and V rows in shared
 // memory; 64-row query tiles (Q, dO, lse, D) stream through two stages. Per tile and warpgroup:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ   wgmma SS, m64 (keys) n64 (queries)
@@ -450,7 +442,8 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
             dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();
     }
-    if (dq) {
+    if (dq && !(lm_cuda_fa_wg() == LM_FA_TMA && cuda_attn_flash_ws_dq(dq, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale,
+                                                                        assign))) {
         fa_wg_dq_k<DQK, DV><<<grid, FW_THREADS, FwDqCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
             dq, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();

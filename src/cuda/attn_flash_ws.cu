@@ -24,20 +24,89 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define FS_THREADS 384   // two consumer warpgroups + a producer warpgroup (one thread of it copies)
 #define FS_BM 128        // query rows per CTA
+#define FS_DIMS(X) X(192, 128) X(128, 128) X(64, 64)   // attn_flash_wg.cu's FW_DIMS
 
-template <int DQK, int DV, int BN, int NS> struct FsCfg {
+// The CTA's shared memory: its 128 query rows' resident boxes (Q; the dQ kernel also dO), NS K
+// slots and NS V slots of BN keys (all 1024-aligned), then the mbarriers: resident, kfull[NS],
+// kempty[NS], vfull[NS], vempty[NS]
+template <int DQK, int DV, int BN, int NS, bool DO> struct FsCfg {
     static constexpr int KS = DQK / 64, VS = DV / 64;
-    static constexpr int Q_BYTES = KS * FS_BM * 128, K_BYTES = KS * BN * 128, V_BYTES = VS * BN * 128;
-    // Q, NS K slots, NS V slots (all 1024-aligned), then the mbarriers: q, kfull, kempty, vfull, vempty
-    static constexpr int BAR = Q_BYTES + NS * (K_BYTES + V_BYTES);
+    static constexpr int Q_BYTES = KS * FS_BM * 128, O_BYTES = DO ? VS * FS_BM * 128 : 0;
+    static constexpr int K_BYTES = KS * BN * 128, V_BYTES = VS * BN * 128;
+    static constexpr int RES = Q_BYTES + O_BYTES, BAR = RES + NS * (K_BYTES + V_BYTES);
     static constexpr int SMEM = 1024 + BAR + 8 * (1 + 4 * NS);
+    static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
+// the maps over q [B,T,H,DQK], k [B,P+T,H,DQK], v [B,P+T,H,DV] and (dQ) d_o [B,T,H,DV], bf16, as
+// 3-D tensors (channels, positions, batch)
 struct FsMaps {
-    CUtensorMap q, k, v;
+    CUtensorMap q, k, v, o;
+};
+
+// Where the rings are, and the producer and consumer sides of them. Slot of key tile kb: kb % NS,
+// its phase (kb / NS) & 1.
+template <class C, int NS> struct FsRing {
+    uint32_t sQ, sO, sK, sV, res, kfull, kempty, vfull, vempty;
+    // every thread of the CTA: thread 0 initialises the barriers; a __syncthreads follows
+    __device__ explicit FsRing(uint8_t *raw) {
+        sQ = ((uint32_t)__cvta_generic_to_shared(raw) + 1023u) & ~1023u;
+        sO = sQ + C::Q_BYTES;
+        sK = sQ + C::RES;
+        sV = sK + NS * C::K_BYTES;
+        res = sQ + C::BAR;
+        kfull = res + 8;
+        kempty = kfull + 8 * NS;
+        vfull = kempty + 8 * NS;
+        vempty = vfull + 8 * NS;
+        if (threadIdx.x == 0) {
+            mb_init(res, 1);
+            for (int s = 0; s < NS; s++) {
+                mb_init(kfull + 8 * s, 1);
+                mb_init(vfull + 8 * s, 1);
+                mb_init(kempty + 8 * s, 2);   // one arrival per consumer warpgroup
+                mb_init(vempty + 8 * s, 2);
+            }
+            mb_init_fence();
+        }
+        __syncthreads();
+    }
+    __device__ uint32_t k_at(int kb) const { return sK + (kb % NS) * C::K_BYTES; }
+    __device__ uint32_t v_at(int kb) const { return sV + (kb % NS) * C::V_BYTES; }
+    // the producer thread: the resident boxes (query rows q0..), then key tiles 0..nkb−1
+    template <int DQK, int DV, int BN>
+    __device__ void produce(const FsMaps &m, int h, int b, int q0, int nkb) const {
+        mb_expect_tx(res, C::RES);
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++) tma_3d(sQ + sl * FS_BM * 128, &m.q, h * DQK + 64 * sl, q0, b, res);
+        if (C::O_BYTES)
+#pragma unroll
+            for (int j = 0; j < C::VS; j++) tma_3d(sO + j * FS_BM * 128, &m.o, h * DV + 64 * j, q0, b, res);
+        for (int kb = 0; kb < nkb; kb++) {
+            const int s = kb % NS, ph = (kb / NS) & 1, k0 = kb * BN;
+            mb_wait(kempty + 8 * s, ph ^ 1);
+            mb_expect_tx(kfull + 8 * s, C::K_BYTES);
+#pragma unroll
+            for (int sl = 0; sl < C::KS; sl++)
+                tma_3d(k_at(kb) + sl * BN * 128, &m.k, h * DQK + 64 * sl, k0, b, kfull + 8 * s);
+            mb_wait(vempty + 8 * s, ph ^ 1);
+            mb_expect_tx(vfull + 8 * s, C::V_BYTES);
+#pragma unroll
+            for (int j = 0; j < C::VS; j++) tma_3d(v_at(kb) + j * BN * 128, &m.v, h * DV + 64 * j, k0, b, vfull + 8 * s);
+        }
+    }
+    __device__ void wait_k(int kb) const { mb_wait(kfull + 8 * (kb % NS), (kb / NS) & 1); }
+    __device__ void wait_v(int kb) const { mb_wait(vfull + 8 * (kb % NS), (kb / NS) & 1); }
+    __device__ void free_k(int kb, bool leader) const {
+        if (leader) mb_arrive(kempty + 8 * (kb % NS));
+    }
+    __device__ void free_v(int kb, bool leader) const {
+        if (leader) mb_arrive(vempty + 8 * (kb % NS));
+    }
 };
 
 // named barriers 1 and 2 over the 256 consumer threads (immediate ids: a register id makes ptxas
@@ -59,57 +128,38 @@ template <int N> __device__ __forceinline__ void fs_setmaxnreg_inc() {
     WG_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// o [B,T,H,DV] fp32, lse [B,H,T] (may be NULL); the maps over q [B,T,H,DQK], k [B,P+T,H,DQK],
-// v [B,P+T,H,DV] bf16 (query t is position P + t and sees keys 0..P+t). grid (⌈T/128⌉, H, B),
-// the heaviest query tiles first.
+// The consumer warpgroups' turns to issue products: warpgroup g waits at barrier 1 + g, issues,
+// then lets the other go (1 + (g ^ 1)). The second warpgroup opens the first turn and skips its
+// last hand-over, so each barrier sees exactly as many arrivals as waits (n turns each).
+struct FsTurns {
+    int wg, left;
+    __device__ FsTurns(int wg_, int n) : wg(wg_), left(n) {
+        if (wg == 1) fs_bar_arrive(1);
+    }
+    __device__ void begin() const { fs_bar_sync(1 + wg); }
+    __device__ void end() {
+        if (--left > 0 || wg == 0) fs_bar_arrive(1 + (wg ^ 1));
+    }
+};
+
+// o [B,T,H,DV] fp32, lse [B,H,T] (may be NULL); maps q, k, v (query t is position P + t and sees
+// keys 0..P+t). grid (⌈T/128⌉, H, B), the heaviest query tiles first.
 template <int DQK, int DV, int BN, int NS>
 __global__ static void __launch_bounds__(FS_THREADS, 1)
     fa_ws_fwd_k(const __grid_constant__ FsMaps maps, float *o, float *lse, int T, int P, int H, float scale,
                 float scale_log2) {
-    typedef FsCfg<DQK, DV, BN, NS> C;
+    typedef FsCfg<DQK, DV, BN, NS, false> C;
     extern __shared__ uint8_t fs_raw[];
-    const uint32_t sQ = ((uint32_t)__cvta_generic_to_shared(fs_raw) + 1023u) & ~1023u;
-    const uint32_t sK = sQ + C::Q_BYTES, sV = sK + NS * C::K_BYTES;
-    const uint32_t qbar = sQ + C::BAR, kfull = qbar + 8, kempty = kfull + 8 * NS, vfull = kempty + 8 * NS,
-                   vempty = vfull + 8 * NS;
+    const FsRing<C, NS> ring(fs_raw);
     const int nqb = (T + FS_BM - 1) / FS_BM, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int q0 = qb * FS_BM, Tk = P + T;
     const int nkb = min((P + q0 + FS_BM - 1) / BN + 1, (Tk + BN - 1) / BN);
     const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
-    if (tid == 0) {
-        mb_init(qbar, 1);
-        for (int s = 0; s < NS; s++) {
-            mb_init(kfull + 8 * s, 1);
-            mb_init(vfull + 8 * s, 1);
-            mb_init(kempty + 8 * s, 2);   // one arrival per consumer warpgroup
-            mb_init(vempty + 8 * s, 2);
-        }
-        mb_init_fence();
-    }
-    __syncthreads();
-
     if (warp >= 8) {   // producer
         fs_setmaxnreg_dec<24>();
-        if (warp != 8 || l != 0) return;
-        mb_expect_tx(qbar, C::Q_BYTES);
-#pragma unroll
-        for (int sl = 0; sl < C::KS; sl++) tma_3d(sQ + sl * FS_BM * 128, &maps.q, h * DQK + 64 * sl, q0, b, qbar);
-        for (int kb = 0; kb < nkb; kb++) {
-            const int s = kb % NS, ph = (kb / NS) & 1, k0 = kb * BN;
-            mb_wait(kempty + 8 * s, ph ^ 1);
-            mb_expect_tx(kfull + 8 * s, C::K_BYTES);
-#pragma unroll
-            for (int sl = 0; sl < C::KS; sl++)
-                tma_3d(sK + s * C::K_BYTES + sl * BN * 128, &maps.k, h * DQK + 64 * sl, k0, b, kfull + 8 * s);
-            mb_wait(vempty + 8 * s, ph ^ 1);
-            mb_expect_tx(vfull + 8 * s, C::V_BYTES);
-#pragma unroll
-            for (int j = 0; j < C::VS; j++)
-                tma_3d(sV + s * C::V_BYTES + j * BN * 128, &maps.v, h * DV + 64 * j, k0, b, vfull + 8 * s);
-        }
+        if (warp == 8 && l == 0) ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb);
         return;
     }
-
     fs_setmaxnreg_inc<240>();
     const int wg = warp >> 2, w = warp & 3;
     const bool leader = (tid & 127) == 0;
@@ -121,49 +171,39 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     rows.init();
     auto issue_s = [&](int kb) {   // S = Q·K_kbᵀ, one commit group
         wg_fence();
-        fw_ss_slices<BN, C::KS, FS_BM>(s, sQ, wg, sK + (kb % NS) * C::K_BYTES);
+        fw_ss_slices<BN, C::KS, FS_BM>(s, ring.sQ, wg, ring.k_at(kb));
         wg_commit();
     };
     auto issue_pv = [&](const uint32_t (*pa)[4], int kb) {   // O += P_kb·V_kb, one commit group
-        const uint32_t v0 = sV + (kb % NS) * C::V_BYTES;
+        const uint32_t v0 = ring.v_at(kb);
 #pragma unroll
         for (int j = 0; j < BN / 16; j++) wg_rs<DV, 1>(acc, pa[j], wb_desc(v0 + j * 2048, BN * 128, 1024), 1);
         wg_commit();
     };
-    // turns: warpgroup g issues after barrier 1 + g, then lets the other go (1 + (g ^ 1)); the
-    // second warpgroup opens the first turn and skips its last hand-over, so each barrier sees
-    // exactly as many arrivals as waits
-    const int my_bar = 1 + wg, other_bar = 1 + (wg ^ 1);
-    int turns_left = nkb;
-    auto turn_end = [&]() {
-        if (--turns_left > 0 || wg == 0) fs_bar_arrive(other_bar);
-    };
-    if (wg == 1) fs_bar_arrive(1);
-
+    FsTurns turns(wg, nkb);
     uint32_t pa[BN / 16][4], pb[BN / 16][4];
     float alpha[2];
-    mb_wait(qbar, 0);
-    mb_wait(kfull, 0);
-    fs_bar_sync(my_bar);
+    mb_wait(ring.res, 0);
+    ring.wait_k(0);
+    turns.begin();
     issue_s(0);
-    turn_end();
+    turns.end();
     wg_wait<0>();
-    if (leader) mb_arrive(kempty);
+    ring.free_k(0, leader);
     rows.step<BN>(s, pa, alpha, 0, r0, l, P, Tk, scale_log2);
     // step kb: S_kb with P·V_{kb−1} (P in prev), the softmax of S_kb into cur
     auto step = [&](const uint32_t (*prev)[4], uint32_t (*cur)[4], int kb) {
-        const int sk = kb % NS, sv = (kb - 1) % NS;
-        mb_wait(kfull + 8 * sk, (kb / NS) & 1);
-        mb_wait(vfull + 8 * sv, ((kb - 1) / NS) & 1);
-        fs_bar_sync(my_bar);
+        ring.wait_k(kb);
+        ring.wait_v(kb - 1);
+        turns.begin();
         issue_s(kb);
         issue_pv(prev, kb - 1);
-        turn_end();
+        turns.end();
         wg_wait<1>();   // S_kb
-        if (leader) mb_arrive(kempty + 8 * sk);
+        ring.free_k(kb, leader);
         rows.step<BN>(s, cur, alpha, kb * BN, r0, l, P, Tk, scale_log2);
         wg_wait<0>();   // P·V_{kb−1}
-        if (leader) mb_arrive(vempty + 8 * sv);
+        ring.free_v(kb - 1, leader);
         FwRows::rescale<DV>(acc, alpha);
     };
     for (int kb = 1; kb < nkb; kb += 2) {
@@ -171,45 +211,170 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
         if (kb + 1 < nkb) step(pb, pa, kb + 1);
     }
     // the last tile's P·V (its P is in pa when nkb is odd, else pb)
-    const int last = nkb - 1, sv = last % NS;
-    mb_wait(vfull + 8 * sv, (last / NS) & 1);
+    ring.wait_v(nkb - 1);
     wg_fence();
-    if (nkb & 1) issue_pv(pa, last);   // (a run-time choice of array would put both in local memory)
-    else issue_pv(pb, last);
+    if (nkb & 1) issue_pv(pa, nkb - 1);   // (a run-time choice of array would put both in local memory)
+    else issue_pv(pb, nkb - 1);
     wg_wait<0>();
     rows.store<DV>(acc, o + (size_t)b * T * H * DV + (size_t)h * DV, (long)H * DV,
                    lse ? lse + ((size_t)b * H + h) * T : NULL, r0, l, T, scale);
 }
 
+// dQ = Σ over key tiles dS·K with dS = P ∘ (dP − D)·scale, P = exp2(S·scale_log2 − lse2),
+// S = Q·Kᵀ, dP = dO·Vᵀ (attn_flash_wg.cu's fa_wg_dq_k on this file's pipeline: Q and dO resident,
+// K and V streamed). A warpgroup issues S_kb and dP_kb with dQ += dS_{kb−1}·K_{kb−1} and forms
+// dS_kb while that multiplies; the warpgroups take turns to issue. dq [B,T,H,DQK] fp32, added
+// into (assign: written); lse, D [B,H,T]. grid (⌈T/128⌉, H, B), the heaviest query tiles first.
+template <int DQK, int DV, int BN, int NS>
+__global__ static void __launch_bounds__(FS_THREADS, 1)
+    fa_ws_dq_k(const __grid_constant__ FsMaps maps, float *dq, const float *lse, const float *D, int T, int H,
+               float scale, float scale_log2, int assign) {
+    typedef FsCfg<DQK, DV, BN, NS, true> C;
+    extern __shared__ uint8_t fs_raw[];
+    const FsRing<C, NS> ring(fs_raw);
+    const int nqb = (T + FS_BM - 1) / FS_BM, qb = nqb - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qb * FS_BM;
+    const int nkb = min((q0 + FS_BM - 1) / BN + 1, (T + BN - 1) / BN);
+    const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
+    if (warp >= 8) {   // producer
+        fs_setmaxnreg_dec<24>();
+        if (warp == 8 && l == 0) ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb);
+        return;
+    }
+    fs_setmaxnreg_inc<240>();
+    const int wg = warp >> 2, w = warp & 3;
+    const bool leader = (tid & 127) == 0;
+    const int r0 = q0 + 64 * wg + 16 * w + (l >> 2);   // this thread's rows r0, r0 + 8
+    float lse2[2], Dr[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {   // rows past T: P = 0 (lse2 = +inf)
+        const int r = r0 + 8 * hr;
+        lse2[hr] = r < T ? lse[((size_t)b * H + h) * T + r] * FA_LOG2E : INFINITY;
+        Dr[hr] = r < T ? D[((size_t)b * H + h) * T + r] : 0.f;
+    }
+    float dqa[DQK / 2], s[BN / 2], dp[BN / 2];
+#pragma unroll
+    for (int i = 0; i < DQK / 2; i++) dqa[i] = 0.f;
+    auto issue_sdp = [&](int kb) {   // S = Q·K_kbᵀ, dP = dO·V_kbᵀ, one commit group
+        wg_fence();
+        fw_ss_slices<BN, C::KS, FS_BM>(s, ring.sQ, wg, ring.k_at(kb));
+        fw_ss_slices<BN, C::VS, FS_BM>(dp, ring.sO, wg, ring.v_at(kb));
+        wg_commit();
+    };
+    auto issue_dq = [&](const uint32_t (*da)[4], int kb) {   // dQ += dS_kb·K_kb (K read MN-major)
+        const uint32_t k0 = ring.k_at(kb);
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) wg_rs<DQK, 1>(dqa, da[j], wb_desc(k0 + j * 2048, BN * 128, 1024), 1);
+        wg_commit();
+    };
+    auto form_ds = [&](uint32_t (*da)[4], int kb) {   // dS_kb from the landed S, dP
+        const int kk0 = kb * BN;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kk0 + 8 * n + 2 * (l & 3) + (e & 1), hr = e >> 1;
+                fw_p_ds(s[4 * n + e], dp[4 * n + e], key <= r0 + 8 * hr, scale_log2, lse2[hr], Dr[hr], scale);
+            }
+        fw_pack_a<BN>(da, dp);
+    };
+    FsTurns turns(wg, nkb);
+    uint32_t da[BN / 16][4], db[BN / 16][4];
+    mb_wait(ring.res, 0);
+    ring.wait_k(0);
+    ring.wait_v(0);
+    turns.begin();
+    issue_sdp(0);
+    turns.end();
+    wg_wait<0>();
+    ring.free_v(0, leader);
+    form_ds(da, 0);
+    // step kb: S_kb, dP_kb with dQ += dS_{kb−1}·K_{kb−1} (dS in prev), dS_kb into cur
+    auto step = [&](const uint32_t (*prev)[4], uint32_t (*cur)[4], int kb) {
+        ring.wait_k(kb);
+        ring.wait_v(kb);
+        turns.begin();
+        issue_sdp(kb);
+        issue_dq(prev, kb - 1);
+        turns.end();
+        wg_wait<1>();   // S_kb, dP_kb
+        ring.free_v(kb, leader);
+        form_ds(cur, kb);
+        wg_wait<0>();   // dQ += dS_{kb−1}·K_{kb−1}
+        ring.free_k(kb - 1, leader);
+    };
+    for (int kb = 1; kb < nkb; kb += 2) {
+        step(da, db, kb);
+        if (kb + 1 < nkb) step(db, da, kb + 1);
+    }
+    wg_fence();
+    if (nkb & 1) issue_dq(da, nkb - 1);
+    else issue_dq(db, nkb - 1);
+    wg_wait<0>();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int row = r0 + 8 * hr;
+        if (row >= T) continue;
+        float *r = dq + ((size_t)b * T + row) * H * DQK + (size_t)h * DQK + 2 * (l & 3);
+#pragma unroll
+        for (int n = 0; n < DQK / 8; n++) {
+            const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
+            *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dqa[4 * n + 2 * hr], x.y + dqa[4 * n + 2 * hr + 1]);
+        }
+    }
+}
+
+// ---- host ----
+// [B, positions, H·D] bf16 as a 3-D map (channels, positions, batch), boxes of 64 channels × rows
+static CUtensorMap fs_map(const __nv_bfloat16 *x, int B, long positions, int H, int D, int rows) {
+    const long dims[3] = {(long)H * D, positions, B}, strides[2] = {(long)H * D * 2, positions * H * D * 2};
+    return lm_tma_map_bf16(x, 3, dims, strides, 64, rows);
+}
+template <class K> static void fs_opt_in(K kernel, int smem, int *ready) {   // > 48 KiB, once per kernel
+    if (!*ready) {
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        *ready = 1;
+    }
+}
+
 template <int DQK, int DV, int BN, int NS>
 static void fa_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                       int B, int T, int P, int H, float scale) {
-    typedef FsCfg<DQK, DV, BN, NS> C;
-    static_assert(C::SMEM <= 227 * 1024, "shared memory");
+    typedef FsCfg<DQK, DV, BN, NS, false> C;
     static int ready;
-    if (!ready) {
-        cudaCheck(cudaFuncSetAttribute(fa_ws_fwd_k<DQK, DV, BN, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       C::SMEM));
-        ready = 1;
-    }
-    const long Tk = (long)P + T;
+    fs_opt_in(fa_ws_fwd_k<DQK, DV, BN, NS>, C::SMEM, &ready);
     FsMaps m;
-    {   // [B, positions, H·D] as 3-D maps: channels, positions, batch
-        const long dq[3] = {(long)H * DQK, T, B}, sq[2] = {(long)H * DQK * 2, (long)T * H * DQK * 2};
-        const long dk[3] = {(long)H * DQK, Tk, B}, sk[2] = {(long)H * DQK * 2, Tk * H * DQK * 2};
-        const long dv[3] = {(long)H * DV, Tk, B}, sv[2] = {(long)H * DV * 2, Tk * H * DV * 2};
-        m.q = lm_tma_map_bf16(q, 3, dq, sq, 64, FS_BM);
-        m.k = lm_tma_map_bf16(k, 3, dk, sk, 64, BN);
-        m.v = lm_tma_map_bf16(v, 3, dv, sv, 64, BN);
-    }
+    memset(&m, 0, sizeof m);
+    m.q = fs_map(q, B, T, H, DQK, FS_BM);
+    m.k = fs_map(k, B, (long)P + T, H, DQK, BN);
+    m.v = fs_map(v, B, (long)P + T, H, DV, BN);
     dim3 grid((T + FS_BM - 1) / FS_BM, H, B);
     fa_ws_fwd_k<DQK, DV, BN, NS><<<grid, FS_THREADS, C::SMEM, lm_cuda_stream()>>>(m, o, lse, T, P, H, scale,
                                                                                    scale * FA_LOG2E);
     cudaLaunchCheck();
 }
 
-// the dims of attn_flash_wg.cu's FW_DIMS; 0 for others (the caller falls back). Key tiles of
-// LM_FA_WS_BN rows (64 or 128; benchmarks), two slots each for 128, three for 64.
+template <int DQK, int DV>
+static void fa_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                     const __nv_bfloat16 *v, const float *lse, const float *D, int B, int T, int H, float scale,
+                     int assign) {
+    constexpr int BN = 64, NS = 3;
+    typedef FsCfg<DQK, DV, BN, NS, true> C;
+    static int ready;
+    fs_opt_in(fa_ws_dq_k<DQK, DV, BN, NS>, C::SMEM, &ready);
+    FsMaps m;
+    m.q = fs_map(q, B, T, H, DQK, FS_BM);
+    m.o = fs_map(d_o, B, T, H, DV, FS_BM);
+    m.k = fs_map(k, B, T, H, DQK, BN);
+    m.v = fs_map(v, B, T, H, DV, BN);
+    dim3 grid((T + FS_BM - 1) / FS_BM, H, B);
+    fa_ws_dq_k<DQK, DV, BN, NS><<<grid, FS_THREADS, C::SMEM, lm_cuda_stream()>>>(m, dq, lse, D, T, H, scale,
+                                                                                  scale * FA_LOG2E, assign);
+    cudaLaunchCheck();
+}
+
+// The dims of attn_flash_wg.cu's FW_DIMS; 0 for others (the caller falls back). Forward key
+// tiles of LM_FA_WS_BN rows (128, two slots each; or 64, three; benchmarks).
 int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                            const __nv_bfloat16 *v, int B, int T, int P, int H, int Dqk, int Dv, float scale) {
     static int bn = 0;
@@ -224,9 +389,20 @@ int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const _
         else fa_ws_fwd<a, c, 128, 2>(o, lse, q, k, v, B, T, P, H, scale);               \
         return 1;                                                                       \
     }
-    FS_CASE(192, 128)
-    FS_CASE(128, 128)
-    FS_CASE(64, 64)
+    FS_DIMS(FS_CASE)
+#undef FS_CASE
+    return 0;
+}
+
+int cuda_attn_flash_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                          const __nv_bfloat16 *v, const float *lse, const float *D, int B, int T, int H, int Dqk,
+                          int Dv, float scale, int assign) {
+#define FS_CASE(a, c)                                                          \
+    if (Dqk == a && Dv == c) {                                                 \
+        fa_ws_dq<a, c>(dq, d_o, q, k, v, lse, D, B, T, H, scale, assign);      \
+        return 1;                                                              \
+    }
+    FS_DIMS(FS_CASE)
 #undef FS_CASE
     return 0;
 }

@@ -35,6 +35,14 @@ __device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
     }
 }
 
+// P = exp2(s·scale_log2 − lse2) where `ok` (causal), else 0; dS = P ∘ (dP − D) · scale. lse2 in
+// log2 units. Rows past T have lse2 = +inf, so their P is exactly 0.
+__device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scale_log2, float lse2, float Dv,
+                                        float scale) {
+    const float p = ok ? fa_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+    dp = p * (dp - Dv) * scale;
+    s = p;
+}
 // A thread's two rows (r0 + l/4 and r0 + l/4 + 8, r0 the warp's first row) of the online
 // softmax: the running maximum of the raw scores and this thread's part of the row sum.
 struct FwRows {

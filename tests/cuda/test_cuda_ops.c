@@ -2143,9 +2143,9 @@ static void t_bench(void) {
             lm_cuda_set_fa_wg(kernels[kk2]);
             BENCH(lk, fl, lm_cuda_attn_flash_fwd_bf16(o, lse, qh, kh, vh, 1, T, 0, H, Dqk, Dv, 0.07f), o);
         }
-        for (int kk2 = 1; kk2 < 4; kk2 += 2) {   // the backward: wgmma, mma.sync
+        for (int kk2 = 0; kk2 < 4; kk2 += kk2 == 1 ? 2 : 1) {   // the backward: tma dQ, cp.async dQ, mma.sync
             char lk[160];
-            snprintf(lk, sizeof lk, "%s %s", lb, kernels[kk2] ? "wgmma" : "mma.sync");
+            snprintf(lk, sizeof lk, "%s %s", lb, kernels[kk2] == LM_FA_TMA ? "tma" : kernels[kk2] ? "cp" : "mma");
             lm_cuda_set_fa_wg(kernels[kk2]);
             BENCH(lk, 2.5 * fl, GPU->attn_bwd(q, kk, v, o, q, kk, v, o, lse, 1, T, H, Dqk, Dv, 0.07f, 0), q);
         }
