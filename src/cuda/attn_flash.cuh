@@ -33,6 +33,10 @@ int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const _
 int cuda_attn_flash_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                           const __nv_bfloat16 *v, const float *lse, const float *D, int B, int T, int H, int Dqk,
                           int Dv, float scale, int assign);
+// dK, dV alone on that pipeline (as cuda_attn_flash_wg_bwd's; either may be NULL)
+int cuda_attn_flash_ws_dkdv(float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,
+                            const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse, const float *D, int B,
+                            int T, int H, int Dqk, int Dv, float scale, int assign);
 // the backward on wgmma for the same dims (attn_flash.cu's fa_bwd contract: dq, dk, dv fp32,
 // accumulated (assign: written), any may be NULL; lse, D [B,H,T]). Returns 0 as above.
 int cuda_attn_flash_wg_bwd(float *dq, float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,

@@ -437,7 +437,8 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
         ready = 1;
     }
     dim3 grid((T + 127) / 128, H, B);
-    if (dk || dv) {
+    const int tma = lm_cuda_fa_wg() == LM_FA_TMA && !getenv("LM_FA_WS_KV0");
+    if ((dk || dv) && !(tma && cuda_attn_flash_ws_dkdv(dk, dv, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale, assign))) {
         fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
             dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();

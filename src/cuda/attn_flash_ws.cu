@@ -324,6 +324,167 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     }
 }
 
+// dK, dV (attn_flash_wg.cu's fa_wg_dkdv_k on a TMA pipeline): the CTA's 128 keys (warpgroup g:
+// keys 64g..) with their K and V rows resident; 64-row query tiles of Q and dO streamed through
+// NS slots (one `full` / `empty` pair each). Per tile and warpgroup, in turns with the other:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ            wgmma SS, m64 (keys) n64 (queries)
+//   Pᵀ, dSᵀ                           registers, from the tile's lse (log2 units) and D
+//   dV += Pᵀ·dO, dK += dSᵀ·Q          wgmma RS (the Q / dO tiles read MN-major)
+// The tile's lse and D are staged by the warpgroup itself (a value per thread, loaded one tile
+// ahead, into a double buffer of its own; a 128-thread barrier per tile). dk [B,T,H,DQK], dv
+// [B,T,H,DV] fp32, added into (assign: written; either may be NULL). grid (⌈T/128⌉, H, B): CTA j
+// owns keys 128j.. (the lowest keys, the most query tiles, launch first).
+#define FS_BQ 64
+template <int DQK, int DV, int NS> struct FsKvCfg {
+    static constexpr int KS = DQK / 64, VS = DV / 64;
+    static constexpr int K_BYTES = KS * 128 * 128, V_BYTES = VS * 128 * 128;      // resident, 128 keys
+    static constexpr int Q_BYTES = KS * FS_BQ * 128, O_BYTES = VS * FS_BQ * 128;  // a query tile
+    static constexpr int STAGE = Q_BYTES + O_BYTES, RING = K_BYTES + V_BYTES;
+    static constexpr int ROWS = RING + NS * STAGE;               // lse, D: 2 warpgroups × 2 buffers × 128 floats
+    static constexpr int BAR = ROWS + 2 * 2 * 128 * 4;           // res, full[NS], empty[NS]
+    static constexpr int SMEM = 1024 + BAR + 8 * (1 + 2 * NS);
+    static_assert(SMEM <= 227 * 1024, "shared memory");
+};
+// the 128-thread barrier of consumer warpgroup wg (ids 3, 4)
+__device__ __forceinline__ void fs_wg_sync(int wg) {
+    if (wg == 0) asm volatile("bar.sync 3, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 4, 128;\n" ::: "memory");
+}
+template <int DQK, int DV, int NS>
+__global__ static void __launch_bounds__(FS_THREADS, 1)
+    fa_ws_dkdv_k(const __grid_constant__ FsMaps maps, float *dk, float *dv, const float *lse, const float *D, int T,
+                 int H, float scale, float scale_log2, int assign) {
+    typedef FsKvCfg<DQK, DV, NS> C;
+    extern __shared__ uint8_t fs_raw[];
+    const uint32_t sK = ((uint32_t)__cvta_generic_to_shared(fs_raw) + 1023u) & ~1023u, sV = sK + C::K_BYTES;
+    const uint32_t st0 = sK + C::RING, res = sK + C::BAR, full = res + 8, empty = full + 8 * NS;
+    float *rows0 = (float *)(fs_raw + (sK - (uint32_t)__cvta_generic_to_shared(fs_raw)) + C::ROWS);
+    const int h = blockIdx.y, b = blockIdx.z, k0 = blockIdx.x * 128;
+    const int i0 = k0 / FS_BQ, nqt = (T + FS_BQ - 1) / FS_BQ, ntiles = nqt - i0;
+    const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
+    if (tid == 0) {
+        mb_init(res, 1);
+        for (int s = 0; s < NS; s++) {
+            mb_init(full + 8 * s, 1);
+            mb_init(empty + 8 * s, 2);
+        }
+        mb_init_fence();
+    }
+    __syncthreads();
+    if (warp >= 8) {   // producer
+        fs_setmaxnreg_dec<24>();
+        if (warp != 8 || l != 0) return;
+        mb_expect_tx(res, C::RING);
+#pragma unroll
+        for (int sl = 0; sl < C::KS; sl++) tma_3d(sK + sl * 128 * 128, &maps.k, h * DQK + 64 * sl, k0, b, res);
+#pragma unroll
+        for (int j = 0; j < C::VS; j++) tma_3d(sV + j * 128 * 128, &maps.v, h * DV + 64 * j, k0, b, res);
+        for (int t = 0; t < ntiles; t++) {
+            const int s = t % NS, q0 = (i0 + t) * FS_BQ;
+            const uint32_t sQ = st0 + s * C::STAGE, sO = sQ + C::Q_BYTES;
+            mb_wait(empty + 8 * s, ((t / NS) & 1) ^ 1);
+            mb_expect_tx(full + 8 * s, C::STAGE);
+#pragma unroll
+            for (int sl = 0; sl < C::KS; sl++) tma_3d(sQ + sl * FS_BQ * 128, &maps.q, h * DQK + 64 * sl, q0, b, full + 8 * s);
+#pragma unroll
+            for (int j = 0; j < C::VS; j++) tma_3d(sO + j * FS_BQ * 128, &maps.o, h * DV + 64 * j, q0, b, full + 8 * s);
+        }
+        return;
+    }
+    fs_setmaxnreg_inc<240>();
+    const int wg = warp >> 2, w = warp & 3, t128 = tid & 127;
+    const bool leader = t128 == 0;
+    const int kw = k0 + 64 * wg;   // the warpgroup's first key
+    const float *lh = lse + ((size_t)b * H + h) * T, *Dh = D + ((size_t)b * H + h) * T;
+    float *rbuf = rows0 + wg * 256;   // [2][128]: lse2 of the tile's 64 queries, then their D
+    // this thread's value of query tile i: lse2 (+inf past T) or D (0 past T)
+    auto row_value = [&](int i) {
+        const int r = i * FS_BQ + (t128 & 63);
+        return t128 < 64 ? (r < T ? lh[r] * FA_LOG2E : INFINITY) : (r < T ? Dh[r] : 0.f);
+    };
+    float dka[DQK / 2], dva[DV / 2];
+#pragma unroll
+    for (int i = 0; i < DQK / 2; i++) dka[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) dva[i] = 0.f;
+    FsTurns turns(wg, ntiles);
+    float nxt = row_value(i0);
+    mb_wait(res, 0);
+    for (int t = 0; t < ntiles; t++) {
+        const int i = i0 + t, q0 = i * FS_BQ, s = t % NS;
+        const uint32_t sQ = st0 + s * C::STAGE, sO = sQ + C::Q_BYTES;
+        float *rs = rbuf + (t & 1) * 128;
+        rs[t128] = nxt;
+        if (t + 1 < ntiles) nxt = row_value(i + 1);
+        mb_wait(full + 8 * s, (t / NS) & 1);
+        // Sᵀ first; dPᵀ is issued with dV += Pᵀ·dO once P is formed and packed, and dS takes P
+        // from the packed bf16 (the value P·dO multiplies), so that S, dP and the two accumulators
+        // are never live together (192/128: 96 + 64 + 2·32 registers leave ptxas too few under
+        // the 240 of setmaxnreg: it spilled and serialized the wgmmas)
+        float sT[FS_BQ / 2];
+        turns.begin();
+        wg_fence();
+        fw_ss_slices<FS_BQ, C::KS, 128>(sT, sK, wg, sQ);
+        wg_commit();
+        turns.end();
+        fs_wg_sync(wg);   // rs complete
+        wg_wait<0>();
+        uint32_t pa[FS_BQ / 16][4], da[FS_BQ / 16][4];
+#pragma unroll
+        for (int n = 0; n < FS_BQ / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kw + 16 * w + (l >> 2) + 8 * (e >> 1), qc = 8 * n + 2 * (l & 3) + (e & 1);
+                sT[4 * n + e] = key <= q0 + qc ? fa_exp2(fmaf(sT[4 * n + e], scale_log2, -rs[qc])) : 0.f;
+            }
+        fw_pack_a<FS_BQ>(pa, sT);
+        float dpT[FS_BQ / 2];
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < FS_BQ / 16; j++) wg_rs<DV, 1>(dva, pa[j], wb_desc(sO + j * 2048, FS_BQ * 128, 1024), 1);
+        fw_ss_slices<FS_BQ, C::VS, 128>(dpT, sV, wg, sO);
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int n = 0; n < FS_BQ / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e += 2) {   // dSᵀ = Pᵀ ∘ (dPᵀ − D)·scale, P as packed for P·dO (bf16)
+                const int qc = 8 * n + 2 * (l & 3);
+                const float2 p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pa[n >> 1][(n & 1) * 2 + (e >> 1)]));
+                dpT[4 * n + e] = p.x * (dpT[4 * n + e] - rs[FS_BQ + qc]) * scale;
+                dpT[4 * n + e + 1] = p.y * (dpT[4 * n + e + 1] - rs[FS_BQ + qc + 1]) * scale;
+            }
+        fw_pack_a<FS_BQ>(da, dpT);
+        wg_fence();
+#pragma unroll
+        for (int j = 0; j < FS_BQ / 16; j++) wg_rs<DQK, 1>(dka, da[j], wb_desc(sQ + j * 2048, FS_BQ * 128, 1024), 1);
+        wg_commit();
+        wg_wait<0>();
+        if (leader) mb_arrive(empty + 8 * s);
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int key = kw + 16 * w + (l >> 2) + 8 * hr;
+        if (key >= T) continue;
+        if (dv) {
+            float *r = dv + ((size_t)b * T + key) * H * DV + (size_t)h * DV + 2 * (l & 3);
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
+                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dva[4 * n + 2 * hr], x.y + dva[4 * n + 2 * hr + 1]);
+            }
+        }
+        if (dk) {
+            float *r = dk + ((size_t)b * T + key) * H * DQK + (size_t)h * DQK + 2 * (l & 3);
+#pragma unroll
+            for (int n = 0; n < DQK / 8; n++) {
+                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
+                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dka[4 * n + 2 * hr], x.y + dka[4 * n + 2 * hr + 1]);
+            }
+        }
+    }
+}
+
 // ---- host ----
 // [B, positions, H·D] bf16 as a 3-D map (channels, positions, batch), boxes of 64 channels × rows
 static CUtensorMap fs_map(const __nv_bfloat16 *x, int B, long positions, int H, int D, int rows) {
@@ -373,6 +534,25 @@ static void fa_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q
     cudaLaunchCheck();
 }
 
+template <int DQK, int DV>
+static void fa_ws_dkdv(float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,
+                       const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse, const float *D, int B, int T,
+                       int H, float scale, int assign) {
+    constexpr int NS = 3;
+    typedef FsKvCfg<DQK, DV, NS> C;
+    static int ready;
+    fs_opt_in(fa_ws_dkdv_k<DQK, DV, NS>, C::SMEM, &ready);
+    FsMaps m;
+    m.q = fs_map(q, B, T, H, DQK, FS_BQ);
+    m.o = fs_map(d_o, B, T, H, DV, FS_BQ);
+    m.k = fs_map(k, B, T, H, DQK, 128);
+    m.v = fs_map(v, B, T, H, DV, 128);
+    dim3 grid((T + 127) / 128, H, B);
+    fa_ws_dkdv_k<DQK, DV, NS><<<grid, FS_THREADS, C::SMEM, lm_cuda_stream()>>>(m, dk, dv, lse, D, T, H, scale,
+                                                                                scale * FA_LOG2E, assign);
+    cudaLaunchCheck();
+}
+
 // The dims of attn_flash_wg.cu's FW_DIMS; 0 for others (the caller falls back). Forward key
 // tiles of LM_FA_WS_BN rows (128, two slots each; or 64, three; benchmarks).
 int cuda_attn_flash_ws_fwd(float *o, float *lse, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
@@ -401,6 +581,19 @@ int cuda_attn_flash_ws_dq(float *dq, const __nv_bfloat16 *d_o, const __nv_bfloat
     if (Dqk == a && Dv == c) {                                                 \
         fa_ws_dq<a, c>(dq, d_o, q, k, v, lse, D, B, T, H, scale, assign);      \
         return 1;                                                              \
+    }
+    FS_DIMS(FS_CASE)
+#undef FS_CASE
+    return 0;
+}
+
+int cuda_attn_flash_ws_dkdv(float *dk, float *dv, const __nv_bfloat16 *d_o, const __nv_bfloat16 *q,
+                            const __nv_bfloat16 *k, const __nv_bfloat16 *v, const float *lse, const float *D, int B,
+                            int T, int H, int Dqk, int Dv, float scale, int assign) {
+#define FS_CASE(a, c)                                                              \
+    if (Dqk == a && Dv == c) {                                                     \
+        fa_ws_dkdv<a, c>(dk, dv, d_o, q, k, v, lse, D, B, T, H, scale, assign);    \
+        return 1;                                                                  \
     }
     FS_DIMS(FS_CASE)
 #undef FS_CASE
