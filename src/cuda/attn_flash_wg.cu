@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 typedef __nv_bfloat16 fw_bf16;
 
@@ -374,15 +375,8 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
             fw_ss_slices<BN, C::VS, 128>(dp, sO, wg, sV);
             wg_commit();
             wg_wait<0>();
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = kk0 + 8 * n + 2 * (l & 3) + (e & 1), hr = e >> 1;
-                    fw_p_ds(s[4 * n + e], dp[4 * n + e], key <= r0 + 8 * hr, scale_log2, lse2[hr], Dr[hr], scale);
-                }
             uint32_t da[BN / 16][4];
-            fw_pack_a<BN>(da, dp);
+            fw_form_ds<BN>(s, dp, da, kk0, r0, l, lse2, Dr, scale_log2, scale);
             wg_fence();
 #pragma unroll
             for (int j = 0; j < BN / 16; j++)
@@ -437,7 +431,13 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
         ready = 1;
     }
     dim3 grid((T + 127) / 128, H, B);
-    const int tma = lm_cuda_fa_wg() == LM_FA_TMA && !getenv("LM_FA_WS_KV0");
+    static int kv0 = -1;   // LM_FA_WS_KV0=1 (benchmarks): the cp.async dK/dV kernel beside the TMA dQ
+    if (kv0 < 0) {
+        const char *e = getenv("LM_FA_WS_KV0");
+        kv0 = e && *e ? (!strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : -2) : 0;
+        if (kv0 < 0) lm_die("LM_FA_WS_KV0='%s' is not 0 or 1", e);
+    }
+    const int tma = lm_cuda_fa_wg() == LM_FA_TMA && !kv0;
     if ((dk || dv) && !(tma && cuda_attn_flash_ws_dkdv(dk, dv, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale, assign))) {
         fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
             dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
@@ -460,9 +460,9 @@ int lm_cuda_fa_wg(void) {
         const char *s = getenv("LM_FA_WG");
         g_fa_wg = LM_FA_TMA;
         if (s && *s) {
-            g_fa_wg = strcmp(s, "tma") == 0 ? LM_FA_TMA : atoi(s);
-            if (g_fa_wg != 0 && g_fa_wg != 64 && g_fa_wg != 128 && g_fa_wg != LM_FA_TMA)
-                lm_die("LM_FA_WG='%s' is not one of tma, 128, 64, 0", s);
+            if (strcasecmp(s, "tma") == 0) g_fa_wg = LM_FA_TMA;
+            else if (!strcmp(s, "128") || !strcmp(s, "64") || !strcmp(s, "0")) g_fa_wg = atoi(s);
+            else lm_die("LM_FA_WG='%s' is not one of tma, 128, 64, 0", s);
         }
     }
     return g_fa_wg;

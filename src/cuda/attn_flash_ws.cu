@@ -1,11 +1,12 @@
-// attn_flash_ws.cu — the causal flash-attention forward with a TMA producer warp and two
-// ping-ponged consumer warpgroups (FlashAttention-3's schedule), sm_90a, for the head dims of
-// attn_flash_wg.cu (FW_DIMS there; it calls in here for LM_FA_WG=tma, the default).
+// attn_flash_ws.cu — causal flash attention (forward, dQ, dK/dV) with a TMA producer warpgroup
+// and two ping-ponged consumer warpgroups (FlashAttention-3's schedule), sm_90a, for the head
+// dims of attn_flash_wg.cu (FW_DIMS there; it calls in here for LM_FA_WG=tma, the default).
 //
 // Why: attn_flash_wg.cu's forward has all 256 threads copy K and V tiles by cp.async and meet
 // at a block barrier per tile, so both warpgroups reach their softmax together and the tensor
 // cores idle through it (cuDNN's SDPA was 1.34–1.54× faster, RESULTS session 14). Here:
-//   - warp 8 issues TMA copies of Q, then of each key tile's K and V into rings of NS slots;
+//   - one thread of warpgroup 2 (whose registers go to the others by setmaxnreg) issues TMA
+//     copies of Q, then of each key tile's K and V into rings of NS slots;
 //     K and V have their own `full` / `empty` mbarriers, so a K slot is refilled as soon as
 //     both warpgroups' S = Q·Kᵀ is done, while V is still in use by P·V;
 //   - warpgroup g (warps 4g..4g+3) owns query rows 64g..64g+63 of the CTA's 128. Per key tile
@@ -17,6 +18,7 @@
 // swizzle row) × rows; V's boxes, K-major like K's, are read by P·V as an MN-major operand
 // (64-value blocks a box apart). Keys and queries past a sequence's end are zero-filled by the
 // copies (the maps are 3-D: channels, positions, batch) and masked as in attn_flash_wg.cu.
+// The dQ and dK/dV kernels below use the same roles (their comments say what they stream).
 #include "cuda_common.cuh"
 #include "attn_wg.cuh"
 #include "mbarrier.cuh"
@@ -128,6 +130,18 @@ template <int N> __device__ __forceinline__ void fs_setmaxnreg_inc() {
     WG_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// The CTA's roles: warps 8–11 give their registers to the consumer warps 0–7 and one thread
+// of them (256) runs produce(); true in the consumer warps
+template <class F> __device__ __forceinline__ bool fs_consumer(F produce) {
+    if ((threadIdx.x >> 5) >= 8) {
+        fs_setmaxnreg_dec<24>();
+        if (threadIdx.x == 256) produce();
+        return false;
+    }
+    fs_setmaxnreg_inc<240>();
+    return true;
+}
+
 // The consumer warpgroups' turns to issue products: warpgroup g waits at barrier 1 + g, issues,
 // then lets the other go (1 + (g ^ 1)). The second warpgroup opens the first turn and skips its
 // last hand-over, so each barrier sees exactly as many arrivals as waits (n turns each).
@@ -155,12 +169,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     const int q0 = qb * FS_BM, Tk = P + T;
     const int nkb = min((P + q0 + FS_BM - 1) / BN + 1, (Tk + BN - 1) / BN);
     const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
-    if (warp >= 8) {   // producer
-        fs_setmaxnreg_dec<24>();
-        if (warp == 8 && l == 0) ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb);
-        return;
-    }
-    fs_setmaxnreg_inc<240>();
+    if (!fs_consumer([&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
     const int wg = warp >> 2, w = warp & 3;
     const bool leader = (tid & 127) == 0;
     const int r0 = q0 + 64 * wg + 16 * w;   // the warp's first row
@@ -236,12 +245,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     const int q0 = qb * FS_BM;
     const int nkb = min((q0 + FS_BM - 1) / BN + 1, (T + BN - 1) / BN);
     const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
-    if (warp >= 8) {   // producer
-        fs_setmaxnreg_dec<24>();
-        if (warp == 8 && l == 0) ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb);
-        return;
-    }
-    fs_setmaxnreg_inc<240>();
+    if (!fs_consumer([&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
     const int wg = warp >> 2, w = warp & 3;
     const bool leader = (tid & 127) == 0;
     const int r0 = q0 + 64 * wg + 16 * w + (l >> 2);   // this thread's rows r0, r0 + 8
@@ -267,19 +271,11 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
         for (int j = 0; j < BN / 16; j++) wg_rs<DQK, 1>(dqa, da[j], wb_desc(k0 + j * 2048, BN * 128, 1024), 1);
         wg_commit();
     };
-    auto form_ds = [&](uint32_t (*da)[4], int kb) {   // dS_kb from the landed S, dP
-        const int kk0 = kb * BN;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = kk0 + 8 * n + 2 * (l & 3) + (e & 1), hr = e >> 1;
-                fw_p_ds(s[4 * n + e], dp[4 * n + e], key <= r0 + 8 * hr, scale_log2, lse2[hr], Dr[hr], scale);
-            }
-        fw_pack_a<BN>(da, dp);
-    };
+    // One packed dS buffer: dS_kb is formed in fp32 in place while dQ += dS_{kb−1}·K_{kb−1} still
+    // reads the packed one, and packed once that product is done (two packed buffers made the
+    // 192/128 instance spill inside the turn, where the other warpgroup waits)
     FsTurns turns(wg, nkb);
-    uint32_t da[BN / 16][4], db[BN / 16][4];
+    uint32_t da[BN / 16][4];
     mb_wait(ring.res, 0);
     ring.wait_k(0);
     ring.wait_v(0);
@@ -288,28 +284,23 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     turns.end();
     wg_wait<0>();
     ring.free_v(0, leader);
-    form_ds(da, 0);
-    // step kb: S_kb, dP_kb with dQ += dS_{kb−1}·K_{kb−1} (dS in prev), dS_kb into cur
-    auto step = [&](const uint32_t (*prev)[4], uint32_t (*cur)[4], int kb) {
+    fw_form_ds<BN>(s, dp, da, 0, r0, l, lse2, Dr, scale_log2, scale);
+    for (int kb = 1; kb < nkb; kb++) {   // S_kb, dP_kb with dQ += dS_{kb−1}·K_{kb−1}
         ring.wait_k(kb);
         ring.wait_v(kb);
         turns.begin();
         issue_sdp(kb);
-        issue_dq(prev, kb - 1);
+        issue_dq(da, kb - 1);
         turns.end();
         wg_wait<1>();   // S_kb, dP_kb
         ring.free_v(kb, leader);
-        form_ds(cur, kb);
+        fw_ds_in_place<BN>(s, dp, kb * BN, r0, l, lse2, Dr, scale_log2, scale);
         wg_wait<0>();   // dQ += dS_{kb−1}·K_{kb−1}
         ring.free_k(kb - 1, leader);
-    };
-    for (int kb = 1; kb < nkb; kb += 2) {
-        step(da, db, kb);
-        if (kb + 1 < nkb) step(db, da, kb + 1);
+        fw_pack_a<BN>(da, dp);
     }
     wg_fence();
-    if (nkb & 1) issue_dq(da, nkb - 1);
-    else issue_dq(db, nkb - 1);
+    issue_dq(da, nkb - 1);
     wg_wait<0>();
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
@@ -371,9 +362,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
         mb_init_fence();
     }
     __syncthreads();
-    if (warp >= 8) {   // producer
-        fs_setmaxnreg_dec<24>();
-        if (warp != 8 || l != 0) return;
+    auto produce = [&] {   // K, V once; then the query tiles' Q and dO
         mb_expect_tx(res, C::RING);
 #pragma unroll
         for (int sl = 0; sl < C::KS; sl++) tma_3d(sK + sl * 128 * 128, &maps.k, h * DQK + 64 * sl, k0, b, res);
@@ -385,13 +374,13 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
             mb_wait(empty + 8 * s, ((t / NS) & 1) ^ 1);
             mb_expect_tx(full + 8 * s, C::STAGE);
 #pragma unroll
-            for (int sl = 0; sl < C::KS; sl++) tma_3d(sQ + sl * FS_BQ * 128, &maps.q, h * DQK + 64 * sl, q0, b, full + 8 * s);
+            for (int sl = 0; sl < C::KS; sl++)
+                tma_3d(sQ + sl * FS_BQ * 128, &maps.q, h * DQK + 64 * sl, q0, b, full + 8 * s);
 #pragma unroll
             for (int j = 0; j < C::VS; j++) tma_3d(sO + j * FS_BQ * 128, &maps.o, h * DV + 64 * j, q0, b, full + 8 * s);
         }
-        return;
-    }
-    fs_setmaxnreg_inc<240>();
+    };
+    if (!fs_consumer(produce)) return;
     const int wg = warp >> 2, w = warp & 3, t128 = tid & 127;
     const bool leader = t128 == 0;
     const int kw = k0 + 64 * wg;   // the warpgroup's first key

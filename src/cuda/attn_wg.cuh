@@ -43,6 +43,27 @@ __device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scal
     dp = p * (dp - Dv) * scale;
     s = p;
 }
+// dS of a warpgroup's dQ tile, in place in dp: S and dP (landed in s, dp) of this thread's
+// query rows r0 + l/4 and r0 + l/4 + 8 (lse2, Dr: their lse in log2 units and D) against keys
+// k0..k0+BN−1; causal. fw_form_ds also packs it into da, the A operand of dS·K.
+template <int BN>
+__device__ __forceinline__ void fw_ds_in_place(float *s, float *dp, int k0, int r0, int l, const float lse2[2],
+                                               const float Dr[2], float scale_log2, float scale) {
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = k0 + 8 * n + 2 * (l & 3) + (e & 1), hr = e >> 1;
+            fw_p_ds(s[4 * n + e], dp[4 * n + e], key <= r0 + 8 * hr, scale_log2, lse2[hr], Dr[hr], scale);
+        }
+}
+template <int BN>
+__device__ __forceinline__ void fw_form_ds(float *s, float *dp, uint32_t (*da)[4], int k0, int r0, int l,
+                                           const float lse2[2], const float Dr[2], float scale_log2, float scale) {
+    fw_ds_in_place<BN>(s, dp, k0, r0, l, lse2, Dr, scale_log2, scale);
+    fw_pack_a<BN>(da, dp);
+}
+
 // A thread's two rows (r0 + l/4 and r0 + l/4 + 8, r0 the warp's first row) of the online
 // softmax: the running maximum of the raw scores and this thread's part of the row sum.
 struct FwRows {

@@ -17,6 +17,12 @@ static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder(void) {
 
 CUtensorMap lm_tma_map_bf16(const void *base, int rank, const long *dims, const long *strides, int box0, int box1) {
     LM_CHECK(rank == 2 || rank == 3, "TMA map: rank %d", rank);
+    // what the encoder requires (and the 128-byte swizzle row of the boxes)
+    LM_CHECK(((uintptr_t)base & 15) == 0 && box0 * 2 == 128 && box1 >= 1 && box1 <= 256,
+             "TMA map: base %p must be 16-byte aligned, boxes 64 x (1..256) bf16 (got %d x %d)", base, box0, box1);
+    for (int i = 0; i < rank; i++) LM_CHECK(dims[i] >= 1, "TMA map: dimension %d is %ld", i, dims[i]);
+    for (int i = 0; i + 1 < rank; i++)
+        LM_CHECK(strides[i] % 16 == 0, "TMA map: stride %d (%ld bytes) is not a multiple of 16", i, strides[i]);
     CUtensorMap m;
     cuuint64_t d[3], st[2];
     cuuint32_t box[3] = {(cuuint32_t)box0, (cuuint32_t)box1, 1}, es[3] = {1, 1, 1};
@@ -25,7 +31,10 @@ CUtensorMap lm_tma_map_bf16(const void *base, int rank, const long *dims, const 
     CUresult r = tma_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, d, st, box, es,
                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    LM_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (%d) for a bf16 tensor of %ld x %ld%s", (int)r,
-             dims[rank - 1], rank == 3 ? dims[1] : dims[0], rank == 3 ? " x ..." : "");
+    LM_CHECK(r == CUDA_SUCCESS,
+             "cuTensorMapEncodeTiled failed (%d) for a bf16 tensor at %p, dims %ld x %ld x %ld (innermost first), "
+             "strides %ld, %ld bytes, box %d x %d",
+             (int)r, base, dims[0], dims[1], rank == 3 ? dims[2] : 1L, strides[0], rank == 3 ? strides[1] : 0L, box0,
+             box1);
     return m;
 }
