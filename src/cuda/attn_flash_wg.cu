@@ -286,19 +286,11 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         if (key >= T) continue;
         if (dv) {
             float *r = dv + voff + (size_t)key * ldv + 2 * (l & 3);
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++) {
-                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dva[4 * n + 2 * hr], x.y + dva[4 * n + 2 * hr + 1]);
-            }
+            fw_add_row<DV>(r, dva, hr, assign);
         }
         if (dk) {
             float *r = dk + qoff + (size_t)key * ldq + 2 * (l & 3);
-#pragma unroll
-            for (int n = 0; n < DQK / 8; n++) {
-                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dka[4 * n + 2 * hr], x.y + dka[4 * n + 2 * hr + 1]);
-            }
+            fw_add_row<DQK>(r, dka, hr, assign);
         }
     }
 }
@@ -394,11 +386,7 @@ __global__ static void __launch_bounds__(FW_THREADS, 1)
         const int row = r0 + 8 * hr;
         if (row >= T) continue;
         float *r = dq + qoff + (size_t)row * ldq + 2 * (l & 3);
-#pragma unroll
-        for (int n = 0; n < DQK / 8; n++) {
-            const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-            *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dqa[4 * n + 2 * hr], x.y + dqa[4 * n + 2 * hr + 1]);
-        }
+        fw_add_row<DQK>(r, dqa, hr, assign);
     }
 }
 
@@ -418,6 +406,18 @@ static void fa_wg_fwd(float *o, float *lse, const fw_bf16 *q, const fw_bf16 *k, 
     cudaLaunchCheck();
 }
 
+// LM_FA_WS_KV0=1 (benchmarks): under LM_FA_WG=tma, this file's cp.async dK/dV kernel beside the
+// TMA dQ. Read once.
+static int fa_ws_kv0(void) {
+    static int kv0 = -1;
+    if (kv0 < 0) {
+        const char *e = getenv("LM_FA_WS_KV0");
+        kv0 = e && *e ? (!strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : -2) : 0;
+        if (kv0 < 0) lm_die("LM_FA_WS_KV0='%s' is not 0 or 1", e);
+    }
+    return kv0;
+}
+
 template <int DQK, int DV>
 static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const fw_bf16 *q, const fw_bf16 *k,
                       const fw_bf16 *v, const float *lse, const float *D, int B, int T, int H, float scale,
@@ -431,20 +431,14 @@ static void fa_wg_bwd(float *dq, float *dk, float *dv, const fw_bf16 *d_o, const
         ready = 1;
     }
     dim3 grid((T + 127) / 128, H, B);
-    static int kv0 = -1;   // LM_FA_WS_KV0=1 (benchmarks): the cp.async dK/dV kernel beside the TMA dQ
-    if (kv0 < 0) {
-        const char *e = getenv("LM_FA_WS_KV0");
-        kv0 = e && *e ? (!strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : -2) : 0;
-        if (kv0 < 0) lm_die("LM_FA_WS_KV0='%s' is not 0 or 1", e);
-    }
-    const int tma = lm_cuda_fa_wg() == LM_FA_TMA && !kv0;
-    if ((dk || dv) && !(tma && cuda_attn_flash_ws_dkdv(dk, dv, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale, assign))) {
+    const int tma = lm_cuda_fa_wg() == LM_FA_TMA;
+    if ((dk || dv) &&
+        !(tma && !fa_ws_kv0() && cuda_attn_flash_ws_dkdv(dk, dv, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale, assign))) {
         fa_wg_dkdv_k<DQK, DV><<<grid, FW_THREADS, FwBwdCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
             dk, dv, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();
     }
-    if (dq && !(lm_cuda_fa_wg() == LM_FA_TMA && cuda_attn_flash_ws_dq(dq, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale,
-                                                                        assign))) {
+    if (dq && !(tma && cuda_attn_flash_ws_dq(dq, d_o, q, k, v, lse, D, B, T, H, DQK, DV, scale, assign))) {
         fa_wg_dq_k<DQK, DV><<<grid, FW_THREADS, FwDqCfg<DQK, DV>::SMEM, lm_cuda_stream()>>>(
             dq, d_o, q, k, v, lse, D, T, H, scale, scale * FA_LOG2E, assign);
         cudaLaunchCheck();

@@ -307,11 +307,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
         const int row = r0 + 8 * hr;
         if (row >= T) continue;
         float *r = dq + ((size_t)b * T + row) * H * DQK + (size_t)h * DQK + 2 * (l & 3);
-#pragma unroll
-        for (int n = 0; n < DQK / 8; n++) {
-            const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-            *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dqa[4 * n + 2 * hr], x.y + dqa[4 * n + 2 * hr + 1]);
-        }
+        fw_add_row<DQK>(r, dqa, hr, assign);
     }
 }
 
@@ -457,19 +453,11 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
         if (key >= T) continue;
         if (dv) {
             float *r = dv + ((size_t)b * T + key) * H * DV + (size_t)h * DV + 2 * (l & 3);
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++) {
-                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dva[4 * n + 2 * hr], x.y + dva[4 * n + 2 * hr + 1]);
-            }
+            fw_add_row<DV>(r, dva, hr, assign);
         }
         if (dk) {
             float *r = dk + ((size_t)b * T + key) * H * DQK + (size_t)h * DQK + 2 * (l & 3);
-#pragma unroll
-            for (int n = 0; n < DQK / 8; n++) {
-                const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
-                *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + dka[4 * n + 2 * hr], x.y + dka[4 * n + 2 * hr + 1]);
-            }
+            fw_add_row<DQK>(r, dka, hr, assign);
         }
     }
 }

@@ -64,6 +64,17 @@ __device__ __forceinline__ void fw_form_ds(float *s, float *dp, uint32_t (*da)[4
     fw_pack_a<BN>(da, dp);
 }
 
+// A gradient row's N columns held by this thread (accumulator rows hr of a 64-row warpgroup tile:
+// columns 8n + 2·(l%4), +1) added into r (assign: written), r already at the thread's first column
+template <int N>
+__device__ __forceinline__ void fw_add_row(float *r, const float *acc, int hr, int assign) {
+#pragma unroll
+    for (int n = 0; n < N / 8; n++) {
+        const float2 x = assign ? make_float2(0.f, 0.f) : *reinterpret_cast<float2 *>(r + 8 * n);
+        *reinterpret_cast<float2 *>(r + 8 * n) = make_float2(x.x + acc[4 * n + 2 * hr], x.y + acc[4 * n + 2 * hr + 1]);
+    }
+}
+
 // A thread's two rows (r0 + l/4 and r0 + l/4 + 8, r0 the warp's first row) of the online
 // softmax: the running maximum of the raw scores and this thread's part of the row sum.
 struct FwRows {
