@@ -134,7 +134,16 @@ void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real 
 // 1 when the experts op keeps ea, eb, yp (and its gradients' deh, dxp) in bf16 for widths C, F
 // under the current modes (moe_experts.cu): the bf16 values in the first half of each buffer
 int lm_cuda_experts_keep_bf16(int C, int F);
+// the MLA decode on tensor cores (mla.cu): on unless LM_MLA_DECODE=fp32 (or the setter says
+// 0); _takes: whether a decode of these dims runs there (H ≤ 8, R ≤ 256 and De ≤ 128 in
+// multiples of 16), its cache rows entering the products in bf16
+int lm_cuda_mla_decode_tc(void);
+void lm_cuda_set_mla_decode_tc(int on);
+int lm_cuda_mla_decode_tc_takes(int H, int R, int De);
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x);
+// the experts op's FFN alone (benchmarks): xp (bf16, as the op's gather leaves it) to yp —
+// the three GEMMs and the GLU, no gather or combine
+void lm_cuda_moe_experts_ffn(const lm_experts *ex);
 void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real *dx, const real *dy);
 void cuda_grouped_matmul2_fwd(real *out1, real *out2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);
 void cuda_grouped_matmul2_bwd(real *dinp, real *dW1, real *dW2, const real *dout1, const real *dout2, const real *inp, const real *W1, const real *W2, const int *offsets, int E, int C, int OC, int R);

@@ -1,4 +1,5 @@
-// kda_common.cuh — device helpers shared by the KDA kernels (internal to src/cuda/kda_*.cu):
+// kda_common.cuh — device helpers shared by the KDA kernels (internal to src/cuda/kda_*.cu;
+// mla.cu's tensor-core decode uses the product, fragment and cp.async helpers too):
 // bf16 packing, the m16n8k16 tensor-core product, cp.async, the gate, and the map from a
 // global chunk / segment index to its sequence.
 //

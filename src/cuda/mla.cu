@@ -11,6 +11,8 @@
 // These fp32 kernels are the fallback: the head dims of attn_flash.cu (Dqk ∈ {64,128,192},
 // Dv ∈ {64,128}) go to its tensor-core kernels (bf16 operands, fp32 accumulation).
 #include "cuda_common.cuh"
+#include "kda_common.cuh"   // the m16n8k16 product, ldmatrix fragments, cp.async, bf16 packing
+#include <stdlib.h>
 
 #define ATT_ND 8                    // channels per lane: head dims up to 32·ATT_ND = 256
 #define ATT_MAXD (32 * ATT_ND)
@@ -575,17 +577,230 @@ __global__ static void mla_decode_k(float *o_lat, const float *q_lat, const floa
     for (int r = lane; r < R; r += 32) ob[r] = os[r] * inv;
 }
 
-// blocks of mla_decode_split_k resident on the whole GPU at once (one wave)
-static int split_slots(void) {
-    static int n = 0;
-    if (!n) {
+// ---- decode on tensor cores: the same splits and partials, 16 cache rows a warp step ----
+//
+// The fp32 split kernel above reads the cache at ~2.7 TB/s at best (64 sequences × 64K
+// rows; 2.2 TB/s at one sequence × 1M): its 8 heads × 4 rows of dot products, the
+// reduce-scatter and the weighted sums are CUDA-core work on every byte. Here a warp stages
+// 16 rows of c and kpe (fp32, cp.async, two stages) and rounds them once to a bf16 tile;
+// scores and sums are m16n8k16 products with the 8 heads as the n dimension:
+//   Sᵀ [16 rows × 8 heads] = tile [16 × (R+De)] · Qᵀ    (Q as hi + lo bf16: ~16-bit exact)
+//   Oᵀ [R × 8 heads]      += tileᵀ [R × 16] · Pᵀ       (P bf16, as the flash kernels' P·V)
+// Sᵀ comes out in the accumulator layout (rows by lane / 4); movmatrix.trans turns P into
+// the B fragment (rows by lane % 4), and each lane owns the running max / sum of the two
+// heads its Oᵀ columns hold, so the rescale needs no shuffles. The cache rows enter the
+// products in bf16 (the flash kernels' k and v do too): held to 1e-2 against an f64
+// reference where the fp32 kernel is held to 1e-5 (tests/cuda/test_cuda_ops.c).
+// LM_MLA_DECODE=fp32 keeps the fp32 kernel (benchmarks).
+// One block (4 warps, 202 KB of stages at the `small` shapes) per SM: a warp's step has to be
+// short for its two stages to keep the loads flowing. R and De are template arguments (the
+// instances below): with them at run time the copy and conversion loops divided by K / 4 per
+// piece and did not unroll, and a step took ~7 µs (64 × 64K: 3.5 ms against the fp32
+// kernel's 2.0); compiled for the shape, 1.21 ms (4.4 TB/s of cache read; bench_generate
+// --op-only, H200, session 24). Other shapes take the fp32 kernel.
+#define TC_WARPS 4
+#define TC_ROWS 16
+static_assert(TC_WARPS == DEC_WARPS, "the splits of a block: the host sizes the grid by DEC_WARPS");
+
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+// shared memory of one warp: two fp32 stages [16][K] and the bf16 tile [16][K + 8] (the
+// padding puts the eight rows of an ldmatrix tile in different bank groups)
+__host__ __device__ static size_t tc_warp_smem(int K) { return 2 * (size_t)TC_ROWS * K * 4 + (size_t)TC_ROWS * (K + 8) * 2; }
+
+// grid (NS / TC_WARPS, B), TC_WARPS warps, TC_WARPS · tc_warp_smem(R + De) bytes of dynamic
+// shared memory; part_o [B,NS,H,R], part_ml [B,NS,H,2] as mla_decode_split_k's
+template <int R, int De>
+__global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
+    float *part_o, float *part_ml, const float *q_lat, const float *q_pe, const float *c_cache,
+    const float *kpe_cache, const int *lens, int H, int Tmax, int NS, int minrows, float scale) {
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+    constexpr int K = R + De, KT = K / 16, RT = R / 16, K4 = K / 4;
+    const int b = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31, s = blockIdx.x * TC_WARPS + w;
+    const int g = lane >> 2, j = lane & 3;
+    int len = lens[b];
+    len = len < 0 ? 0 : (len > Tmax ? Tmax : len);
+    int rps = (len + NS - 1) / NS;   // the fp32 kernel's split lengths
+    rps = max(minrows, (rps + DEC_RT - 1) / DEC_RT * DEC_RT);
+    const int t0 = min(len, s * rps), t1 = min(len, t0 + rps);
+    float *po = part_o + ((size_t)b * NS + s) * H * R, *pml = part_ml + ((size_t)b * NS + s) * H * 2;
+    if (t0 >= t1) {   // empty split: l = 0 tells the combine to skip it
+        if (lane < H) pml[2 * lane + 1] = 0.0f;
+        return;
+    }
+    float *stage = reinterpret_cast<float *>(tc_raw + w * tc_warp_smem(K));
+    bf16 *tile = reinterpret_cast<bf16 *>(stage + 2 * TC_ROWS * K);
+    const int ldt = K + 8;
+    const float *cb = c_cache + (size_t)b * Tmax * R, *pb = kpe_cache + (size_t)b * Tmax * De;
+    // rows t .. t + 15 into stage st (rows past t1 zero-filled); a lane takes 16-byte pieces
+    // lane, lane + 32, … of each row (no divisions: they made this loop most of a step)
+    auto issue = [&](int t, int st) {
+        float *dst = stage + st * TC_ROWS * K;
+#pragma unroll
+        for (int row = 0; row < TC_ROWS; row++) {
+            const bool ok = t + row < t1;
+            const size_t r = (size_t)(ok ? t + row : t0);
+#pragma unroll
+            for (int q = lane; q < K4; q += 32) {
+                const int col = 4 * q;
+                const float *src = col < R ? cb + r * R + col : pb + r * De + (col - R);
+                cp_async16(dst + row * K + col, src, ok ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(t0, 0);
+    // Qᵀ as B fragments (k = channel, n = head g), hi and lo parts; heads ≥ H are zero
+    uint32_t qh[KT][2], ql[KT][2];
+    {
+        const int hq = g < H ? g : 0;
+        const float *qa = q_lat + ((size_t)b * H + hq) * R, *qe = q_pe + ((size_t)b * H + hq) * De;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int ch = 16 * kk + 2 * j + 8 * half;
+                float x0 = 0.f, x1 = 0.f;
+                if (g < H) {
+                    x0 = ch < R ? qa[ch] : qe[ch - R];
+                    x1 = ch + 1 < R ? qa[ch + 1] : qe[ch + 1 - R];
+                }
+                split_bf16(x0, x1, qh[kk][half], ql[kk][half]);
+            }
+        }
+    }
+    float o[RT][4];
+#pragma unroll
+    for (int mt = 0; mt < RT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;   // heads 2j, 2j + 1
+    int st = 0;
+    for (int t = t0; t < t1; t += TC_ROWS) {
+        if (t + TC_ROWS < t1) {
+            issue(t + TC_ROWS, st ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();
+        {   // stage → bf16 tile
+            const float *src = stage + st * TC_ROWS * K;
+#pragma unroll
+            for (int row = 0; row < TC_ROWS; row++)
+#pragma unroll
+                for (int q = lane; q < K4; q += 32) {
+                    const float4 v = *reinterpret_cast<const float4 *>(src + row * K + 4 * q);
+                    *reinterpret_cast<uint2 *>(tile + row * ldt + 4 * q) =
+                        make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+                }
+        }
+        __syncwarp();
+        // Sᵀ: rows g, g + 8 × heads 2j, 2j + 1; four independent sums (hi / lo × even / odd
+        // k steps): one accumulator made a chain of 2·KT dependent products
+        float sp[4][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            uint32_t a[4];
+            lda_row_sm(a, tile, ldt, 16 * kk, lane);
+            mma16816(sp[kk & 1], a, qh[kk]);
+            mma16816(sp[2 + (kk & 1)], a, ql[kk]);
+        }
+        float sc[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[e] = (sp[0][e] + sp[1][e]) + (sp[2][e] + sp[3][e]);
+        const bool ok0 = t + g < t1, ok1 = t + g + 8 < t1;
+        sc[0] = ok0 ? sc[0] * scale : -INFINITY;
+        sc[1] = ok0 ? sc[1] * scale : -INFINITY;
+        sc[2] = ok1 ? sc[2] * scale : -INFINITY;
+        sc[3] = ok1 ? sc[3] * scale : -INFINITY;
+        float x0 = fmaxf(sc[0], sc[2]), x1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, off));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, off));
+        }
+        const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);   // finite: row t < t1 is valid
+        const float a0 = expf(m0 - n0), a1 = expf(m1 - n1);
+        const float p0 = expf(sc[0] - n0), p1 = expf(sc[1] - n1), p2 = expf(sc[2] - n0), p3 = expf(sc[3] - n1);
+        float s0 = p0 + p2, s1 = p1 + p3;
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+        }
+        l0 = l0 * a0 + s0;
+        l1 = l1 * a1 + s1;
+        m0 = n0;
+        m1 = n1;
+        // Pᵀ as the B fragment: rows 2j, 2j + 1 (+ 8) of head g
+        const uint32_t pb2[2] = {movmatrix_t(pack_bf16(p0, p1)), movmatrix_t(pack_bf16(p2, p3))};
+#pragma unroll
+        for (int mt = 0; mt < RT; mt++) {
+            o[mt][0] *= a0; o[mt][1] *= a1; o[mt][2] *= a0; o[mt][3] *= a1;
+            uint32_t a[4];
+            lda_trans_sm(a, tile, ldt, 16 * mt, 0, lane);
+            mma16816(o[mt], a, pb2);
+        }
+        __syncwarp();   // every lane's tile reads done before the next conversion
+        st ^= 1;
+    }
+    if (g == 0) {
+        if (2 * j < H) { pml[4 * j] = m0; pml[4 * j + 1] = l0; }
+        if (2 * j + 1 < H) { pml[4 * j + 2] = m1; pml[4 * j + 3] = l1; }
+    }
+#pragma unroll
+    for (int mt = 0; mt < RT; mt++) {
+        const int ch = 16 * mt + g;
+        if (2 * j < H) { po[(size_t)(2 * j) * R + ch] = o[mt][0]; po[(size_t)(2 * j) * R + ch + 8] = o[mt][2]; }
+        if (2 * j + 1 < H) { po[(size_t)(2 * j + 1) * R + ch] = o[mt][1]; po[(size_t)(2 * j + 1) * R + ch + 8] = o[mt][3]; }
+    }
+}
+
+// LM_MLA_DECODE=fp32: the fp32 split kernel even where the tensor-core one applies
+static int g_mla_tc = -1;
+int lm_cuda_mla_decode_tc(void) {
+    if (g_mla_tc < 0) {
+        const char *e = getenv("LM_MLA_DECODE");
+        if (e && *e && strcmp(e, "tc") && strcmp(e, "fp32")) lm_die("LM_MLA_DECODE='%s' is not tc or fp32", e);
+        g_mla_tc = !(e && !strcmp(e, "fp32"));
+    }
+    return g_mla_tc;
+}
+void lm_cuda_set_mla_decode_tc(int on) { g_mla_tc = on != 0; }
+// the (R, De) instances: the `small` preset's, and two test shapes
+typedef void (*tc_kernel)(float *, float *, const float *, const float *, const float *, const float *, const int *,
+                          int, int, int, int, float);
+static tc_kernel tc_kernel_for(int R, int De) {
+    if (R == 256 && De == 64) return mla_decode_tc_k<256, 64>;
+    if (R == 128 && De == 0) return mla_decode_tc_k<128, 0>;
+    if (R == 64 && De == 16) return mla_decode_tc_k<64, 16>;
+    return NULL;
+}
+int lm_cuda_mla_decode_tc_takes(int H, int R, int De) {
+    return lm_cuda_mla_decode_tc() && H <= 8 && tc_kernel_for(R, De) && TC_WARPS * tc_warp_smem(R + De) <= 227 * 1024;
+}
+
+// blocks of the split kernel resident on the whole GPU at once (one wave)
+static int split_slots(int tc, int R, int De) {
+    static int n[2] = {0, 0}, key = -1;
+    if (tc && key != R * 4096 + De) n[1] = 0, key = R * 4096 + De;
+    if (!n[tc]) {
         int dev, sms, per_sm;
         cudaCheck(cudaGetDevice(&dev));
         cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mla_decode_split_k, 32 * DEC_WARPS, 0));
-        n = sms * (per_sm > 0 ? per_sm : 1);
+        if (tc) {
+            const size_t smem = TC_WARPS * tc_warp_smem(R + De);
+            cudaCheck(cudaFuncSetAttribute(tc_kernel_for(R, De), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tc_kernel_for(R, De), 32 * TC_WARPS, smem));
+        } else {
+            cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mla_decode_split_k, 32 * DEC_WARPS, 0));
+        }
+        n[tc] = sms * (per_sm > 0 ? per_sm : 1);
     }
-    return n;
+    return n[tc];
 }
 
 void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
@@ -596,7 +811,8 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
     if (split) {
         // blocks per sequence: two full waves over all sequences (rounded down, so the
         // last wave is nearly full), no more than the minrows-row splits of a full cache
-        long nb = 2L * split_slots() / B;
+        const int tc = lm_cuda_mla_decode_tc_takes(H, R, De);
+        long nb = 2L * split_slots(tc, R, De) / B;
         int minrows = DEC_MINROWS;
         if ((long)B * (((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS)) < lm_cuda_num_sms())
             minrows = DEC_MINROWS_SHORT;
@@ -609,9 +825,13 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
                                                  (size_t)B * NS * H * 2 * sizeof(float));
         float *part_ml = part_o + lm_align256((size_t)B * NS * H * R * sizeof(float)) / sizeof(float);
         dim3 grid(NS / DEC_WARPS, B);
-        mla_decode_split_k<<<grid, 32 * DEC_WARPS, 0, lm_cuda_stream()>>>(part_o, part_ml, q_lat, q_pe, c_cache,
-                                                                          kpe_cache, lens, B, H, R, De, Tmax, NS,
-                                                                          minrows, scale);
+        if (tc)
+            tc_kernel_for(R, De)<<<grid, 32 * TC_WARPS, TC_WARPS * tc_warp_smem(R + De), lm_cuda_stream()>>>(
+                part_o, part_ml, q_lat, q_pe, c_cache, kpe_cache, lens, H, Tmax, NS, minrows, scale);
+        else
+            mla_decode_split_k<<<grid, 32 * DEC_WARPS, 0, lm_cuda_stream()>>>(part_o, part_ml, q_lat, q_pe, c_cache,
+                                                                              kpe_cache, lens, B, H, R, De, Tmax,
+                                                                              NS, minrows, scale);
         cudaLaunchCheck();
         mla_decode_combine_k<<<dim3(H, B, (R + 31) / 32), 32 * DEC_COMB_WARPS, (size_t)NS * sizeof(float),
                                lm_cuda_stream()>>>(o_lat, part_o, part_ml, H, R, NS);

@@ -45,6 +45,8 @@ static int harness_moe_gemm;
 static int harness_fa_wg = LM_FA_TMA;
 #define lm_cuda_fa_wg() (harness_fa_wg)
 #define lm_cuda_set_fa_wg(m) ((void)(harness_fa_wg = (m)))
+#define lm_cuda_set_mla_decode_tc(on) ((void)(on))
+#define lm_cuda_mla_decode_tc_takes(H, R, De) 0
 #define lm_cuda_attn_flash_fwd_bf16(o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale) 0
 #define lm_cuda_round_bf16(dst, src, n) ((void)0)
 #endif
@@ -976,20 +978,31 @@ static void mla_decode_case(const char *op, int B, int H, int R, int De, int Tma
     if (f64_ref) mla_decode_f64(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
     else CPU->mla_decode(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, (real)scale);
     GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, (real)scale);
+    // the tensor-core kernel's cache rows enter its products in bf16 (as the flash kernels' k, v)
+    const int tc = lm_cuda_mla_decode_tc_takes(H, R, De);
     char what[48] = "o_lat";
     if (f64_ref) snprintf(what, sizeof what, "o_lat B=%d Tmax=%d vs f64", B, Tmax);
-    cmp(op, what, go, o, (size_t)B * H * R, TOL);
+    if (tc) strncat(what, " (tc)", sizeof what - strlen(what) - 1);
+    cmp(op, what, go, o, (size_t)B * H * R, tc ? ATTN_BF16_FWD : TOL);
     DFREE(gql, gqp, gcc, gkc, go, glens); HFREE(ql, qp, cc, kc, o);
 }
 
-// long caches at the `small` preset's MLA shapes (H 8, R 256, De 64): the split-KV kernel
-// with many splits, sequences of different lengths (0 and 1 included) in one batch
+// long caches at the `small` preset's MLA shapes (H 8, R 256, De 64): the split-KV kernels
+// with many splits, sequences of different lengths (0 and 1 included) in one batch; on the
+// tensor-core kernel and on the fp32 one
 static void t_mla_decode_long(int B, int Tmax, const int *lens) {
-    mla_decode_case("mla_decode (split-KV)", B, 8, 256, 64, Tmax, lens, 1 / sqrt(192.0), 1);
+    for (int tc = 1; tc >= 0; tc--) {
+        lm_cuda_set_mla_decode_tc(tc);
+        mla_decode_case("mla_decode (split-KV)", B, 8, 256, 64, Tmax, lens, 1 / sqrt(192.0), 1);
+    }
+    lm_cuda_set_mla_decode_tc(1);
 }
 
 static void t_mla_decode(void) {
     mla_decode_case("mla_decode", 3, 2, 40, 4, 70, (const int[]){70, 17, 0}, 1 / sqrtf(24.0f), 0);
+    // tensor-core shapes: an odd head count (masked heads), steps of 16 rows cut short, no kpe
+    mla_decode_case("mla_decode", 3, 3, 64, 16, 90, (const int[]){90, 17, 0}, 1 / sqrtf(48.0f), 1);
+    mla_decode_case("mla_decode", 2, 8, 128, 0, 300, (const int[]){300, 1}, 1 / sqrtf(128.0f), 1);
 }
 
 // ---------------------------------------------------------------------------
