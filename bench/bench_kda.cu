@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
 #include <vector>
 #include "cuda/kda.cuh"
 #include "cuda/cuda_exit_check.cuh"
@@ -296,6 +297,8 @@ int main(int argc, char **argv) {
                    2.0 * nst * sizeof(float) / (ms * 1e6));
             printf("RESULT decode.floor_memcpy.us %.2f\n", ms * 1e3);
         }
+        const char *split_env = getenv("KDA_DECODE_SPLIT");   // the caller's, for the rows after the sweep
+        const std::string split_keep = split_env ? split_env : "";
         const char *kern[] = {"1", "2", "4"};   // KDA_DECODE_SPLIT: blocks per item
         for (int ki = 0; ki < 3; ki++)
             for (int gate = 0; gate < 2; gate++) {
@@ -308,7 +311,8 @@ int main(int argc, char **argv) {
                        gate ? "unbounded" : "bounded", ms * 1e3, gbs);
                 printf("RESULT decode.split%s.%s.us %.2f\n", kern[ki], gate ? "unbounded" : "bounded", ms * 1e3);
             }
-        unsetenv("KDA_DECODE_SPLIT");
+        if (split_env) setenv("KDA_DECODE_SPLIT", split_keep.c_str(), 1);
+        else unsetenv("KDA_DECODE_SPLIT");
         // out of place (kda_decode_to; two pools, alternating each step), the default split
         for (int gate = 0; gate < 2; gate++) {
             int par = 0;

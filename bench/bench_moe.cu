@@ -18,6 +18,7 @@
 #include <vector>
 #include <cuda_bf16.h>
 #include "cuda/cuda_common.cuh"
+#include "cuda/moe_gemm.cuh"
 
 __device__ inline float hnorm(uint64_t i, uint32_t seed) {   // pseudo-normal: sum of 4 hashed uniforms
     float s = 0.f;
@@ -240,6 +241,10 @@ int main(int argc, char **argv) {
         op_f(); op_bz();
         double tf = time_ms(op_f, WARM, REPS), tz = time_ms(work_zero, WARM, REPS);
         double tb = time_ms(op_bz, WARM, REPS), tlf = time_ms(layer_f, WARM, REPS), tlb = time_ms(layer_b, WARM, REPS);
+        // the op's forward again: its first timing above has read 1.4x slower than this one and
+        // than the kernel rows below in the same run (session 24, H200), the first thing timed
+        // after the fp32 path's buffers
+        tf = time_ms(op_f, WARM, REPS);
         printf("-- the experts op (moe_experts_fwd/bwd: bf16 operands made by their producers)\n");
         row("experts fwd (memset y, gather, 3 GEMMs, GLU, combine)", tf, 3 * gemm1);
         row("experts bwd (memsets, combine bwd, 6 GEMMs, GLU bwd, scatter)", tb, 6 * gemm1);
@@ -249,6 +254,35 @@ int main(int argc, char **argv) {
         result("experts_fwd_ms", tf); result("experts_fwd_tflops", 3 * gemm1 / tf * 1e-9);
         result("experts_bwd_ms", tb); result("experts_bwd_tflops", 6 * gemm1 / tb * 1e-9);
         result("experts_layer_fwd_ms", tlf); result("experts_layer_bwd_ms", tlb);
+        {   // the parts torch's rows time (bench_moe_torch.py): the FFN on the gathered bf16 rows
+            // (W1, W3, GLU, W2), and its three GEMMs alone, bf16 in and out where the kernel
+            // writes bf16 (the TMA kernel), each on bf16 weight copies made once
+            const int kf = lm_moe_bf16_kernel(d, F, 1, LM_MOE_USE_FWD), lo = lm_moe_bf16_out_ok(kf);
+            if (kf && NK > 16) {
+                const double tffn = time_ms([&] { lm_cuda_moe_experts_ffn(&ex); }, WARM, REPS);
+                int *tsF = ialloc(E + 1), *tsC = ialloc(E + 1);
+                const size_t nw = (size_t)E * F * d;
+                const __nv_bfloat16 *b1 = lm_cuda_weight_bf16(w1, nw), *b3 = lm_cuda_weight_bf16(w3, nw),
+                                    *b2 = lm_cuda_weight_bf16(w2, nw);
+                const __nv_bfloat16 *xpb = (const __nv_bfloat16 *)xp2, *ehb = (const __nv_bfloat16 *)eh2;
+                auto gemms3 = [&] {
+                    lm_moe_bf16_schedule(tsF, offsets, E, F, kf);
+                    lm_moe_bf16_schedule(tsC, offsets, E, d, kf);
+                    lm_moe_bf16_rows(kf, ea2, xpb, b1, offsets, tsF, E, (int)NK, F, d, 0, 0, lo);
+                    lm_moe_bf16_rows(kf, eb2, xpb, b3, offsets, tsF, E, (int)NK, F, d, 0, 0, lo);
+                    lm_moe_bf16_rows(kf, yp2, ehb, b2, offsets, tsC, E, (int)NK, d, F, 0, 0, lo);
+                };
+                const double t3 = time_ms(gemms3, WARM, REPS);
+                row("  expert FFN alone on the gathered bf16 rows (3 GEMMs + GLU)", tffn, 3 * gemm1);
+                row(lo ? "  its 3 GEMMs alone (bf16 in, bf16 out)" : "  its 3 GEMMs alone (bf16 in, fp32 out)", t3,
+                    3 * gemm1);
+                result("experts_ffn_tflops", 3 * gemm1 / tffn * 1e-9);
+                result("experts_gemms3_tflops", 3 * gemm1 / t3 * 1e-9);
+                cudaCheck(cudaFree(tsF));
+                cudaCheck(cudaFree(tsC));
+                op_f();   // ea2, eb2, yp2 as the op leaves them for the backward below
+            }
+        }
         // its backward's parts: without the weight gradients (combine bwd, dinp products,
         // GLU bwd, scatter), and per kernel (auto, wg128x2, tma)
         lm_experts_grads eg0 = eg;

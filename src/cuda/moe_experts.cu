@@ -247,6 +247,33 @@ int lm_cuda_experts_keep_bf16(int C, int F) {
     return experts_bf16(&probe, &kf, &ki, &kw) && experts_lo(kf, ki);
 }
 
+// The expert FFN on the gathered rows (xp, bf16): ea, eb = xp·W1ᵀ, xp·W3ᵀ per expert; eh =
+// act(ea) ⊙ eb (bf16); yp = eh·W2ᵀ. ea, eb, yp bf16 where lo (the TMA kernel), else fp32.
+// tsF, tsC: two tile lists of E + 1 ints (device scratch).
+static void experts_ffn(const lm_experts *ex, int kf, int lo, int *tsF, int *tsC) {
+    const int E = ex->E, C = ex->C, F = ex->F, R = ex->R;
+    const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
+    const bf16 *xpb = (const bf16 *)ex->xp;
+    bf16 *ehb = (bf16 *)ex->eh;
+    cudaStream_t st = lm_cuda_stream();
+    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
+    lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
+    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
+    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
+    if (lo) glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, (const bf16 *)ex->ea, (const bf16 *)ex->eb, n, ex->act);
+    else glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
+    cudaLaunchCheck();
+    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0, 0, lo);
+}
+
+void lm_cuda_moe_experts_ffn(const lm_experts *ex) {
+    int kf, ki, kw;
+    LM_CHECK(experts_bf16(ex, &kf, &ki, &kw) && ex->R > FEW_ROWS,
+             "cuda moe_experts_ffn: needs the bf16 GEMM path and more than %d rows", FEW_ROWS);
+    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((ex->E + 1) * sizeof(int)));
+    experts_ffn(ex, kf, experts_lo(kf, ki), tsF, tsF + lm_align256((ex->E + 1) * sizeof(int)) / sizeof(int));
+}
+
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     int kf, ki, kw;
     if (!experts_bf16(ex, &kf, &ki, &kw)) {
@@ -264,7 +291,7 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     else
         gather_bf16_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, x, ex->row_token, R, C, lm_aligned16({x}));
     cudaLaunchCheck();
-    const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
+    const size_t nw = (size_t)E * F * C;
     const int lo = experts_lo(kf, ki);
     if (lo && R <= FEW_ROWS && C % 8 == 0 && F % 8 == 0) {   // a decode step's few rows
         few_rows_k<true><<<dim3((F + 7) / 8, R), 256, (size_t)C * 2, st>>>(
@@ -277,14 +304,7 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
         lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
         return;
     }
-    lm_moe_bf16_schedule(tsF, ex->offsets, E, F, kf);
-    lm_moe_bf16_schedule(tsC, ex->offsets, E, C, kf);
-    lm_moe_bf16_rows(kf, ex->ea, xpb, lm_cuda_weight_bf16(ex->W1, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
-    lm_moe_bf16_rows(kf, ex->eb, xpb, lm_cuda_weight_bf16(ex->W3, nw), ex->offsets, tsF, E, R, F, C, 0, 0, lo);
-    if (lo) glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, (const bf16 *)ex->ea, (const bf16 *)ex->eb, n, ex->act);
-    else glu_bf16_k<<<grid_for(n / 8), 256, 0, st>>>(ehb, ex->ea, ex->eb, n, ex->act);
-    cudaLaunchCheck();
-    lm_moe_bf16_rows(kf, ex->yp, ehb, lm_cuda_weight_bf16(ex->W2, nw), ex->offsets, tsC, E, R, C, F, 0, 0, lo);
+    experts_ffn(ex, kf, lo, tsF, tsC);
     if (lo) lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
     else cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
 }
