@@ -123,10 +123,35 @@ __global__ static void plan_hist_k(int *counts, const int *idx, size_t NK, int E
 // session 22), a decode step's largest MoE-plan kernel.
 #define OFF_THREADS 1024
 __device__ __forceinline__ int plan_cap(int c, int capacity) { return capacity >= 0 && c > capacity ? capacity : c; }
+// Exclusive prefix sums over the block (≤ 1024 threads, every thread calls) of two per-thread
+// values: inclusive scans over each warp, then over the warps' totals. ws: 2 × 32 ints of
+// shared memory. Returns the sums of a and of b over the threads before this one.
+__device__ static int2 block_excl_scan2(int a, int b, int (*ws)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int ia = a, ib = b;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, ia, o), y = __shfl_up_sync(0xffffffffu, ib, o);
+        if (lane >= o) ia += x, ib += y;
+    }
+    if (lane == 31) ws[0][warp] = ia, ws[1][warp] = ib;
+    __syncthreads();
+    if (warp == 0) {
+        int x = lane < nw ? ws[0][lane] : 0, y = lane < nw ? ws[1][lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, x, o), v = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) x += u, y += v;
+        }
+        if (lane < nw) ws[0][lane] = x, ws[1][lane] = y;
+    }
+    __syncthreads();
+    return make_int2((warp ? ws[0][warp - 1] : 0) + ia - a, (warp ? ws[1][warp - 1] : 0) + ib - b);
+}
 __global__ static void __launch_bounds__(OFF_THREADS) plan_offsets_k(int *off_dl, int *offsets, const int *counts, int E,
                                                                      int capacity) {
-    __shared__ int wsum[2][OFF_THREADS / 32];
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    __shared__ int wsum[2][32];
+    const int t = threadIdx.x;
     const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, t * per), e1 = min(E, e0 + per);
     int a = 0, b = 0;
     for (int e = e0; e < e1; e++) {
@@ -134,25 +159,8 @@ __global__ static void __launch_bounds__(OFF_THREADS) plan_offsets_k(int *off_dl
         a += c;
         b += plan_cap(c, capacity);
     }
-    int ia = a, ib = b;   // inclusive scans over the warp, then over the warps' totals
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int x = __shfl_up_sync(0xffffffffu, ia, o), y = __shfl_up_sync(0xffffffffu, ib, o);
-        if (lane >= o) ia += x, ib += y;
-    }
-    if (lane == 31) wsum[0][warp] = ia, wsum[1][warp] = ib;
-    __syncthreads();
-    if (warp == 0) {
-        int x = lane < nw ? wsum[0][lane] : 0, y = lane < nw ? wsum[1][lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, x, o), v = __shfl_up_sync(0xffffffffu, y, o);
-            if (lane >= o) x += u, y += v;
-        }
-        if (lane < nw) wsum[0][lane] = x, wsum[1][lane] = y;
-    }
-    __syncthreads();
-    int sa = (warp ? wsum[0][warp - 1] : 0) + ia - a, sb = (warp ? wsum[1][warp - 1] : 0) + ib - b;
+    const int2 ex = block_excl_scan2(a, b, wsum);
+    int sa = ex.x, sb = ex.y;
     if (t == 0) off_dl[0] = offsets[0] = 0;
     for (int e = e0; e < e1; e++) {
         const int c = counts[e];
@@ -211,8 +219,8 @@ __global__ static void plan_place_k(int *row_token, int *slot_row, const int *sk
 #define PLAN_FEW 1024
 __global__ static void __launch_bounds__(PLAN_FEW) plan_few_k(int *counts, int *offsets, int *row_token, int *slot_row,
                                                               const int *idx, int NK, int E, int k) {
-    __shared__ int key[PLAN_FEW], cnt[PLAN_FEW], off[PLAN_FEW + 1], wsum[PLAN_FEW / 32];
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nw = blockDim.x >> 5;
+    __shared__ int key[PLAN_FEW], cnt[PLAN_FEW], off[PLAN_FEW + 1], wsum[2][32];
+    const int t = threadIdx.x;
     for (int r = t; r < NK; r += blockDim.x) key[r] = idx[r];
     __syncthreads();
     for (int e = t; e < E; e += blockDim.x) {
@@ -226,25 +234,7 @@ __global__ static void __launch_bounds__(PLAN_FEW) plan_few_k(int *counts, int *
     const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, t * per), e1 = min(E, e0 + per);
     int a = 0;
     for (int e = e0; e < e1; e++) a += cnt[e];
-    int ia = a;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int x = __shfl_up_sync(0xffffffffu, ia, o);
-        if (lane >= o) ia += x;
-    }
-    if (lane == 31) wsum[warp] = ia;
-    __syncthreads();
-    if (warp == 0) {
-        int x = lane < nw ? wsum[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int u = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += u;
-        }
-        if (lane < nw) wsum[lane] = x;
-    }
-    __syncthreads();
-    int sa = (warp ? wsum[warp - 1] : 0) + ia - a;
+    int sa = block_excl_scan2(a, 0, wsum).x;
     if (t == 0) off[0] = offsets[0] = 0;
     for (int e = e0; e < e1; e++) off[e + 1] = offsets[e + 1] = sa += cnt[e];
     __syncthreads();
