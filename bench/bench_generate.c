@@ -26,11 +26,17 @@ static const lm_ops *OPS = &lm_cuda_ops;
 static void sync_dev(void) { lm_cuda_sync(); }
 static size_t free_bytes(void) { return lm_cuda_free_bytes(); }
 
+// the backend keeps this model's MLA latent cache in bf16 (ops mla_cache_bf16)
+static int mla_bf16(const lm_config *c) {
+    return c->mla_heads > 0 && OPS->mla_cache_bf16 && OPS->mla_cache_bf16(c->mla_heads, c->kv_lora_rank, c->qk_extra_dim);
+}
+
 // cache bytes of B sequences of max_len tokens: KDA states + conv caches, MLA latents
 static void cache_bytes(const lm_config *c, long B, long L, double *kda, double *mla) {
     *kda = *mla = 0;
+    const double latent = mla_bf16(c) ? 2.0 : (double)sizeof(real);
     for (int i = 0; i < c->n_layers; i++) {
-        if (lm_layer_is_mla(c, i)) *mla += (double)B * L * (c->kv_lora_rank + c->qk_extra_dim) * sizeof(real);
+        if (lm_layer_is_mla(c, i)) *mla += (double)B * L * (c->kv_lora_rank + c->qk_extra_dim) * latent;
         else {
             const double HK = (double)c->kda_heads * c->kda_head_dim;
             *kda += (double)B * (HK * c->kda_head_dim + 3.0 * (c->kda_conv - 1) * HK) * sizeof(real);
@@ -41,6 +47,28 @@ static void cache_bytes(const lm_config *c, long B, long L, double *kda, double 
 // Fills a device tensor of n reals by tiling a random block (values of a unit-RMS latent).
 static void fill_dev(real *dst, size_t n, const real *block, size_t nblock) {
     for (size_t i = 0; i < n; i += nblock) OPS->copy(dst + i, block, (n - i < nblock ? n - i : nblock) * sizeof(real));
+}
+
+// Fills an MLA cache [B, L, W] (max_len L) in the backend's format: reals tiled from the
+// block, or (bf16) rows appended through cache_append from a chunk of them
+static void fill_cache(real *cache, int bf16, int B, int L, int W, const real *block, size_t nblock) {
+    if (!bf16) {
+        fill_dev(cache, (size_t)B * L * W, block, nblock);
+        return;
+    }
+    const int T = L < 4096 ? L : 4096;
+    real *x = OPS->alloc((size_t)B * T * W * sizeof(real));
+    fill_dev(x, (size_t)B * T * W, block, nblock);
+    int *hl = lm_malloc((size_t)B * sizeof(int)), *lens = OPS->alloc((size_t)B * sizeof(int));
+    for (int t0 = 0; t0 < L; t0 += T) {
+        const int n = L - t0 < T ? L - t0 : T;
+        for (int b = 0; b < B; b++) hl[b] = t0 + n;
+        OPS->to_device(lens, hl, (size_t)B * sizeof(int));
+        OPS->cache_append(cache, x, lens, B, n, W, L, 1);
+    }
+    OPS->free(x);
+    OPS->free(lens);
+    free(hl);
 }
 
 static void random_tokens(int *tok, int n, int vocab, lm_rng *r) {
@@ -136,11 +164,11 @@ static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, 
     for (int k = 0; k < REPS + 2; k++) {
         sync_dev();
         double t0 = lm_time_sec();
-        OPS->mla_decode(o, ql, qp, cc, kpe, lens, B, H, R, De, L, scale);
+        OPS->mla_decode(o, ql, qp, cc, kpe, lens, B, H, R, De, L, scale, mla_bf16(c));
         sync_dev();
         if (k >= 2) t[k - 2] = lm_time_sec() - t0;
     }
-    double tm = lm_median(t, REPS), bytes = (double)B * L * (R + De) * sizeof(real);
+    double tm = lm_median(t, REPS), bytes = (double)B * L * (R + De) * (mla_bf16(c) ? 2 : sizeof(real));
     printf("          mla_decode op alone (one layer, B=%d, len %d): %.3f ms, %.0f GB/s of cache read\n", B, L,
            tm * 1e3, bytes / tm / GB);
     OPS->free(ql); OPS->free(qp); OPS->free(o);
@@ -149,15 +177,17 @@ static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, 
 // --op-only: the decode op on a synthetic one-layer cache, no model
 static void bench_op_only(const lm_config *c, long max_ctx, const real *block, size_t nblock) {
     const int ctx[3] = {4096, 65536, 1048576}, bs[2] = {1, 64};
-    const int R = c->kv_lora_rank, De = c->qk_extra_dim;
+    const int R = c->kv_lora_rank, De = c->qk_extra_dim, bf = mla_bf16(c);
+    const size_t es = bf ? 2 : sizeof(real);
+    printf("   (the cache in %s)\n", bf ? "bf16, decoded on tensor cores" : "fp32");
     for (int li = 0; li < 3; li++)
         for (int bi = 0; bi < 2; bi++) {
             const int L = ctx[li], B = bs[bi];
-            const double bytes = (double)B * L * (R + De) * sizeof(real);
+            const double bytes = (double)B * L * (R + De) * es;
             if (L > max_ctx || bytes > 100 * GB) continue;
-            real *cc = OPS->alloc((size_t)B * L * R * sizeof(real)), *kpe = OPS->alloc((size_t)B * L * De * sizeof(real));
-            fill_dev(cc, (size_t)B * L * R, block, nblock);
-            fill_dev(kpe, (size_t)B * L * De, block, nblock);
+            real *cc = OPS->alloc((size_t)B * L * R * es), *kpe = OPS->alloc((size_t)B * L * De * es);
+            fill_cache(cc, bf, B, L, R, block, nblock);
+            if (De) fill_cache(kpe, bf, B, L, De, block, nblock);
             int *hl = lm_malloc((size_t)B * sizeof(int));
             for (int b = 0; b < B; b++) hl[b] = L;
             int *lens = OPS->alloc((size_t)B * sizeof(int));
@@ -184,8 +214,8 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
     lm_cache *kc = lm_cache_create(c, OPS, B, L);
     for (int i = 0; i < c->n_layers; i++) {
         if (lm_layer_is_mla(c, i)) {
-            fill_dev(kc->mla_c[i], (size_t)B * L * c->kv_lora_rank, block, nblock);
-            if (c->qk_extra_dim) fill_dev(kc->mla_kpe[i], (size_t)B * L * c->qk_extra_dim, block, nblock);
+            fill_cache(kc->mla_c[i], kc->mla_bf16, B, L, c->kv_lora_rank, block, nblock);
+            if (c->qk_extra_dim) fill_cache(kc->mla_kpe[i], kc->mla_bf16, B, L, c->qk_extra_dim, block, nblock);
         } else {
             const size_t HK = (size_t)c->kda_heads * c->kda_head_dim;
             // states scaled down: a KDA state is a decayed sum of k vᵀ, not unit-RMS noise

@@ -301,13 +301,21 @@ typedef struct lm_ops {
     //   token included, written to the cache by the caller first; 0 ≤ lens[b] ≤ Tmax, 0 gives o_lat = 0):
     //   score_t = scale·(q_lat·c_t + q_pe·kpe_t),  o_lat = Σ_{t<lens[b]} softmax_t(score) c_t
     //   o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R] (latents after the latent RMSNorm);
-    //   kpe_cache [B,Tmax,De]; lens [B] int32 in backend memory; scale = (Dn+De)^-1/2 as in training
+    //   kpe_cache [B,Tmax,De]; lens [B] int32 in backend memory; scale = (Dn+De)^-1/2 as in training;
+    //   bf16: the caches hold bf16 values (row stride R, De elements; see mla_cache_bf16)
     void (*mla_decode)(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
-                       const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
+                       const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale,
+                       int bf16);
     // appends T rows per sequence to a cache [B, Tmax, W]: rows lens[b] − T … lens[b] − 1 of
     //   sequence b ← x [B, T, W]; lens [B] int32 in backend memory already counting them (read
-    //   by the device, so that a recorded decode step appends where the cache ends when replayed)
-    void (*cache_append)(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax);
+    //   by the device, so that a recorded decode step appends where the cache ends when replayed);
+    //   bf16: the cache holds bf16 (x's values rounded to nearest even), W elements a row
+    void (*cache_append)(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax, int bf16);
+    // dst [rows, W] (fp32) ← rows 0 … rows − 1 of sequence b of a cache [B, Tmax, W] (bf16 as above)
+    void (*cache_rows)(real *dst, const real *cache, int b, int rows, int W, int Tmax, int bf16);
+    // optional (NULL: never): 1 when the backend keeps an MLA latent cache of these dims (H heads,
+    //   rank R, extra key dims De) in bf16 — half the bytes its decode reads; lm_cache asks once
+    int (*mla_cache_bf16)(int H, int R, int De);
 
     // ---- MoE ----
     // router: s = sigmoid(z), z [N,E] router logits; selection = top-(k+1) of s + bias

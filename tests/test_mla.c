@@ -471,7 +471,7 @@ static void test_mla_decode_absorbed(void **state) {
         }
     real *qlat = tu_alloc((size_t)B * H * R), *olat = tu_alloc((size_t)B * H * R), *oabs = tu_alloc((size_t)B * H * Dv);
     ops->head_matmul(qlat, qn, Wkvb, B, H, Dn, R, (long)Dkv * R, 1);
-    ops->mla_decode(olat, qlat, qp, cc, kpe, lens, B, H, R, De, Tmax, scale);
+    ops->mla_decode(olat, qlat, qp, cc, kpe, lens, B, H, R, De, Tmax, scale, 0);
     ops->head_matmul(oabs, olat, Wkvb + (size_t)Dn * R, B, H, R, Dv, (long)Dkv * R, 0);
 
     // non-absorbed, per sequence over its prefix

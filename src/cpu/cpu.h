@@ -46,8 +46,9 @@ void cpu_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *
 void cpu_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk, int Dv, real scale);
 void cpu_attn_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 void cpu_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
-void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax);
-void cpu_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
+void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax, int bf16);
+void cpu_cache_rows(real *dst, const real *cache, int b, int rows, int W, int Tmax, int bf16);
+void cpu_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale, int bf16);
 void cpu_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);
 void cpu_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx, int N, int E, int k, real route_scale, int renorm);
 void cpu_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);

@@ -46,6 +46,7 @@ const lm_ops lm_cpu_ops = {
     .head_matmul = cpu_head_matmul,
     .mla_decode = cpu_mla_decode,
     .cache_append = cpu_cache_append,
+    .cache_rows = cpu_cache_rows,
     .moe_route_fwd = cpu_moe_route_fwd,
     .moe_route_bwd = cpu_moe_route_bwd,
     .moe_plan = cpu_moe_plan,

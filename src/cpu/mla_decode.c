@@ -34,8 +34,10 @@ void cpu_head_matmul(real *out, const real *inp, const real *W, int N, int H, in
     }
 }
 
-// cache [B, Tmax, W]: rows lens[b] − T … lens[b] − 1 of sequence b ← x [B, T, W]
-void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax) {
+// cache [B, Tmax, W]: rows lens[b] − T … lens[b] − 1 of sequence b ← x [B, T, W]. The CPU
+// keeps its caches in reals (mla_cache_bf16 is NULL here): bf16 is refused.
+void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax, int bf16) {
+    LM_CHECK(!bf16, "cache_append: the CPU backend keeps no bf16 caches");
     for (int b = 0; b < B; b++) {
         LM_CHECK(lens[b] >= T && lens[b] <= Tmax, "cache_append: lens[%d] = %d outside [%d, %d]", b, lens[b], T, Tmax);
         memcpy(cache + ((size_t)b * Tmax + lens[b] - T) * W, x + (size_t)b * T * W, (size_t)T * W * sizeof(real));
@@ -47,8 +49,16 @@ void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T,
 // o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R]; kpe_cache [B,Tmax,De]; lens [B]
 // (0 ≤ lens[b] ≤ Tmax; lens[b] = 0 gives o_lat = 0). Scores are kept in a [Tmax] buffer
 // per thread: a two-pass softmax (max, then exponentials) is exact and cheap at T = 1.
+// dst [rows, W] ← rows 0 … rows − 1 of sequence b of a cache [B, Tmax, W]
+void cpu_cache_rows(real *dst, const real *cache, int b, int rows, int W, int Tmax, int bf16) {
+    LM_CHECK(!bf16 && rows >= 0 && rows <= Tmax, "cache_rows: %d rows of %d%s", rows, Tmax, bf16 ? " (bf16)" : "");
+    memcpy(dst, cache + (size_t)b * Tmax * W, (size_t)rows * W * sizeof(real));
+}
+
 void cpu_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
-                    const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale) {
+                    const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale,
+                    int bf16) {
+    LM_CHECK(!bf16, "mla_decode: the CPU backend keeps no bf16 caches");
     for (int b = 0; b < B; b++) LM_CHECK(lens[b] >= 0 && lens[b] <= Tmax, "mla_decode: lens[%d] = %d outside [0, %d]",
                                          b, lens[b], Tmax);
     #pragma omp parallel

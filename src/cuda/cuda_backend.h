@@ -122,8 +122,9 @@ int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const 
 void lm_cuda_zero_attn_grads(float *dq, float *dk, float *dv, size_t nqk, size_t nv);
 int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 void cuda_head_matmul(real *out, const real *inp, const real *W, int N, int H, int C, int OC, long w_head_stride, int transpose);
-void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax);
-void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale);
+void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax, int bf16);
+void cuda_cache_rows(real *dst, const real *cache, int b, int rows, int W, int Tmax, int bf16);
+void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale, int bf16);
 void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *z, const real *bias, int N, int E, int k, real route_scale, int renorm);
 void cuda_moe_route_bwd(real *dz, const real *dgate, const real *s, const int *idx, int N, int E, int k, real route_scale, int renorm);
 void cuda_moe_plan(int *counts, int *offsets, int *row_token, int *slot_row, const int *idx, const real *s, int N, int E, int k, int capacity);
@@ -134,9 +135,9 @@ void cuda_grouped_matmul_bwd(real *dinp, real *dW, const real *dout, const real 
 // 1 when the experts op keeps ea, eb, yp (and its gradients' deh, dxp) in bf16 for widths C, F
 // under the current modes (moe_experts.cu): the bf16 values in the first half of each buffer
 int lm_cuda_experts_keep_bf16(int C, int F);
-// the MLA decode on tensor cores (mla.cu): on unless LM_MLA_DECODE=fp32 (or the setter says
-// 0); _takes: whether a decode of these dims runs there (H ≤ 8, R ≤ 256 and De ≤ 128 in
-// multiples of 16), its cache rows entering the products in bf16
+// the MLA decode on tensor cores over a bf16 latent cache (mla.cu): on unless LM_MLA_DECODE=fp32
+// (or the setter says 0); _takes (the ops' mla_cache_bf16): whether a cache of these dims is
+// kept in bf16 and decoded there (H ≤ 8 and the (R, De) instances of mla.cu)
 int lm_cuda_mla_decode_tc(void);
 void lm_cuda_set_mla_decode_tc(int on);
 int lm_cuda_mla_decode_tc_takes(int H, int R, int De);

@@ -577,29 +577,29 @@ __global__ static void mla_decode_k(float *o_lat, const float *q_lat, const floa
     for (int r = lane; r < R; r += 32) ob[r] = os[r] * inv;
 }
 
-// ---- decode on tensor cores: the same splits and partials, 16 cache rows a warp step ----
+// ---- decode on tensor cores over a bf16 cache: the same splits and partials, 16 rows a warp step ----
 //
-// The fp32 split kernel above reads the cache at ~2.7 TB/s at best (64 sequences × 64K
+// The fp32 split kernel above reads an fp32 cache at ~2.7 TB/s at best (64 sequences × 64K
 // rows; 2.2 TB/s at one sequence × 1M): its 8 heads × 4 rows of dot products, the
-// reduce-scatter and the weighted sums are CUDA-core work on every byte. Here a warp stages
-// 16 rows of c and kpe (fp32, cp.async, two stages) and rounds them once to a bf16 tile;
-// scores and sums are m16n8k16 products with the 8 heads as the n dimension:
+// reduce-scatter and the weighted sums are CUDA-core work on every byte. Where the backend keeps
+// the cache in bf16 (mla_cache_bf16: the shapes below), a warp copies 16 rows of c and kpe a step
+// (cp.async, a ring of TC_STAGES tiles, three steps ahead) straight into the ldmatrix tile, and
+// scores and sums are m16n8k16 products with the ≤ 8 heads as the n dimension:
 //   Sᵀ [16 rows × 8 heads] = tile [16 × (R+De)] · Qᵀ    (Q as hi + lo bf16: ~16-bit exact)
 //   Oᵀ [R × 8 heads]      += tileᵀ [R × 16] · Pᵀ       (P bf16, as the flash kernels' P·V)
 // Sᵀ comes out in the accumulator layout (rows by lane / 4); movmatrix.trans turns P into
 // the B fragment (rows by lane % 4), and each lane owns the running max / sum of the two
-// heads its Oᵀ columns hold, so the rescale needs no shuffles. The cache rows enter the
-// products in bf16 (the flash kernels' k and v do too): held to 1e-2 against an f64
-// reference where the fp32 kernel is held to 1e-5 (tests/cuda/test_cuda_ops.c).
-// LM_MLA_DECODE=fp32 keeps the fp32 kernel (benchmarks).
-// One block (4 warps, 202 KB of stages at the `small` shapes) per SM: a warp's step has to be
-// short for its two stages to keep the loads flowing. R and De are template arguments (the
-// instances below): with them at run time the copy and conversion loops divided by K / 4 per
-// piece and did not unroll, and a step took ~7 µs (64 × 64K: 3.5 ms against the fp32
-// kernel's 2.0); compiled for the shape, 1.21 ms (4.4 TB/s of cache read; bench_generate
-// --op-only, H200, session 24). Other shapes take the fp32 kernel.
+// heads its Oᵀ columns hold, so the rescale needs no shuffles. The cached values are bf16 (as
+// the flash kernels' k and v): held to 1e-2 against an f64 reference on the fp32 values, where
+// the fp32 kernel on an fp32 cache is held to 1e-5 (tests/cuda/test_cuda_ops.c).
+// LM_MLA_DECODE=fp32 keeps new caches in fp32 and their decode on the fp32 kernel.
+// R and De are template arguments (the instances below): a first version on an fp32 cache
+// with them at run time divided by K / 4 per 16-byte piece in its copy and conversion loops,
+// which did not unroll (64 × 64K: 3.5 ms against the fp32 kernel's 2.0); compiled for the shape
+// it read the fp32 cache at 4.4 TB/s (1.21 ms; bench/RESULTS.md, session 24).
 #define TC_WARPS 4
 #define TC_ROWS 16
+#define TC_STAGES 4
 static_assert(TC_WARPS == DEC_WARPS, "the splits of a block: the host sizes the grid by DEC_WARPS");
 
 __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
@@ -608,18 +608,20 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
     return y;
 }
 
-// shared memory of one warp: two fp32 stages [16][K] and the bf16 tile [16][K + 8] (the
-// padding puts the eight rows of an ldmatrix tile in different bank groups)
-__host__ __device__ static size_t tc_warp_smem(int K) { return 2 * (size_t)TC_ROWS * K * 4 + (size_t)TC_ROWS * (K + 8) * 2; }
+// shared memory of one warp: TC_STAGES bf16 tiles [16][K + 8] (the padding puts the eight rows
+// of an ldmatrix tile in different bank groups)
+__host__ __device__ static size_t tc_warp_smem(int K) { return (size_t)TC_STAGES * TC_ROWS * (K + 8) * 2; }
 
 // grid (NS / TC_WARPS, B), TC_WARPS warps, TC_WARPS · tc_warp_smem(R + De) bytes of dynamic
-// shared memory; part_o [B,NS,H,R], part_ml [B,NS,H,2] as mla_decode_split_k's
+// shared memory; c_cache [B,Tmax,R], kpe_cache [B,Tmax,De] bf16; part_o [B,NS,H,R],
+// part_ml [B,NS,H,2] as mla_decode_split_k's
 template <int R, int De>
 __global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
-    float *part_o, float *part_ml, const float *q_lat, const float *q_pe, const float *c_cache,
-    const float *kpe_cache, const int *lens, int H, int Tmax, int NS, int minrows, float scale) {
+    float *part_o, float *part_ml, const float *q_lat, const float *q_pe, const bf16 *c_cache,
+    const bf16 *kpe_cache, const int *lens, int H, int Tmax, int NS, int minrows, float scale) {
+    static_assert(R % 16 == 0 && De % 16 == 0, "whole k16 steps; 16-byte pieces of each row");
     extern __shared__ __align__(16) unsigned char tc_raw[];
-    constexpr int K = R + De, KT = K / 16, RT = R / 16, K4 = K / 4;
+    constexpr int K = R + De, KT = K / 16, RT = R / 16, K8 = K / 8, ldt = K + 8;
     const int b = blockIdx.y, w = threadIdx.x >> 5, lane = threadIdx.x & 31, s = blockIdx.x * TC_WARPS + w;
     const int g = lane >> 2, j = lane & 3;
     int len = lens[b];
@@ -632,28 +634,30 @@ __global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
         if (lane < H) pml[2 * lane + 1] = 0.0f;
         return;
     }
-    float *stage = reinterpret_cast<float *>(tc_raw + w * tc_warp_smem(K));
-    bf16 *tile = reinterpret_cast<bf16 *>(stage + 2 * TC_ROWS * K);
-    const int ldt = K + 8;
-    const float *cb = c_cache + (size_t)b * Tmax * R, *pb = kpe_cache + (size_t)b * Tmax * De;
-    // rows t .. t + 15 into stage st (rows past t1 zero-filled); a lane takes 16-byte pieces
-    // lane, lane + 32, … of each row (no divisions: they made this loop most of a step)
+    bf16 *ring = reinterpret_cast<bf16 *>(tc_raw + w * tc_warp_smem(K));
+    const bf16 *cb = c_cache + (size_t)b * Tmax * R, *pb = kpe_cache + (size_t)b * Tmax * De;
+    // rows t .. t + 15 into tile st (rows past t1 zero-filled; t ≥ t1: nothing); a lane takes
+    // 16-byte pieces lane, lane + 32, … of each row; one commit group per call, empty or not,
+    // so that the waits below count steps
     auto issue = [&](int t, int st) {
-        float *dst = stage + st * TC_ROWS * K;
+        if (t < t1) {
+            bf16 *dst = ring + st * TC_ROWS * ldt;
 #pragma unroll
-        for (int row = 0; row < TC_ROWS; row++) {
-            const bool ok = t + row < t1;
-            const size_t r = (size_t)(ok ? t + row : t0);
+            for (int row = 0; row < TC_ROWS; row++) {
+                const bool ok = t + row < t1;
+                const size_t r = (size_t)(ok ? t + row : t0);
 #pragma unroll
-            for (int q = lane; q < K4; q += 32) {
-                const int col = 4 * q;
-                const float *src = col < R ? cb + r * R + col : pb + r * De + (col - R);
-                cp_async16(dst + row * K + col, src, ok ? 16 : 0);
+                for (int q = lane; q < K8; q += 32) {
+                    const int col = 8 * q;
+                    const bf16 *src = col < R ? cb + r * R + col : pb + r * De + (col - R);
+                    cp_async16(dst + row * ldt + col, src, ok ? 16 : 0);
+                }
             }
         }
         cp_async_commit();
     };
-    issue(t0, 0);
+#pragma unroll
+    for (int i = 0; i < TC_STAGES - 1; i++) issue(t0 + i * TC_ROWS, i);
     // Qᵀ as B fragments (k = channel, n = head g), hi and lo parts; heads ≥ H are zero
     uint32_t qh[KT][2], ql[KT][2];
     {
@@ -679,25 +683,12 @@ __global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;   // heads 2j, 2j + 1
     int st = 0;
     for (int t = t0; t < t1; t += TC_ROWS) {
-        if (t + TC_ROWS < t1) {
-            issue(t + TC_ROWS, st ^ 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        // the step TC_STAGES − 1 ahead into the tile the previous step read (its reads are done:
+        // the __syncwarp closing that step), then wait for this step's rows
+        issue(t + (TC_STAGES - 1) * TC_ROWS, (st + TC_STAGES - 1) % TC_STAGES);
+        cp_async_wait<TC_STAGES - 1>();
         __syncwarp();
-        {   // stage → bf16 tile
-            const float *src = stage + st * TC_ROWS * K;
-#pragma unroll
-            for (int row = 0; row < TC_ROWS; row++)
-#pragma unroll
-                for (int q = lane; q < K4; q += 32) {
-                    const float4 v = *reinterpret_cast<const float4 *>(src + row * K + 4 * q);
-                    *reinterpret_cast<uint2 *>(tile + row * ldt + 4 * q) =
-                        make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-                }
-        }
-        __syncwarp();
+        const bf16 *tile = ring + st * TC_ROWS * ldt;
         // Sᵀ: rows g, g + 8 × heads 2j, 2j + 1; four independent sums (hi / lo × even / odd
         // k steps): one accumulator made a chain of 2·KT dependent products
         float sp[4][4] = {};
@@ -744,9 +735,10 @@ __global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
             lda_trans_sm(a, tile, ldt, 16 * mt, 0, lane);
             mma16816(o[mt], a, pb2);
         }
-        __syncwarp();   // every lane's tile reads done before the next conversion
-        st ^= 1;
+        __syncwarp();   // every lane's tile reads done before the tile is refilled
+        st = (st + 1) % TC_STAGES;
     }
+    cp_async_wait<0>();   // (only empty groups can be left)
     if (g == 0) {
         if (2 * j < H) { pml[4 * j] = m0; pml[4 * j + 1] = l0; }
         if (2 * j + 1 < H) { pml[4 * j + 2] = m1; pml[4 * j + 3] = l1; }
@@ -771,7 +763,7 @@ int lm_cuda_mla_decode_tc(void) {
 }
 void lm_cuda_set_mla_decode_tc(int on) { g_mla_tc = on != 0; }
 // the (R, De) instances: the `small` preset's, and two test shapes
-typedef void (*tc_kernel)(float *, float *, const float *, const float *, const float *, const float *, const int *,
+typedef void (*tc_kernel)(float *, float *, const float *, const float *, const bf16 *, const bf16 *, const int *,
                           int, int, int, int, float);
 static tc_kernel tc_kernel_for(int R, int De) {
     if (R == 256 && De == 64) return mla_decode_tc_k<256, 64>;
@@ -780,7 +772,8 @@ static tc_kernel tc_kernel_for(int R, int De) {
     return NULL;
 }
 int lm_cuda_mla_decode_tc_takes(int H, int R, int De) {
-    return lm_cuda_mla_decode_tc() && H <= 8 && tc_kernel_for(R, De) && TC_WARPS * tc_warp_smem(R + De) <= 227 * 1024;
+    return lm_cuda_mla_decode_tc() && H >= 1 && H <= 8 && tc_kernel_for(R, De) &&
+           TC_WARPS * tc_warp_smem(R + De) <= 227 * 1024;
 }
 
 // blocks of the split kernel resident on the whole GPU at once (one wave)
@@ -803,31 +796,42 @@ static int split_slots(int tc, int R, int De) {
     return n[tc];
 }
 
-void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
-                     const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale) {
+// the host's split count and minimum split length for B sequences of a Tmax-row cache (both
+// kernels: tc selects whose occupancy sizes the waves)
+static int decode_splits(int tc, int B, int R, int De, int Tmax, int *minrows) {
+    // blocks per sequence: two full waves over all sequences (rounded down, so the last wave
+    // is nearly full), no more than the minrows-row splits of a full cache
+    long nb = 2L * split_slots(tc, R, De) / B;
+    *minrows = DEC_MINROWS;
+    if ((long)B * (((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS)) < lm_cuda_num_sms())
+        *minrows = DEC_MINROWS_SHORT;
+    const long nb_max = ((long)Tmax + *minrows * DEC_WARPS - 1) / (*minrows * DEC_WARPS);
+    if (nb > nb_max) nb = nb_max;
+    if (nb > 4096 / DEC_WARPS) nb = 4096 / DEC_WARPS;   // the combine keeps NS weights in shared memory
+    if (nb < 1) nb = 1;
+    return (int)nb * DEC_WARPS;
+}
+
+void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache, const real *kpe_cache,
+                     const int *lens, int B, int H, int R, int De, int Tmax, real scale, int cache_bf16) {
     if (B <= 0 || H <= 0 || R <= 0) return;
-    const bool split = H <= DEC_NH && R <= 128 * DEC_KR && De <= 128 && R % 4 == 0 && De % 4 == 0 &&
-                       lm_aligned16({c_cache}) && (De == 0 || lm_aligned16({kpe_cache})) && Tmax > 0;
+    // a bf16 cache is one lm_cuda_mla_decode_tc_takes accepted when it was made
+    LM_CHECK(!cache_bf16 || (tc_kernel_for(R, De) && H <= 8 && Tmax > 0 && lm_aligned16({c_cache}) &&
+                       (De == 0 || lm_aligned16({kpe_cache}))),
+             "cuda mla_decode: no bf16-cache kernel for H %d, R %d, De %d", H, R, De);
+    const bool split = cache_bf16 || (H <= DEC_NH && R <= 128 * DEC_KR && De <= 128 && R % 4 == 0 && De % 4 == 0 &&
+                                lm_aligned16({c_cache}) && (De == 0 || lm_aligned16({kpe_cache})) && Tmax > 0);
     if (split) {
-        // blocks per sequence: two full waves over all sequences (rounded down, so the
-        // last wave is nearly full), no more than the minrows-row splits of a full cache
-        const int tc = lm_cuda_mla_decode_tc_takes(H, R, De);
-        long nb = 2L * split_slots(tc, R, De) / B;
-        int minrows = DEC_MINROWS;
-        if ((long)B * (((long)Tmax + DEC_MINROWS * DEC_WARPS - 1) / (DEC_MINROWS * DEC_WARPS)) < lm_cuda_num_sms())
-            minrows = DEC_MINROWS_SHORT;
-        const long nb_max = ((long)Tmax + minrows * DEC_WARPS - 1) / (minrows * DEC_WARPS);
-        if (nb > nb_max) nb = nb_max;
-        if (nb > 4096 / DEC_WARPS) nb = 4096 / DEC_WARPS;   // the combine keeps NS weights in shared memory
-        if (nb < 1) nb = 1;
-        const int NS = (int)nb * DEC_WARPS;
+        int minrows;
+        const int NS = decode_splits(cache_bf16, B, R, De, Tmax, &minrows);
         float *part_o = (float *)lm_cuda_scratch(lm_align256((size_t)B * NS * H * R * sizeof(float)) +
                                                  (size_t)B * NS * H * 2 * sizeof(float));
         float *part_ml = part_o + lm_align256((size_t)B * NS * H * R * sizeof(float)) / sizeof(float);
         dim3 grid(NS / DEC_WARPS, B);
-        if (tc)
+        if (cache_bf16)
             tc_kernel_for(R, De)<<<grid, 32 * TC_WARPS, TC_WARPS * tc_warp_smem(R + De), lm_cuda_stream()>>>(
-                part_o, part_ml, q_lat, q_pe, c_cache, kpe_cache, lens, H, Tmax, NS, minrows, scale);
+                part_o, part_ml, q_lat, q_pe, (const bf16 *)c_cache, (const bf16 *)kpe_cache, lens, H, Tmax, NS,
+                minrows, scale);
         else
             mla_decode_split_k<<<grid, 32 * DEC_WARPS, 0, lm_cuda_stream()>>>(part_o, part_ml, q_lat, q_pe, c_cache,
                                                                               kpe_cache, lens, B, H, R, De, Tmax,
@@ -849,18 +853,41 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
 // ---- cache append: rows lens[b] − T … lens[b] − 1 of sequence b ← x [B, T, W] ----
 // grid (⌈T·W/256⌉, B). The position is read on the device (a recorded decode step replays it
 // at the cache's current end); a lens[b] < T or > Tmax (never from lm_cache) writes nothing.
-__global__ static void cache_append_k(float *cache, const float *x, const int *lens, int T, int W, int Tmax) {
+// TC: float, or bf16 (the MLA caches the tensor-core decode reads, rounded to nearest even).
+__device__ __forceinline__ void cache_put(float *p, float x) { *p = x; }
+__device__ __forceinline__ void cache_put(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
+template <typename TC>
+__global__ static void cache_append_k(TC *cache, const float *x, const int *lens, int T, int W, int Tmax) {
     const int b = blockIdx.y, len = lens[b];
     const size_t n = (size_t)T * W, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n || len < T || len > Tmax) return;
-    cache[((size_t)b * Tmax + len - T) * W + i] = x[(size_t)b * n + i];
+    cache_put(cache + ((size_t)b * Tmax + len - T) * W + i, x[(size_t)b * n + i]);
 }
 
-void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax) {
+void cuda_cache_append(real *cache, const real *x, const int *lens, int B, int T, int W, int Tmax, int as_bf16) {
     if (B <= 0 || T <= 0 || W <= 0) return;
     const size_t n = (size_t)T * W;
-    cache_append_k<<<dim3((unsigned)((n + 255) / 256), B), 256, 0, lm_cuda_stream()>>>(cache, x, lens, T, W, Tmax);
+    const dim3 grid((unsigned)((n + 255) / 256), B);
+    if (as_bf16) cache_append_k<<<grid, 256, 0, lm_cuda_stream()>>>((__nv_bfloat16 *)cache, x, lens, T, W, Tmax);
+    else cache_append_k<<<grid, 256, 0, lm_cuda_stream()>>>(cache, x, lens, T, W, Tmax);
     cudaLaunchCheck();
+}
+
+// dst [rows, W] ← rows 0 … rows − 1 of sequence b (a bf16 cache's values widened)
+__global__ static void cache_rows_k(float *dst, const __nv_bfloat16 *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+void cuda_cache_rows(real *dst, const real *cache, int b, int rows, int W, int Tmax, int as_bf16) {
+    LM_CHECK(rows >= 0 && rows <= Tmax && W > 0, "cuda cache_rows: %d rows of %d, width %d", rows, Tmax, W);
+    const size_t n = (size_t)rows * W, at = (size_t)b * Tmax * W;
+    if (!n) return;
+    if (as_bf16) {
+        cache_rows_k<<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dst, (const __nv_bfloat16 *)cache + at, n);
+        cudaLaunchCheck();
+    } else {
+        cudaCheck(cudaMemcpyAsync(dst, cache + at, n * sizeof(float), cudaMemcpyDeviceToDevice, lm_cuda_stream()));
+    }
 }
 
 // ---- per-head max logit (QK-Clip): one block per head, a fixed-order tree reduction ----

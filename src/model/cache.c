@@ -8,6 +8,11 @@ lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_
     k->ops = ops;
     lm_layout *L = &k->layout;
     lm_layout_init(L, k);
+    // bf16 rows of R (De) values take ⌈R/2⌉ reals of the arena
+    k->mla_bf16 = c->mla_heads > 0 && ops->mla_cache_bf16 &&
+                  ops->mla_cache_bf16(c->mla_heads, c->kv_lora_rank, c->qk_extra_dim);
+    const int64_t wc = k->mla_bf16 ? (c->kv_lora_rank + 1) / 2 : c->kv_lora_rank;
+    const int64_t we = k->mla_bf16 ? (c->qk_extra_dim + 1) / 2 : c->qk_extra_dim;
     for (int i = 0; i < c->n_layers; i++) {
         if (!lm_layer_is_mla(c, i)) {
             const int64_t H = c->kda_heads, K = c->kda_head_dim, W = c->kda_conv;
@@ -16,9 +21,9 @@ lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_
                 for (int j = 0; j < 3; j++)
                     lm_layout_add(L, &k->conv[i][j], 0, 3, LM_SHAPE(B, W - 1, H * K), "layers.%d.conv%d", i, j);
         } else {
-            lm_layout_add(L, &k->mla_c[i], 0, 3, LM_SHAPE(B, max_len, c->kv_lora_rank), "layers.%d.mla_c", i);
+            lm_layout_add(L, &k->mla_c[i], 0, 3, LM_SHAPE(B, max_len, wc), "layers.%d.mla_c", i);
             if (c->qk_extra_dim > 0)
-                lm_layout_add(L, &k->mla_kpe[i], 0, 3, LM_SHAPE(B, max_len, c->qk_extra_dim), "layers.%d.mla_kpe", i);
+                lm_layout_add(L, &k->mla_kpe[i], 0, 3, LM_SHAPE(B, max_len, we), "layers.%d.mla_kpe", i);
         }
     }
     lm_layout_add(L, &k->lens, LM_T_INT, 1, LM_SHAPE(B), "lens");

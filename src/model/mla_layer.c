@@ -17,8 +17,8 @@ static void cache_append(lm_step_ctx *s, const lm_mla_acts *a) {
     lm_cache *kc = s->cache;
     const int R = c->kv_lora_rank, De = c->qk_extra_dim, T = s->T;
     LM_CHECK(kc->lens_value == kc->len + T, "MLA cache append: lens not set for this chunk");
-    o->cache_append(kc->mla_c[s->layer], a->c, kc->lens, s->B, T, R, kc->max_len);
-    if (De > 0) o->cache_append(kc->mla_kpe[s->layer], a->kpe, kc->lens, s->B, T, De, kc->max_len);
+    o->cache_append(kc->mla_c[s->layer], a->c, kc->lens, s->B, T, R, kc->max_len, kc->mla_bf16);
+    if (De > 0) o->cache_append(kc->mla_kpe[s->layer], a->kpe, kc->lens, s->B, T, De, kc->max_len, kc->mla_bf16);
 }
 
 // Attention of the chunk's queries over the whole cache in the absorbed form: W_uk is
@@ -45,7 +45,7 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
             o->copy2d(a->step_q_pe, (size_t)Hm * De, a->q_pe + (size_t)t * Hm * De, (size_t)T * Hm * De, B,
                       (size_t)Hm * De);
         o->mla_decode(a->step_o_lat, a->step_q_lat, a->step_q_pe, kc->mla_c[s->layer], kc->mla_kpe[s->layer],
-                      kc->lens, B, Hm, R, De, kc->max_len, mla_scale(c));
+                      kc->lens, B, Hm, R, De, kc->max_len, mla_scale(c), kc->mla_bf16);
         o->copy2d(a->o_lat + (size_t)t * Hm * R, (size_t)T * Hm * R, a->step_o_lat, (size_t)Hm * R, B, (size_t)Hm * R);
     }
     o->head_matmul(a->o, a->o_lat, p->kv_b + (size_t)Dn * R, N, Hm, R, Dv, stride, 0);
@@ -55,8 +55,9 @@ static void decode_absorbed(lm_step_ctx *s, const lm_layer_params *p, lm_mla_act
 // of all len + T cached tokens (up-projected from the latent cache, one sequence at a time,
 // into the cache's scratch), then causal attention of the chunk's queries over them. One
 // up-projection of the cache per chunk instead of a decode step per token; the scratch
-// grows with the whole context (B·(len+T)·H·(Dn+Dv + Dqk+Dv) reals), so shorter chunks keep
-// the absorbed token-by-token path, whose memory follows the chunk.
+// grows with the whole context (B·(len+T)·H·(Dn+Dv + Dqk+Dv) reals, and L·(R+De) for a bf16
+// cache's rows widened), so shorter chunks keep the absorbed token-by-token path, whose
+// memory follows the chunk.
 #define PREFIX_MIN_T 64
 static void prefill_over_cache(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a) {
     const lm_ops *o = s->ops;
@@ -66,12 +67,21 @@ static void prefill_over_cache(lm_step_ctx *s, const lm_layer_params *p, lm_mla_
     const int Dn = c->qk_nope_dim, De = c->qk_extra_dim, Dv = c->v_head_dim, R = c->kv_lora_rank;
     const size_t nkv = (size_t)L * Hm * (Dn + Dv), nk = (size_t)B * L * Hm * Dqk, nv = (size_t)B * L * Hm * Dv;
     const size_t a16 = 16;   // reals: keeps every part 64-byte aligned
-    const size_t pkv = (nkv + a16 - 1) / a16 * a16, pk = (nk + a16 - 1) / a16 * a16;
-    real *kv = lm_cache_scratch(kc, (pkv + pk + nv) * sizeof(real)), *k = kv + pkv, *v = k + pk;
+    const size_t pkv = (nkv + a16 - 1) / a16 * a16, pk = (nk + a16 - 1) / a16 * a16, pv = (nv + a16 - 1) / a16 * a16;
+    const size_t pc = kc->mla_bf16 ? ((size_t)L * R + a16 - 1) / a16 * a16 : 0, pe = kc->mla_bf16 ? (size_t)L * De : 0;
+    real *kv = lm_cache_scratch(kc, (pkv + pk + pv + pc + pe) * sizeof(real)), *k = kv + pkv, *v = k + pk;
+    real *crow = v + pv, *erow = crow + pc;   // a bf16 cache's rows of sequence b, widened
     for (int b = 0; b < B; b++) {
-        o->matmul_fwd(kv, kc->mla_c[s->layer] + (size_t)b * kc->max_len * R, p->kv_b, NULL, L, R, Hm * (Dn + Dv));
-        o->mla_split_fwd(k + (size_t)b * L * Hm * Dqk, v + (size_t)b * L * Hm * Dv, kv,
-                         De > 0 ? kc->mla_kpe[s->layer] + (size_t)b * kc->max_len * De : NULL, L, Hm, Dn, De, Dv);
+        const real *cb = crow, *eb = De > 0 ? erow : NULL;
+        if (kc->mla_bf16) {
+            o->cache_rows(crow, kc->mla_c[s->layer], b, L, R, kc->max_len, 1);
+            if (De > 0) o->cache_rows(erow, kc->mla_kpe[s->layer], b, L, De, kc->max_len, 1);
+        } else {   // the reals in place
+            cb = kc->mla_c[s->layer] + (size_t)b * kc->max_len * R;
+            eb = De > 0 ? kc->mla_kpe[s->layer] + (size_t)b * kc->max_len * De : NULL;
+        }
+        o->matmul_fwd(kv, cb, p->kv_b, NULL, L, R, Hm * (Dn + Dv));
+        o->mla_split_fwd(k + (size_t)b * L * Hm * Dqk, v + (size_t)b * L * Hm * Dv, kv, eb, L, Hm, Dn, De, Dv);
     }
     o->attn_prefix_fwd(a->o, a->q, k, v, B, T, P, Hm, Dqk, Dv, mla_scale(c));
 }

@@ -46,7 +46,6 @@ static int harness_fa_wg = LM_FA_TMA;
 #define lm_cuda_fa_wg() (harness_fa_wg)
 #define lm_cuda_set_fa_wg(m) ((void)(harness_fa_wg = (m)))
 #define lm_cuda_set_mla_decode_tc(on) ((void)(on))
-#define lm_cuda_mla_decode_tc_takes(H, R, De) 0
 #define lm_cuda_attn_flash_fwd_bf16(o, lse, q, k, v, B, T, P, H, Dqk, Dv, scale) 0
 #define lm_cuda_round_bf16(dst, src, n) ((void)0)
 #endif
@@ -252,20 +251,47 @@ static void t_elementwise(void) {
     DFREE(ga, gb, go); HFREE(a, b, o, acc);
 }
 
-// cache_append: rows lens[b] − T … lens[b] − 1 of each sequence, lens read from backend memory
-static void t_cache_append(int B, int T, int W, int Tmax) {
+// x rounded to bf16, nearest even (finite x), as the backends' bf16 caches hold it
+static float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, sizeof u);
+    return x;
+}
+
+// a device cache [B, Tmax, W] holding the host's h: uploaded, or (bf16) every row appended
+// through cache_append, rounded
+static float *dcache(const float *h, int B, int Tmax, int W, int bf16) {
+    if (!bf16) return dfl(h, (size_t)B * Tmax * W);
+    float *gc = GPU->alloc(((size_t)B * Tmax * W + 1) / 2 * sizeof(float)), *gh = dfl(h, (size_t)B * Tmax * W);
+    int *full = lm_malloc((size_t)B * sizeof(int));
+    for (int b = 0; b < B; b++) full[b] = Tmax;
+    int *gfull = dint(full, B);
+    GPU->cache_append(gc, gh, gfull, B, Tmax, W, Tmax, 1);
+    DFREE(gh, gfull); HFREE(full);
+    return gc;
+}
+
+// cache_append: rows lens[b] − T … lens[b] − 1 of each sequence, lens read from backend memory;
+// bf16: a bf16 cache (the CUDA backend's MLA caches), read back by cache_rows
+static void t_cache_append(int B, int T, int W, int Tmax, int bf16) {
     char op[64];
-    snprintf(op, sizeof op, "cache_append B%d T%d W%d", B, T, W);
+    snprintf(op, sizeof op, "cache_append B%d T%d W%d%s", B, T, W, bf16 ? " bf16" : "");
     float *cache = hrandn((size_t)B * Tmax * W, 1), *x = hrandn((size_t)B * T * W, 1);
     int *lens = lm_malloc((size_t)B * sizeof(int));
     for (int b = 0; b < B; b++) lens[b] = T + (int)lm_rng_below(&R, (uint32_t)(Tmax - T + 1));   // T ≤ lens ≤ Tmax
-    float *gc = dfl(cache, (size_t)B * Tmax * W), *gx = dfl(x, (size_t)B * T * W);
+    float *gc = dcache(cache, B, Tmax, W, bf16), *gx = dfl(x, (size_t)B * T * W);
     int *gl = GPU->alloc((size_t)B * sizeof(int));
     GPU->to_device(gl, lens, (size_t)B * sizeof(int));
-    CPU->cache_append(cache, x, lens, B, T, W, Tmax);
-    GPU->cache_append(gc, gx, gl, B, T, W, Tmax);
-    cmp(op, "cache", gc, cache, (size_t)B * Tmax * W, 0);
-    DFREE(gc, gx, gl); HFREE(cache, x, lens);
+    CPU->cache_append(cache, x, lens, B, T, W, Tmax, 0);
+    GPU->cache_append(gc, gx, gl, B, T, W, Tmax, bf16);
+    float *rows = GPU->alloc((size_t)B * Tmax * W * sizeof(float));
+    for (int b = 0; b < B; b++) GPU->cache_rows(rows + (size_t)b * Tmax * W, gc, b, Tmax, W, Tmax, bf16);
+    if (bf16)
+        for (size_t i = 0; i < (size_t)B * Tmax * W; i++) cache[i] = bf16_round(cache[i]);
+    cmp(op, "cache (exact)", rows, cache, (size_t)B * Tmax * W, 0);
+    DFREE(gc, gx, gl, rows); HFREE(cache, x, lens);
 }
 
 // one token of three convs with their caches (a KDA layer's q, k, v in one launch)
@@ -971,15 +997,16 @@ static void mla_decode_case(const char *op, int B, int H, int R, int De, int Tma
                             int f64_ref) {
     float *ql = hrandn((size_t)B * H * R, 1), *qp = hrandn((size_t)B * H * De, 1);
     float *cc = hrandn((size_t)B * Tmax * R, 1), *kc = hrandn((size_t)B * Tmax * De, 1);
+    // the backend's cache format for these dims: a bf16 cache is decoded on tensor cores, its
+    // values bf16 (as the flash kernels' k, v); the reference keeps the fp32 values
+    const int tc = GPU->mla_cache_bf16 && GPU->mla_cache_bf16(H, R, De);
     float *gql = dfl(ql, (size_t)B * H * R), *gqp = dfl(qp, (size_t)B * H * De);
-    float *gcc = dfl(cc, (size_t)B * Tmax * R), *gkc = dfl(kc, (size_t)B * Tmax * De), *go = dpoison((size_t)B * H * R);
+    float *gcc = dcache(cc, B, Tmax, R, tc), *gkc = dcache(kc, B, Tmax, De, tc), *go = dpoison((size_t)B * H * R);
     int *glens = dint(lens, B);
     float *o = lm_malloc((size_t)B * H * R * sizeof(float));
     if (f64_ref) mla_decode_f64(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, scale);
-    else CPU->mla_decode(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, (real)scale);
-    GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, (real)scale);
-    // the tensor-core kernel's cache rows enter its products in bf16 (as the flash kernels' k, v)
-    const int tc = lm_cuda_mla_decode_tc_takes(H, R, De);
+    else CPU->mla_decode(o, ql, qp, cc, kc, lens, B, H, R, De, Tmax, (real)scale, 0);
+    GPU->mla_decode(go, gql, gqp, gcc, gkc, glens, B, H, R, De, Tmax, (real)scale, tc);
     char what[48] = "o_lat";
     if (f64_ref) snprintf(what, sizeof what, "o_lat B=%d Tmax=%d vs f64", B, Tmax);
     if (tc) strncat(what, " (tc)", sizeof what - strlen(what) - 1);
@@ -2247,8 +2274,10 @@ int main(int argc, char **argv) {
     if (!only_model) {
         printf("== CUDA ops vs CPU reference (relative RMS error; integer outputs: mismatches)\n");
         t_elementwise();
-        t_cache_append(3, 1, 40, 17);
-        t_cache_append(2, 5, 9, 12);
+        for (int bf16 = 0; bf16 < (GPU->mla_cache_bf16 ? 2 : 1); bf16++) {
+            t_cache_append(3, 1, 40, 17, bf16);
+            t_cache_append(2, 5, 9, 12, bf16);
+        }
         t_graph();
         t_conv_step(3, 4);
         t_conv_step(2, 2);
@@ -2360,7 +2389,10 @@ int main(int argc, char **argv) {
         t_attnres(5, 300, 40, TOL);
         t_attnres(3, 256, 40, TOL);
         t_attnres(6, 1024, 2000, TOL);
-        t_attnres(8, 2304, 700, 3 * TOL);   // measured 1.3e-5 (sources up to 7.5 over 2304 channels)
+        // sources up to 7.5 over 2304 channels: measured 1.3e-5 with one draw of the inputs,
+        // 3.5e-5 (source 0, whose gradient sums two entries) with the draw that session 24's new
+        // checks before it left — the cancellation noted at C = 4096 below, at half the width
+        t_attnres(8, 2304, 700, 6 * TOL);
         t_attnres(2, 128, 5000, TOL);
         t_attnres(10, 512, 300, TOL);
         // rows of 1024 threads: the forward's register kernels; the backward's where their
