@@ -149,10 +149,10 @@ static void bench_prefill(lm_model *m, int B, int L, lm_rng *r, int allow_slow) 
     free(ct);
 }
 
-// Times the MLA decode op alone over one layer's cache c [B,L,R], kpe [B,L,De] whose
+// Times the MLA decode op alone over one layer's cache c [B,L,R], kpe [B,L,De] (bf16 values where bf16) whose
 // device lens hold L: GB/s of cache read (every row of c and kpe read once per call).
-static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, const int *lens, int B, int L,
-                           const real *block, size_t nblock) {
+static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, int bf16, const int *lens, int B,
+                           int L, const real *block, size_t nblock) {
     const int H = c->mla_heads, R = c->kv_lora_rank, De = c->qk_extra_dim;
     real *ql = OPS->alloc((size_t)B * H * R * sizeof(real)), *qp = OPS->alloc((size_t)B * H * (De ? De : 1) * sizeof(real));
     real *o = OPS->alloc((size_t)B * H * R * sizeof(real));
@@ -164,11 +164,11 @@ static void time_decode_op(const lm_config *c, const real *cc, const real *kpe, 
     for (int k = 0; k < REPS + 2; k++) {
         sync_dev();
         double t0 = lm_time_sec();
-        OPS->mla_decode(o, ql, qp, cc, kpe, lens, B, H, R, De, L, scale, mla_bf16(c));
+        OPS->mla_decode(o, ql, qp, cc, kpe, lens, B, H, R, De, L, scale, bf16);
         sync_dev();
         if (k >= 2) t[k - 2] = lm_time_sec() - t0;
     }
-    double tm = lm_median(t, REPS), bytes = (double)B * L * (R + De) * (mla_bf16(c) ? 2 : sizeof(real));
+    double tm = lm_median(t, REPS), bytes = (double)B * L * (R + De) * (bf16 ? 2 : sizeof(real));
     printf("          mla_decode op alone (one layer, B=%d, len %d): %.3f ms, %.0f GB/s of cache read\n", B, L,
            tm * 1e3, bytes / tm / GB);
     OPS->free(ql); OPS->free(qp); OPS->free(o);
@@ -192,7 +192,7 @@ static void bench_op_only(const lm_config *c, long max_ctx, const real *block, s
             for (int b = 0; b < B; b++) hl[b] = L;
             int *lens = OPS->alloc((size_t)B * sizeof(int));
             OPS->to_device(lens, hl, (size_t)B * sizeof(int));
-            time_decode_op(c, cc, kpe, lens, B, L, block, nblock);
+            time_decode_op(c, cc, kpe, bf, lens, B, L, block, nblock);
             OPS->free(cc); OPS->free(kpe); OPS->free(lens);
             free(hl);
         }
@@ -260,7 +260,7 @@ static decode_res bench_decode(lm_model *m, int B, int L, int steps, const real 
     // the MLA decode op alone on the last MLA layer's cache (lens = L from the last step)
     for (int i = c->n_layers - 1; i >= 0; i--)
         if (lm_layer_is_mla(c, i)) {
-            time_decode_op(c, kc->mla_c[i], kc->mla_kpe[i], kc->lens, B, L, block, nblock);
+            time_decode_op(c, kc->mla_c[i], kc->mla_kpe[i], kc->mla_bf16, kc->lens, B, L, block, nblock);
             break;
         }
     fflush(stdout);

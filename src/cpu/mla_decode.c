@@ -44,17 +44,17 @@ void cpu_cache_append(real *cache, const real *x, const int *lens, int B, int T,
     }
 }
 
-// One decode step per sequence b and head h over its lens[b] cached tokens:
-//   score_t = scale·(q_lat·c_t + q_pe·kpe_t), t < lens[b];  o_lat = Σ_t softmax(score)_t c_t
-// o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R]; kpe_cache [B,Tmax,De]; lens [B]
-// (0 ≤ lens[b] ≤ Tmax; lens[b] = 0 gives o_lat = 0). Scores are kept in a [Tmax] buffer
-// per thread: a two-pass softmax (max, then exponentials) is exact and cheap at T = 1.
 // dst [rows, W] ← rows 0 … rows − 1 of sequence b of a cache [B, Tmax, W]
 void cpu_cache_rows(real *dst, const real *cache, int b, int rows, int W, int Tmax, int bf16) {
     LM_CHECK(!bf16 && rows >= 0 && rows <= Tmax, "cache_rows: %d rows of %d%s", rows, Tmax, bf16 ? " (bf16)" : "");
     memcpy(dst, cache + (size_t)b * Tmax * W, (size_t)rows * W * sizeof(real));
 }
 
+// One decode step per sequence b and head h over its lens[b] cached tokens:
+//   score_t = scale·(q_lat·c_t + q_pe·kpe_t), t < lens[b];  o_lat = Σ_t softmax(score)_t c_t
+// o_lat, q_lat [B,H,R]; q_pe [B,H,De]; c_cache [B,Tmax,R]; kpe_cache [B,Tmax,De]; lens [B]
+// (0 ≤ lens[b] ≤ Tmax; lens[b] = 0 gives o_lat = 0). Scores are kept in a [Tmax] buffer
+// per thread: a two-pass softmax (max, then exponentials) is exact and cheap at T = 1.
 void cpu_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const real *c_cache,
                     const real *kpe_cache, const int *lens, int B, int H, int R, int De, int Tmax, real scale,
                     int bf16) {

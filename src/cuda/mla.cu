@@ -751,7 +751,8 @@ __global__ static void __launch_bounds__(32 * TC_WARPS) mla_decode_tc_k(
     }
 }
 
-// LM_MLA_DECODE=fp32: the fp32 split kernel even where the tensor-core one applies
+// LM_MLA_DECODE=fp32: new caches in fp32 (decoded by the fp32 kernels) even where the
+// tensor-core kernel has an instance; a cache's decode follows the format it was made in
 static int g_mla_tc = -1;
 int lm_cuda_mla_decode_tc(void) {
     if (g_mla_tc < 0) {

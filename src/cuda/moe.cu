@@ -125,7 +125,8 @@ __global__ static void plan_hist_k(int *counts, const int *idx, size_t NK, int E
 __device__ __forceinline__ int plan_cap(int c, int capacity) { return capacity >= 0 && c > capacity ? capacity : c; }
 // Exclusive prefix sums over the block (≤ 1024 threads, every thread calls) of two per-thread
 // values: inclusive scans over each warp, then over the warps' totals. ws: 2 × 32 ints of
-// shared memory. Returns the sums of a and of b over the threads before this one.
+// shared memory, read after the last barrier: once per kernel (a second call would need a
+// barrier first). Returns the sums of a and of b over the threads before this one.
 __device__ static int2 block_excl_scan2(int a, int b, int (*ws)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int ia = a, ib = b;

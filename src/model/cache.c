@@ -8,7 +8,8 @@ lm_cache *lm_cache_create(const lm_config *c, const lm_ops *ops, int B, int max_
     k->ops = ops;
     lm_layout *L = &k->layout;
     lm_layout_init(L, k);
-    // bf16 rows of R (De) values take ⌈R/2⌉ reals of the arena
+    // a bf16 cache [B, max_len, R] (the backend's instances have R, De even) takes B·max_len·⌈R/2⌉
+    // reals of the arena
     k->mla_bf16 = c->mla_heads > 0 && ops->mla_cache_bf16 &&
                   ops->mla_cache_bf16(c->mla_heads, c->kv_lora_rank, c->qk_extra_dim);
     const int64_t wc = k->mla_bf16 ? (c->kv_lora_rank + 1) / 2 : c->kv_lora_rank;

@@ -15,7 +15,7 @@ typedef struct lm_cache {
     real *kda_state[LM_MAX_LAYERS];        // [B,H,K,V]
     real *conv[LM_MAX_LAYERS][3];          // [B,W−1,H·K] for q, k, v
     real *mla_c[LM_MAX_LAYERS];            // [B,max_len,R]   (bf16 values where mla_bf16)
-    real *mla_kpe[LM_MAX_LAYERS];          // [B,max_len,De]
+    real *mla_kpe[LM_MAX_LAYERS];          // [B,max_len,De]  (likewise)
     int mla_bf16;                          // the backend keeps the MLA caches in bf16 (ops mla_cache_bf16)
     int *lens;                             // [B] backend copy of the decode op's lengths
     int lens_value;                        // the value every entry of lens holds now; −1 unknown
