@@ -34,11 +34,13 @@ int lm_cmd_plan(int argc, char **argv) {
     printf("  forward FLOPs per token (2 x active params, no attention): %.3g GFLOP\n", 2 * act / 1e9);
     double kda = 0, mla = 0;
     for (int i = 0; i < c.n_layers; i++) {
-        if (lm_layer_is_mla(&c, i)) mla += (double)ctx * (c.kv_lora_rank + c.qk_extra_dim) * 2;   // bf16 latent cache
+        if (lm_layer_is_mla(&c, i)) mla += (double)ctx * (c.kv_lora_rank + c.qk_extra_dim) * 2;   // in bf16
         else kda += (double)c.kda_heads * c.kda_head_dim * c.kda_head_dim * 4 +
                     3.0 * (c.kda_conv - 1) * c.kda_heads * c.kda_head_dim * 2;   // fp32 state + bf16 conv caches
     }
-    printf("  inference cache per sequence at %ld tokens: KDA %.3g MB (constant) + MLA latent %.3g MB (bf16)\n", ctx,
-           kda / 1e6, mla / 1e6);
+    // the CUDA backend keeps the latents in bf16 where its tensor-core decode takes the shape
+    // (≤ 8 MLA heads: the tiny and small presets), in fp32 elsewhere and on the CPU
+    printf("  inference cache per sequence at %ld tokens: KDA %.3g MB (constant) + MLA latent %.3g MB in bf16 "
+           "(%.3g MB in fp32)\n", ctx, kda / 1e6, mla / 1e6, 2 * mla / 1e6);
     return 0;
 }
