@@ -420,7 +420,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kw + 16 * w + (l >> 2) + 8 * (e >> 1), qc = 8 * n + 2 * (l & 3) + (e & 1);
-                sT[4 * n + e] = key <= q0 + qc ? fa_exp2(fmaf(sT[4 * n + e], scale_log2, -rs[qc])) : 0.f;
+                sT[4 * n + e] = fw_p(sT[4 * n + e], key <= q0 + qc, scale_log2, rs[qc]);
             }
         fw_pack_a<FS_BQ>(pa, sT);
         float dpT[FS_BQ / 2];

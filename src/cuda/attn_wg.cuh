@@ -37,9 +37,13 @@ __device__ __forceinline__ void fw_pack_a(uint32_t (*a)[4], const float *x) {
 
 // P = exp2(s·scale_log2 − lse2) where `ok` (causal), else 0; dS = P ∘ (dP − D) · scale. lse2 in
 // log2 units. Rows past T have lse2 = +inf, so their P is exactly 0.
+// P = e^{S·scale − lse} from the saved lse (lse2 in log2 units); 0 where masked
+__device__ __forceinline__ float fw_p(float s, bool ok, float scale_log2, float lse2) {
+    return ok ? fa_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+}
 __device__ __forceinline__ void fw_p_ds(float &s, float &dp, bool ok, float scale_log2, float lse2, float Dv,
                                         float scale) {
-    const float p = ok ? fa_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+    const float p = fw_p(s, ok, scale_log2, lse2);
     dp = p * (dp - Dv) * scale;
     s = p;
 }

@@ -772,10 +772,11 @@ static tc_kernel tc_kernel_for(int R, int De) {
     if (R == 64 && De == 16) return mla_decode_tc_k<64, 16>;
     return NULL;
 }
-int lm_cuda_mla_decode_tc_takes(int H, int R, int De) {
-    return lm_cuda_mla_decode_tc() && H >= 1 && H <= 8 && tc_kernel_for(R, De) &&
-           TC_WARPS * tc_warp_smem(R + De) <= 227 * 1024;
-}
+static_assert(TC_WARPS * TC_STAGES * TC_ROWS * (256 + 64 + 8) * 2 <= 227 * 1024,
+              "the largest instance's ring fits an SM's shared memory");
+// dims a bf16 cache can have: ≤ 8 heads (one n-tile) and an instance for (R, De)
+static int tc_shape(int H, int R, int De) { return H >= 1 && H <= 8 && tc_kernel_for(R, De); }
+int lm_cuda_mla_decode_tc_takes(int H, int R, int De) { return lm_cuda_mla_decode_tc() && tc_shape(H, R, De); }
 
 // blocks of the split kernel resident on the whole GPU at once (one wave)
 static int split_slots(int tc, int R, int De) {
@@ -817,8 +818,8 @@ void cuda_mla_decode(real *o_lat, const real *q_lat, const real *q_pe, const rea
                      const int *lens, int B, int H, int R, int De, int Tmax, real scale, int cache_bf16) {
     if (B <= 0 || H <= 0 || R <= 0) return;
     // a bf16 cache is one lm_cuda_mla_decode_tc_takes accepted when it was made
-    LM_CHECK(!cache_bf16 || (tc_kernel_for(R, De) && H <= 8 && Tmax > 0 && lm_aligned16({c_cache}) &&
-                       (De == 0 || lm_aligned16({kpe_cache}))),
+    LM_CHECK(!cache_bf16 || (tc_shape(H, R, De) && Tmax > 0 && lm_aligned16({c_cache}) &&
+                             (De == 0 || lm_aligned16({kpe_cache}))),
              "cuda mla_decode: no bf16-cache kernel for H %d, R %d, De %d", H, R, De);
     const bool split = cache_bf16 || (H <= DEC_NH && R <= 128 * DEC_KR && De <= 128 && R % 4 == 0 && De % 4 == 0 &&
                                 lm_aligned16({c_cache}) && (De == 0 || lm_aligned16({kpe_cache})) && Tmax > 0);

@@ -247,11 +247,19 @@ int lm_cuda_experts_keep_bf16(int C, int F) {
     return experts_bf16(&probe, &kf, &ki, &kw) && experts_lo(kf, ki);
 }
 
+// two tile lists of E + 1 ints in the backend's scratch (for products of F and of C columns)
+static int *tile_lists(int E, int **tsC) {
+    const size_t one = lm_align256((E + 1) * sizeof(int));
+    int *tsF = (int *)lm_cuda_scratch(2 * one);
+    *tsC = tsF + one / sizeof(int);
+    return tsF;
+}
+
 // The expert FFN on the gathered rows (xp, bf16): ea, eb = xp·W1ᵀ, xp·W3ᵀ per expert; eh =
 // act(ea) ⊙ eb (bf16); yp = eh·W2ᵀ. ea, eb, yp bf16 where lo (the TMA kernel), else fp32.
-// tsF, tsC: two tile lists of E + 1 ints (device scratch).
-static void experts_ffn(const lm_experts *ex, int kf, int lo, int *tsF, int *tsC) {
+static void experts_ffn(const lm_experts *ex, int kf, int lo) {
     const int E = ex->E, C = ex->C, F = ex->F, R = ex->R;
+    int *tsC, *tsF = tile_lists(E, &tsC);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
     const bf16 *xpb = (const bf16 *)ex->xp;
     bf16 *ehb = (bf16 *)ex->eh;
@@ -270,8 +278,7 @@ void lm_cuda_moe_experts_ffn(const lm_experts *ex) {
     int kf, ki, kw;
     LM_CHECK(experts_bf16(ex, &kf, &ki, &kw) && ex->R > FEW_ROWS,
              "cuda moe_experts_ffn: needs the bf16 GEMM path and more than %d rows", FEW_ROWS);
-    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((ex->E + 1) * sizeof(int)));
-    experts_ffn(ex, kf, experts_lo(kf, ki), tsF, tsF + lm_align256((ex->E + 1) * sizeof(int)) / sizeof(int));
+    experts_ffn(ex, kf, experts_lo(kf, ki));
 }
 
 void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
@@ -284,8 +291,6 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
     if (R <= 0) return;
     cudaStream_t st = lm_cuda_stream();
     bf16 *xpb = (bf16 *)ex->xp, *ehb = (bf16 *)ex->eh;
-    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
-    int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
     if (ex->x_lo && lm_aligned16({ex->x_lo}))
         gather_lo_k<<<grid_for((size_t)R * C / 8), 256, 0, st>>>(xpb, (const bf16 *)ex->x_lo, ex->row_token, R, C);
     else
@@ -304,7 +309,7 @@ void cuda_moe_experts_fwd(const lm_experts *ex, real *y, const real *x) {
         lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
         return;
     }
-    experts_ffn(ex, kf, lo, tsF, tsC);
+    experts_ffn(ex, kf, lo);
     if (lo) lm_cuda_moe_combine_bf16(y, (const bf16 *)ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C, 0);
     else cuda_moe_combine_fwd(y, ex->yp, ex->gate, ex->slot_row, ex->N, ex->k, C);
 }
@@ -322,8 +327,7 @@ void cuda_moe_experts_bwd(const lm_experts *ex, const lm_experts_grads *g, real 
     cudaStream_t st = lm_cuda_stream();
     const bf16 *xpb = (const bf16 *)ex->xp, *ehb = (const bf16 *)ex->eh;
     bf16 *dypb = (bf16 *)g->dyp, *deab = (bf16 *)g->dea, *debb = (bf16 *)g->deb;
-    int *tsF = (int *)lm_cuda_scratch(2 * lm_align256((E + 1) * sizeof(int)));
-    int *tsC = tsF + lm_align256((E + 1) * sizeof(int)) / sizeof(int);
+    int *tsC, *tsF = tile_lists(E, &tsC);
     const size_t nw = (size_t)E * F * C, n = (size_t)R * F;
     const int lo = experts_lo(kf, ki);
     // dyp = gate · dy by slot (bf16; the rows no slot names stay zero), dgate from yp
