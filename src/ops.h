@@ -84,6 +84,14 @@ typedef struct {
     void *df_lo;
     // backward, optional: d_o already in that precision (the gated norm's dx_lo), read instead of d_o
     const void *d_o_lo;
+    // backward, optional (with grads_assign, the conv, and a nonzero linears_lo_bytes): the conv's
+    // input gradients written in the linears' GEMM precision instead of into dqkv_pre (left
+    // alone), as the column blocks [0, H·K), [H·K, 2·H·K), [2·H·K, 2·H·K + H·V) of a [B·T,
+    // dqkv_pre_ld] matrix whose first column is at dqkv_pre_lo: the output gradients of the
+    // projections that made qkv_pre, read by their backward as lm_linears.dout_lo (the CUDA
+    // backend: dqkv_pre_ld % 4 == 0, dqkv_pre_lo 8-byte aligned)
+    void *dqkv_pre_lo;
+    int dqkv_pre_ld;
 } lm_kda_args;
 
 // A list of [N, C] source tensors for the AttnRes mixer, passed by value so that a
@@ -146,9 +154,14 @@ typedef struct {
     // LM_CUDA_GEMM; only tests switch it, between model steps).
     void *lo;
     int lo_filled;     // lo already holds inp: its producer wrote it (rmsnorm_fwd's lo), the forward reads it
-    // backward, a list of one (n = 1): its output gradient already in the GEMM precision (e.g.
-    // lm_kda_args.df_lo), read instead of dout[0]; given only where linears_lo_bytes(N, OC) > 0
-    const void *dout_lo;
+    // backward: output gradients already in the GEMM precision, given only where
+    // linears_lo_bytes(N, OC) > 0. A list of one (n = 1): dout_lo holds its [N, OC] gradient
+    // (e.g. lm_kda_args.df_lo), read instead of dout[0]. A longer list: dout_lo is the [N, ΣOC]
+    // matrix of the column blocks of every linear with OC > 0, in list order (the backward
+    // wants dinp here), of which the producers wrote the blocks whose bit is set in
+    // dout_lo_filled (e.g. lm_kda_args.dqkv_pre_lo); the backward fills the others from dout[i]
+    void *dout_lo;
+    unsigned dout_lo_filled;
 } lm_linears;
 
 // One tensor of the parameter arena for AdamW: elements [offset, offset + n) of p, g, m and v

@@ -100,7 +100,7 @@ static void kda_l2_bwd(real *dx, const real *x, real rx, const real *dn, int n) 
 // d_o [B,T,H,V] and dS_out [B,H,K,V] may be NULL (zero). S0 is read, so it must still
 // hold the initial state (not overwritten by an in-place forward).
 void cpu_kda_bwd(const lm_kda_args *a) {
-    LM_CHECK(!a->df_lo && !a->d_o_lo, "cpu kda_bwd: no GEMM-precision gradients on the CPU");
+    LM_CHECK(!a->df_lo && !a->d_o_lo && !a->dqkv_pre_lo, "cpu kda_bwd: no GEMM-precision gradients on the CPU");
     if (a->conv_W) {   // the op with its conv: q, k, v are the forward's qkv_out; dq, dk, dv work buffers
         lm_kda_args in = kda_conv_inputs(a, 0);
         real *d[3] = {a->dq, a->dk, a->dv};

@@ -150,13 +150,15 @@ __global__ static void conv_fwd_run_k(TO *out, const float *inp, const float *w,
 // dinp[p] += Σ_j w_j · dz[p + (W-1) − j] for p in the run; part [groups, C, W]: Σ_t dz[t] ·
 // x[t − (W-1) + j] over the block's runs r ∈ [blockIdx.x · rpb, +rpb) (runs numbered b · runs +
 // i, so a group may cross sequences). dz is recomputed from the inputs for t in [t0, t1 + W − 1).
-// assign: dinp written (its old values not read), else added into
+// assign: dinp written (its old values not read), else added into. lo (with assign): dinp is
+// written in bf16 instead, as rows of ldl elements (a column block of a wider matrix), and
+// dinp itself is not touched
 // (the register caps of the measured W = 4 kernels: 64 at CP = 2, 128 at 4; wider windows uncapped,
 // which would spill under them)
 template <int W, int CP, typename TI>
 __global__ static void __launch_bounds__(64, W > 4 ? 1 : CP == 2 ? 16 : 8)
-    conv_bwd_run_k(float *dinp, float *part, const TI *dout, const float *inp, const float *w, const float *cache,
-                   int B, int T, int C, int run, int runs, int rpb, int assign) {
+    conv_bwd_run_k(float *dinp, __nv_bfloat16 *lo, long ldl, float *part, const TI *dout, const float *inp,
+                   const float *w, const float *cache, int B, int T, int C, int run, int runs, int rpb, int assign) {
     const int c0 = CP * (blockIdx.y * blockDim.x + threadIdx.x);
     if (c0 >= C) return;
     cvec<CP> wj[W], x[W], dz[W], dw[W];
@@ -190,16 +192,22 @@ __global__ static void __launch_bounds__(64, W > 4 ? 1 : CP == 2 ? 16 : 8)
                 for (int j = 0; j < W; j++) cv_fma(dw[j], dz[W - 1], x[j]);
             }
             const int p = t - (W - 1);
-            if (dinp && p >= t0) {   // Σ_j w_j · dz[p + (W-1) − j] = Σ_j w_j · dz-window[W−1−j], j order
+            if ((dinp || lo) && p >= t0) {   // Σ_j w_j · dz[p + (W-1) − j] = Σ_j w_j · dz-window[W−1−j], j order
                 cvec<CP> s = cv_zero<CP>();
 #pragma unroll
                 for (int j = 0; j < W; j++) cv_fma(s, wj[j], dz[W - 1 - j]);
-                float *d = dinp + ((size_t)b * T + p) * C + c0;
                 cvec<CP> o = cv_zero<CP>();
-                if (!assign) cv_ld(o, d);
+                if (lo) {   // (0 + s: the bits of the written fp32 value, rounded)
 #pragma unroll
-                for (int k = 0; k < CP; k++) o.v[k] += s.v[k];
-                cv_st(d, o);
+                    for (int k = 0; k < CP; k++) o.v[k] += s.v[k];
+                    cv_st(lo + ((size_t)b * T + p) * ldl + c0, o);
+                } else {
+                    float *d = dinp + ((size_t)b * T + p) * C + c0;
+                    if (!assign) cv_ld(o, d);
+#pragma unroll
+                    for (int k = 0; k < CP; k++) o.v[k] += s.v[k];
+                    cv_st(d, o);
+                }
             }
         }
     }
@@ -319,12 +327,14 @@ size_t lm_cuda_conv_bwd_part_floats(int B, int T, int C, int W) {
     return B > 0 && T > 0 ? (size_t)conv_bwd_blocks(B, T, C).groups * C * W : 0;
 }
 
-// part: the run kernels' dw partials (lm_cuda_conv_bwd_part_floats), NULL = the workspace
+// part: the run kernels' dw partials (lm_cuda_conv_bwd_part_floats), NULL = the workspace;
+// lo, ldl: dinp in bf16 instead (conv_bwd_run_k; the run kernels only)
 template <typename TI>
-static void conv_silu_bwd(float *dinp, float *dw, float *part, const TI *dout, const float *inp, const float *w,
-                          const float *cache, int B, int T, int C, int W, int assign) {
+static void conv_silu_bwd(float *dinp, __nv_bfloat16 *lo, long ldl, float *dw, float *part, const TI *dout,
+                          const float *inp, const float *w, const float *cache, int B, int T, int C, int W, int assign) {
     size_t n = (size_t)B * T * C;
-    if (!n || (!dinp && !dw)) return;
+    if (lo) dinp = NULL;
+    if (!n || (!dinp && !lo && !dw)) return;
     if (conv_run_ok(C, W) && lm_aligned16({dinp, dout, inp, cache})) {
         const conv_bwd_grid bg = conv_bwd_blocks(B, T, C);
         const int run = bg.run, runs = bg.runs, rpb = bg.rpb, groups = bg.groups;
@@ -333,10 +343,10 @@ static void conv_silu_bwd(float *dinp, float *dw, float *part, const TI *dout, c
         const dim3 grid(groups, (C / conv_cp_bwd() + 63) / 64);
         if (conv_cp_bwd() == 4) {
             CONV_W_SWITCH(W, (conv_bwd_run_k<WW, 4, TI><<<grid, 64, 0, lm_cuda_stream()>>>(
-                                 dinp, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
+                                 dinp, lo, ldl, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
         } else {
             CONV_W_SWITCH(W, (conv_bwd_run_k<WW, 2, TI><<<grid, 64, 0, lm_cuda_stream()>>>(
-                                 dinp, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
+                                 dinp, lo, ldl, part, dout, inp, w, cache, B, T, C, run, runs, rpb, assign)));
         }
         cudaLaunchCheck();
         if (dw) {
@@ -362,15 +372,19 @@ static void conv_silu_bwd(float *dinp, float *dw, float *part, const TI *dout, c
 }
 void cuda_conv_silu_bwd(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
                         const real *cache, int B, int T, int C, int W, int assign) {
-    conv_silu_bwd(dinp, dw, (float *)NULL, dout, inp, w, cache, B, T, C, W, assign);
+    conv_silu_bwd(dinp, (__nv_bfloat16 *)NULL, 0, dw, (float *)NULL, dout, inp, w, cache, B, T, C, W, assign);
 }
-void lm_cuda_conv_silu_bwd_bf16(float *dinp, float *dw, float *part, const __nv_bfloat16 *dout, const float *inp,
-                                const float *w, int B, int T, int C, int W, int assign) {
+void lm_cuda_conv_silu_bwd_bf16(float *dinp, __nv_bfloat16 *lo, long ldl, float *dw, float *part,
+                                const __nv_bfloat16 *dout, const float *inp, const float *w, int B, int T, int C,
+                                int W, int assign) {
     // the element kernels' dz would go to the workspace, where the caller's buffers are
     LM_CHECK(conv_run_ok(C, W) && lm_aligned16({dinp, dout, inp}), "cuda conv_silu_bwd (bf16): needs C %% 4 == 0 "
              "(got %d), W <= %d (got %d) and 16-byte aligned tensors", C, CONV_WMAX, W);
     LM_CHECK(!dw || part, "cuda conv_silu_bwd (bf16): no buffer for the weight gradient's partial sums");
-    conv_silu_bwd(dinp, dw, part, dout, inp, w, NULL, B, T, C, W, assign);
+    LM_CHECK(!lo || (assign && ldl >= C && ldl % 4 == 0 && (uintptr_t)lo % 8 == 0),
+             "cuda conv_silu_bwd (bf16): a bf16 input gradient is written (assign), in 8-byte aligned rows of a "
+             "multiple of 4 elements ≥ C (got ld %ld for C %d)", ldl, C);
+    conv_silu_bwd(dinp, lo, ldl, dw, part, dout, inp, w, NULL, B, T, C, W, assign);
 }
 
 // cache [B,W-1,C] ← the last W-1 rows of [cache ++ inp]; one thread per (b, c) column

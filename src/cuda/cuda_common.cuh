@@ -304,11 +304,13 @@ void lm_cuda_to_bf16_rows(__nv_bfloat16 *y, long ldy, const float *x, long rows,
 // them followed by rounding / preceded by widening, bit for bit. The backward takes its dw
 // partial sums in part (lm_cuda_conv_bwd_part_floats; the caller's, since the caller's own
 // buffers live in the workspace) and only the vectorised form: C % 4 == 0, W ≤ 8, dinp,
-// dout, inp 16-byte aligned (refused otherwise).
+// dout, inp 16-byte aligned (refused otherwise). lo (with assign): dinp written in bf16 instead,
+// as the first C columns of rows of ldl elements (ldl % 4 == 0, lo 8-byte aligned), dinp untouched.
 void lm_cuda_conv_silu_fwd_bf16(__nv_bfloat16 *out, const float *inp, const float *w, int B, int T, int C, int W);
 size_t lm_cuda_conv_bwd_part_floats(int B, int T, int C, int W);
-void lm_cuda_conv_silu_bwd_bf16(float *dinp, float *dw, float *part, const __nv_bfloat16 *dout, const float *inp,
-                                const float *w, int B, int T, int C, int W, int assign);
+void lm_cuda_conv_silu_bwd_bf16(float *dinp, __nv_bfloat16 *lo, long ldl, float *dw, float *part,
+                                const __nv_bfloat16 *dout, const float *inp, const float *w, int B, int T, int C,
+                                int W, int assign);
 // bf16 copy of the n fp32 weights at W (weight_cache.cu), made at the first use after they
 // may have changed and kept until then. "May have changed" = lm_cuda_weights_written()
 // covered them, or lm_cuda_weights_changed() was called, since the copy was made

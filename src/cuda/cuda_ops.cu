@@ -311,13 +311,17 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
     cudaCheck(kda_bwd(p));
     const int add = !a->grads_assign;
+    LM_CHECK(!a->dqkv_pre_lo || (W && a->grads_assign), "cuda kda_bwd: bf16 conv input gradients (dqkv_pre_lo) are "
+             "the conv's, written");
     if (W) {   // the conv's backward reads the bf16 gradients of q, k, v (dq, dk, dv untouched)
         const __nv_bfloat16 *dg[3] = {p->dq, p->dk, p->dv};
         const int C[3] = {HK, HK, HV};
+        __nv_bfloat16 *lo = (__nv_bfloat16 *)a->dqkv_pre_lo;   // the three column blocks, side by side
         for (int j = 0; j < 3; j++)
-            if (a->dqkv_pre[j] || a->dconv_w[j])
-                lm_cuda_conv_silu_bwd_bf16(a->dqkv_pre[j], a->dconv_w[j], conv_part, dg[j], a->qkv_pre[j], a->conv_w[j],
-                                           a->B, a->T, C[j], W, a->grads_assign);
+            if (a->dqkv_pre[j] || a->dconv_w[j] || lo)
+                lm_cuda_conv_silu_bwd_bf16(a->dqkv_pre[j], lo ? lo + (j ? HK : 0) + (j == 2 ? HK : 0) : NULL,
+                                           a->dqkv_pre_ld, a->dconv_w[j], conv_part, dg[j], a->qkv_pre[j],
+                                           a->conv_w[j], a->B, a->T, C[j], W, a->grads_assign);
     } else {
         from_bf16(a->dq, p->dq, c.nqk, add);
         from_bf16(a->dk, p->dk, c.nqk, add);

@@ -4,7 +4,8 @@
 // Decode is memory-bound: every (sequence, head) — an "item" — reads and writes its K×V fp32
 // state once (64 KiB each way at K = V = 128). The value columns of the step are independent
 // but for the norms of q and k, so one block takes VT of the item's V columns (the state rows'
-// VT-wide pieces; VT = V/2 by default, below); each of its 256 threads holds a KR × 4 tile in registers (16-byte loads,
+// VT-wide pieces; VT = V/2 by default, below); each of its threads (128 at K = 128, else 256)
+// holds a KR × 4 tile in registers (16-byte loads,
 // all issued before the gate math), so the state makes exactly one round trip:
 //   S ← Diag(e^g) S;  p = Sᵀk̂;  r = β(v − p);  S ← S + k̂ rᵀ;  o = Sᵀ(scale·q̂)
 // (the two reductions over K go through shared memory).
@@ -41,21 +42,22 @@ __device__ __forceinline__ float dec_ld(const float *p, size_t i) { return p[i];
 __device__ __forceinline__ void dec_st(bf16 *p, size_t i, float x) { p[i] = __float2bfloat16(x); }
 __device__ __forceinline__ void dec_st(float *p, size_t i, float x) { p[i] = x; }
 
-template <int K, int VT> struct DecShared {
-    static constexpr int VG = VT / 4, RG = DEC_THREADS / VG, KR = K / RG;
-    float sq[K], sk[K], sal[K], sr[VT], red[RG][VT + 4], wsum[2][DEC_THREADS / 32];
+template <int K, int VT, int NT> struct DecShared {
+    static constexpr int VG = VT / 4, RG = NT / VG, KR = K / RG;
+    float sq[K], sk[K], sal[K], sr[VT], red[RG][VT + 4], wsum[2][NT / 32];
 };
 
 // grid (B·H·V/VT): block → item (sequence b, head h) and its columns c0 .. c0 + VT − 1
-template <int K, int V, int VT, typename TI, typename TO>
-__global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
-    typedef DecShared<K, VT> Sh;
+template <int K, int V, int VT, typename TI, typename TO, int NT>
+__global__ void __launch_bounds__(NT) kda_decode_kernel(DecArgs a) {
+    static_assert(NT >= K && NT >= VT, "a thread per channel for the norms, per column for the sums");
+    typedef DecShared<K, VT, NT> Sh;
     const TI *aq = (const TI *)a.q, *ak = (const TI *)a.k, *av = (const TI *)a.v, *af = (const TI *)a.f;
     constexpr int VG = Sh::VG, RG = Sh::RG, KR = Sh::KR;
     __shared__ __align__(16) Sh sm;   // red and sr are read as float4
     const int item = blockIdx.x / (V / VT), c0 = (blockIdx.x % (V / VT)) * VT;
     const int b = item / a.H, h = item % a.H, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int cg = tid % VG, rg = tid / VG;
+    const int cg = tid % VG, rg = tid / VG;   // (NT / VG row groups of KR rows)
     const int sin = a.slots_in ? a.slots_in[b] : b, sout = a.slots_out ? a.slots_out[b] : b;
     const float *Si = a.state_in + ((size_t)sin * a.H + h) * K * V + c0;   // row stride V
     float *So = a.state_out + ((size_t)sout * a.H + h) * K * V + c0;
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(DEC_THREADS) kda_decode_kernel(DecArgs a) {
     __syncthreads();
     float tq = 0.f, tk = 0.f;
 #pragma unroll
-    for (int w = 0; w < DEC_THREADS / 32; w++) {
+    for (int w = 0; w < NT / 32; w++) {
         tq += sm.wsum[0][w];
         tk += sm.wsum[1][w];
     }
@@ -147,13 +149,30 @@ static int decode_split(void) {
     return s == 1 || s == 2 || s == 4 ? s : DEC_SPLIT_DEFAULT;
 }
 
+// threads per block at K = 128 and splits 2 and 4: KDA_DECODE_THREADS = 128 or 256, else 128.
+// Session 25 (bench_kda --decode, steady state, the same call twice; copy floor 65.6–65.9 µs):
+// split 2 out of place 70.3 / 70.7 µs at 256 threads (KR = 8 rows a thread, 64 registers),
+// 70.1 / 70.1 at 128 (KR = 16, 104 registers: 32 KB of loads in flight per block either way);
+// in place 71.7 / 72.1 → 71.5 / 71.6. Split 4 at 128 threads: 71.3 / 71.6.
+static int decode_threads(void) {
+    const char *e = getenv("KDA_DECODE_THREADS");
+    return e && atoi(e) == DEC_THREADS ? DEC_THREADS : 128;
+}
+
 template <int K, int V, typename T>
 static cudaError_t launch_decode(const DecArgs &a, int B, cudaStream_t stream) {
     const int split = decode_split();
     const unsigned grid = (unsigned)(B * a.H * split);
-    if (split == 4) kda_decode_kernel<K, V, V / 4, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else if (split == 2) kda_decode_kernel<K, V, V / 2, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
-    else kda_decode_kernel<K, V, V, T, T><<<grid, DEC_THREADS, 0, stream>>>(a);
+    if (K == 128 && split > 1 && decode_threads() == 128) {
+        if (split == 4) kda_decode_kernel<K, V, V / 4, T, T, 128><<<grid, 128, 0, stream>>>(a);
+        else kda_decode_kernel<K, V, V / 2, T, T, 128><<<grid, 128, 0, stream>>>(a);
+    } else if (split == 4) {
+        kda_decode_kernel<K, V, V / 4, T, T, DEC_THREADS><<<grid, DEC_THREADS, 0, stream>>>(a);
+    } else if (split == 2) {
+        kda_decode_kernel<K, V, V / 2, T, T, DEC_THREADS><<<grid, DEC_THREADS, 0, stream>>>(a);
+    } else {
+        kda_decode_kernel<K, V, V, T, T, DEC_THREADS><<<grid, DEC_THREADS, 0, stream>>>(a);
+    }
     return cudaGetLastError();
 }
 template <typename T>

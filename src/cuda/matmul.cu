@@ -220,12 +220,15 @@ void cuda_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, i
         __nv_bfloat16 *db = (__nv_bfloat16 *)(ws + bx), *wcat = (__nv_bfloat16 *)(ws + bx + bd);
         if (any_dw && L->lo) xb = (const __nv_bfloat16 *)L->lo;   // the forward's copy of this inp
         else if (any_dw) lm_cuda_to_bf16((__nv_bfloat16 *)ws, inp, nx);
-        LM_CHECK(!L->dout_lo || L->n == 1, "cuda linears_bwd: dout_lo with a list of %d", L->n);
-        if (L->dout_lo) db = (__nv_bfloat16 *)L->dout_lo;   // soc = OC: the rows as they are
+        // dout_lo: the producers' bf16 rows (a list of one: all of them; else the blocks flagged
+        // in dout_lo_filled), whose column blocks assume every linear with OC > 0 takes part
+        LM_CHECK(!L->dout_lo || L->n == 1 || dinp, "cuda linears_bwd: dout_lo with a list of %d and no dinp", L->n);
+        if (L->dout_lo) db = (__nv_bfloat16 *)L->dout_lo;
         for (int i = 0, off = 0; i < L->n; i++) {
             const int OC = L->OC[i];
             if (OC <= 0 || (!dinp && !L->dW[i])) continue;
-            if (!L->dout_lo) lm_cuda_to_bf16_rows(db + off, soc, L->dout[i], N, OC);
+            const int filled = L->dout_lo && (L->n == 1 || (L->dout_lo_filled >> i & 1u));
+            if (!filled) lm_cuda_to_bf16_rows(db + off, soc, L->dout[i], N, OC);
             if (dinp)
                 cudaCheck(cudaMemcpyAsync(wcat + (size_t)off * C, lm_cuda_weight_bf16(L->W[i], (size_t)OC * C),
                                           (size_t)OC * C * 2, cudaMemcpyDeviceToDevice, lm_cuda_stream()));

@@ -96,6 +96,31 @@ static void *grad_lo_home(const lm_step_ctx *s, real *slot, int N, int C) {
     return b && b <= (size_t)N * C * sizeof(real) ? (void *)slot : NULL;
 }
 
+// The [N, ΣOC] matrix of the xn projections' output gradients in the linears' GEMM precision
+// (lm_linears.dout_lo), into whose last three column blocks (q, k, v: xn_linears) the op's conv
+// writes its input gradients (lm_kda_args.dqkv_pre_lo), with *q_col the first of them and *soc
+// its width. It lives in those gradients' own fp32 slots, da->qp, kp, vp (adjacent in the
+// layout, acts.c), which then go unused. NULL where the backend keeps no such copies or the
+// matrix does not fit there.
+static void *xn_dout_home(const lm_step_ctx *s, const lm_kda_acts *da, const lm_linears *L, int *q_col, int *soc) {
+    const lm_ops *o = s->ops;
+    const int N = s->N, HK = s->c->kda_heads * s->c->kda_head_dim, n = L->n;
+    if (!s->lo || !o->linears_lo_bytes || n < 3) return NULL;
+    int w = 0, col = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == n - 3) col = w;
+        w += L->OC[i] > 0 ? L->OC[i] : 0;
+    }
+    const size_t slot = (size_t)N * HK;
+    const size_t bytes = o->linears_lo_bytes(N, w);
+    if (!bytes || bytes > 3 * slot * sizeof(real) || da->kp != da->qp + slot || da->vp != da->kp + slot) return NULL;
+    // the conv's rows (ops.h): 8-byte aligned, a multiple of 4 elements
+    if (w % 4 || col % 4 || L->OC[n - 3] != HK || L->OC[n - 2] != HK || L->OC[n - 1] != HK) return NULL;
+    *q_col = col;
+    *soc = w;
+    return da->qp;
+}
+
 // Every gradient of an intermediate below is written by its one producer's backward (the
 // ops' assign forms), so none is zeroed first; dx (the residual stream's) and the parameter
 // gradients accumulate.
@@ -125,13 +150,21 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
     k.df_lo = grad_lo_home(s, da->f, N, HK);   // df straight to f_b's backward in bf16 (CUDA training)
+    lm_linears L = xn_linears(c, p, NULL, g, da);
+    L.dinp_assign = 1;
+    L.lo = lm_lo(s, LM_LO_ATTN_XN);
+    int q_col = 0, soc = 0;   // dq_pre, dk_pre, dv_pre straight into the list's bf16 matrix (CUDA training)
+    L.dout_lo = xn_dout_home(s, da, &L, &q_col, &soc);
+    if (L.dout_lo) {
+        const size_t elem = o->linears_lo_bytes(N, soc) / ((size_t)N * soc);
+        L.dout_lo_filled = 7u << (L.n - 3);
+        k.dqkv_pre_lo = (char *)L.dout_lo + elem * q_col;
+        k.dqkv_pre_ld = soc;
+    }
     o->kda_bwd(&k);
     const lm_linears Lf = {.n = 1, .OC = {HK}, .W = {p->f_b}, .dout = {da->f}, .dW = {g->f_b}, .dinp_assign = 1,
                            .lo = lm_lo(s, LM_LO_ATTN_A), .dout_lo = k.df_lo};
     o->linears_bwd(&Lf, da->fa, a->fa, N, K);
-    lm_linears L = xn_linears(c, p, NULL, g, da);
-    L.dinp_assign = 1;
-    L.lo = lm_lo(s, LM_LO_ATTN_XN);
     o->linears_bwd(&L, da->xn, a->xn, N, d);
     lm_input_norm_bwd(s, dx, g->attn_norm, da->xn, x, p->attn_norm, a->rstd);
 }

@@ -582,6 +582,40 @@ static void t_linears(int N, int C) {
             DFREE(gb, gd5, gdx5, gdx6, gdW5, gdW6);
             HFREE(hb, dr);
         }
+        {   // the list's [N, ΣOC] bf16 matrix with the blocks of linears 0 and 2 written by their
+            // producers (dout_lo_filled; their fp32 dout NULL), linear 1's block rounded by the op:
+            // the bits of the list rounding all three itself
+            int soc = 0, col[3];
+            for (int i = 0; i < n; i++) { col[i] = soc; soc += OC[i]; }
+            uint16_t *hm = lm_malloc((size_t)N * soc * sizeof(uint16_t));
+            for (int r = 0; r < N; r++)
+                for (int i = 0; i < n; i++)
+                    for (int o = 0; o < OC[i]; o++)
+                        hm[(size_t)r * soc + col[i] + o] = i == 1 ? 0xFFFFu : bf16_bits(dout[i][(size_t)r * OC[i] + o]);
+            void *gm = GPU->alloc((size_t)N * soc * 2);
+            GPU->to_device(gm, hm, (size_t)N * soc * 2);
+            float *gdx7 = dfl(dx, NC), *gdx8 = dfl(dx, NC), *gdW7[3], *gdW8[3];
+            lm_linears A = G3, B = G3;
+            for (int i = 0; i < n; i++) {
+                gdW7[i] = dfl(dW[i], (size_t)OC[i] * C);
+                gdW8[i] = dfl(dW[i], (size_t)OC[i] * C);
+                A.dW[i] = i == 1 ? NULL : gdW7[i];
+                B.dW[i] = i == 1 ? NULL : gdW8[i];
+            }
+            B.dout[0] = B.dout[2] = NULL;
+            B.dout_lo = gm;
+            B.dout_lo_filled = 5u;
+            GPU->linears_bwd(&A, gdx7, gx3, N, C);
+            GPU->linears_bwd(&B, gdx8, gx3, N, C);
+            for (int i = 0; i < n; i += 2) {
+                snprintf(what, sizeof what, "bwd dW[%d], dout_lo blocks 0, 2 ==", i);
+                cmp_dev_exact(op, what, gdW8[i], gdW7[i], (size_t)OC[i] * C);
+            }
+            cmp_dev_exact(op, "bwd dinp, dout_lo blocks 0, 2 ==", gdx8, gdx7, NC);
+            for (int i = 0; i < n; i++) DFREE(gdW7[i], gdW8[i]);
+            DFREE(gm, gdx7, gdx8);
+            HFREE(hm);
+        }
         for (int i = 0; i < n; i++) DFREE(gdW3[i], gdW4[i], gout3[i], gout4[i]);
         DFREE(gx3, gdx3, gdx4);
         GPU->free(G3.lo);

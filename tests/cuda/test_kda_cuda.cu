@@ -348,7 +348,8 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
     cpu_kda_decode(&a);
     char w[240];
     const char *kern = getenv("KDA_DECODE_SPLIT") ? getenv("KDA_DECODE_SPLIT") : "default";
-    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d H=%d K=%d V=%d %s: o", kern, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    const char *nt = getenv("KDA_DECODE_THREADS") ? getenv("KDA_DECODE_THREADS") : "default";
+    snprintf(w, sizeof w, "decode (split %s, threads %s) B=%d slots=%d H=%d K=%d V=%d %s: o", kern, nt, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
     check(w, rel_rms(o.data(), oref.data(), o.size()), 5e-3);
     std::vector<float> used, usedr;
     double untouched = 0;
@@ -359,9 +360,9 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
         if (u) { used.insert(used.end(), x, x + H * KV); usedr.insert(usedr.end(), y, y + H * KV); }
         else untouched = worst(untouched, max_abs(x, y, H * KV));
     }
-    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d H=%d K=%d V=%d %s: states", kern, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
+    snprintf(w, sizeof w, "decode (split %s, threads %s) B=%d slots=%d H=%d K=%d V=%d %s: states", kern, nt, B, nslots, H, K, V, gate ? "unbounded" : "bounded");
     check(w, rel_rms(used.data(), usedr.data(), used.size()), 5e-3);
-    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: untouched slots (max abs)", kern, B, nslots);
+    snprintf(w, sizeof w, "decode (split %s, threads %s) B=%d slots=%d: untouched slots (max abs)", kern, nt, B, nslots);
     check(w, untouched, 0);
 
     // out of place from the original pool into a second one, slots written in reverse order:
@@ -382,9 +383,9 @@ static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64
         double e = max_abs(pg.data() + (size_t)slots[b] * H * KV, d2.data() + (size_t)rev[b] * H * KV, H * KV);
         if (!(e <= m)) m = e;   // NaN propagates
     }
-    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: out of place == in place (max abs)", kern, B, nslots);
+    snprintf(w, sizeof w, "decode (split %s, threads %s) B=%d slots=%d: out of place == in place (max abs)", kern, nt, B, nslots);
     check(w, m, 0);
-    snprintf(w, sizeof w, "decode (split %s) B=%d slots=%d: out of place leaves the source (max abs)", kern, B, nslots);
+    snprintf(w, sizeof w, "decode (split %s, threads %s) B=%d slots=%d: out of place leaves the source (max abs)", kern, nt, B, nslots);
     check(w, max_abs(s2.data(), pool.data(), npool), 0);
 }
 
@@ -695,6 +696,46 @@ static void test_ops_conv(int B, int T, int H, int K, int V, int gate) {
             snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d V=%d %s, conv in the op%s, gradients %s: == conv ops around it",
                      B, T, H, K, V, gn, saved ? ", saved" : "", assign ? "written" : "accumulated");
             check(w, e, 0);
+            if (assign) {   // the conv's input gradients in bf16 (dqkv_pre_lo) as column blocks of a wider
+                            // matrix: the bits of the written fp32 ones rounded, dqkv_pre left alone
+                const int pad = 4, ld = pad + 2 * HK + HV + 8, col[3] = {pad, pad + HK, pad + 2 * HK};
+                const size_t rows = (size_t)B * T;
+                void *lo = g->alloc(rows * ld * 2);
+                lm_kda_args l = c;   // (its gradients written again, or added again where they accumulate)
+                float *spre[3], *ldw[3];
+                for (int j = 0; j < 3; j++) {
+                    spre[j] = up(std::vector<float>(nj(j), 7.f));
+                    ldw[j] = up(cw[j]);
+                    l.dqkv_pre[j] = spre[j];
+                    l.dconv_w[j] = ldw[j];
+                }
+                l.dqkv_pre_lo = (char *)lo + pad * 2;
+                l.dqkv_pre_ld = ld;
+                g->kda_bwd(&l);
+                std::vector<bf16> hlo(rows * ld);
+                g->to_host(hlo.data(), lo, rows * ld * 2);
+                double eb = 0, es = 0, ew = 0;
+                for (int j = 0; j < 3; j++) {
+                    std::vector<float> ref = down(cdpre[j], nj(j)), sp = down(spre[j], nj(j));
+                    for (size_t r = 0; r < rows; r++)
+                        for (int ch = 0; ch < Cj[j]; ch++) {
+                            const float a = __bfloat162float(hlo[r * ld + col[j] + ch]);
+                            const float b = __bfloat162float(__float2bfloat16(ref[r * Cj[j] + ch]));
+                            eb = worst(eb, fabs((double)a - b));
+                        }
+                    for (size_t i = 0; i < nj(j); i++) es = worst(es, fabs(sp[i] - 7.0));
+                    ew = worst(ew, diff(ldw[j], cdw[j], nwj(j)));
+                    g->free(spre[j]);
+                    g->free(ldw[j]);
+                }
+                snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d V=%d %s%s: conv input gradients in bf16 "
+                         "(dqkv_pre_lo, ld %d) == the written ones rounded", B, T, H, K, V, gn, saved ? ", saved" : "", ld);
+                check(w, eb, 0);
+                snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d V=%d %s%s: dqkv_pre left alone, dconv_w as "
+                         "without dqkv_pre_lo", B, T, H, K, V, gn, saved ? ", saved" : "");
+                check(w, worst(es, ew), 0);
+                g->free(lo);
+            }
             if (saved && assign) {   // against the CPU op with its conv (the GPU rounds q, k, v, f, β to bf16)
                 lm_kda_args h = c;
                 std::vector<float> ho(nvo), hS(ns), hq[3], hdq[3], hdpre[3], hdw[3], hdf(n), hdb(nb), hA(H), hddb(HK), hdS0(ns);
@@ -968,17 +1009,21 @@ int main(int argc, char **argv) {
         }
         unsetenv("KDA_SCAN_GROUP");
 
-        // decode, with each item's columns in 1, 2 or 4 blocks (the default below)
-        const char *splits[] = {"1", "2", "4"};
-        for (const char *sp : splits) {
-            setenv("KDA_DECODE_SPLIT", sp, 1);
-            test_decode(8, 12, 4, 128, 128, 1, 88);
-            test_decode(64, 80, 16, 128, 128, 0, 89);
-            test_decode(64, 70, 24, 64, 64, 1, 87);
-            test_decode(6, 9, 3, 128, 64, 0, 86);
-            test_decode(6, 9, 3, 64, 128, 1, 85);
-        }
+        // decode, with each item's columns in 1, 2 or 4 blocks (the default below), of 128 or
+        // 256 threads (at K = 128 and splits 2, 4; 128 by default)
+        const char *splits[] = {"1", "2", "4"}, *threads[] = {"256", "128"};
+        for (const char *nt : threads)
+            for (const char *sp : splits) {
+                setenv("KDA_DECODE_THREADS", nt, 1);
+                setenv("KDA_DECODE_SPLIT", sp, 1);
+                test_decode(8, 12, 4, 128, 128, 1, 88);
+                test_decode(64, 80, 16, 128, 128, 0, 89);
+                test_decode(64, 70, 24, 64, 64, 1, 87);
+                test_decode(6, 9, 3, 128, 64, 0, 86);
+                test_decode(6, 9, 3, 64, 128, 1, 85);
+            }
         unsetenv("KDA_DECODE_SPLIT");
+        unsetenv("KDA_DECODE_THREADS");
         test_decode(8, 12, 4, 128, 128, 0, 80);
         test_decode(8, 12, 4, 128, 128, 1, 81);
         test_decode(5, 7, 3, 64, 64, 0, 82);
