@@ -237,7 +237,8 @@ typedef struct lm_ops {
                               void *dx_lo, void *dz_lo);
 
     // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
-    void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n);
+    // (lo: as rmsnorm_fwd's, for out as the input of a linear)
+    void (*sigmoid_gate_fwd)(real *out, const real *x, const real *z, size_t n, void *lo);
     // dx, dz accumulate (assign: written, their contents on entry do not matter)
     void (*sigmoid_gate_bwd)(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n,
                              int assign);
@@ -288,6 +289,24 @@ typedef struct lm_ops {
     void (*attn_bwd)(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k,
                      const real *v, const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale,
                      int assign);
+    // The MLA core with q, k, v kept in the attention kernels' own precision from the forward to
+    // the backward (training; NULL entries where a backend has no such form — the CPU — and then
+    // the model calls the ops above). The results equal theirs bit for bit.
+    //   attn_lo_bytes: bytes of such a copy ("lo") of q, k [B·T, H·Dqk] and v [B·T, H·Dv]; 0: none
+    //     at these dims.
+    //   mla_split_fwd_lo: mla_split_fwd (N = B·T, Dqk = Dn + De), k and v also written into lo;
+    //   attn_fwd_lo: attn_fwd on q (rounded into lo here) and lo's k, v;
+    //   attn_bwd_lo: attn_bwd on lo's q, k, v (as attn_fwd_lo left them);
+    //   mla_split_bwd_lo: mla_split_bwd with assign, dkv written in the linears' GEMM precision into
+    //     dkv_lo (linears_lo_bytes(N, H·(Dn+Dv)) bytes, for kv_b's backward as lm_linears.dout_lo).
+    size_t (*attn_lo_bytes)(int B, int T, int H, int Dqk, int Dv);
+    void (*mla_split_fwd_lo)(real *k, real *v, void *lo, const real *kv, const real *kpe, int B, int T, int H, int Dn,
+                             int De, int Dv);
+    void (*attn_fwd_lo)(real *o, real *lse, const real *q, void *lo, int B, int T, int H, int Dqk, int Dv, real scale);
+    void (*attn_bwd_lo)(real *dq, real *dk, real *dv, const real *d_o, const void *lo, const real *o, const real *lse,
+                        int B, int T, int H, int Dqk, int Dv, real scale, int assign);
+    void (*mla_split_bwd_lo)(void *dkv_lo, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De,
+                             int Dv);
     // the same forward for T queries that follow P earlier positions (chunked prefill over a
     // cache; inference only): q, o [B,T,H,·]; k, v [B,P+T,H,·]; query t is position P + t and
     // sees keys 0..P+t. P = 0 equals attn_fwd.

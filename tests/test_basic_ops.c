@@ -117,7 +117,7 @@ typedef struct { size_t n; int act, glu; real *a, *b, *out, *P; } g_ctx;
 static double g_loss(void *p) {
     g_ctx *c = p;
     if (c->glu) ops->glu_fwd(c->out, c->a, c->b, c->n, c->act, NULL);
-    else ops->sigmoid_gate_fwd(c->out, c->a, c->b, c->n);
+    else ops->sigmoid_gate_fwd(c->out, c->a, c->b, c->n, NULL);
     return tu_dot(c->out, c->P, c->n);
 }
 static void check_gate(int glu, int act, const char *name, double scale) {

@@ -26,7 +26,7 @@ void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, i
 void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C, int assign);
 void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps, void *lo);
 void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo, void *dz_lo);
-void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
+void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n, void *lo);
 void cpu_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign);
 void cpu_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void *lo);
 void cpu_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);

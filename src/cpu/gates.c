@@ -2,7 +2,7 @@
 #include "cpu.h"
 #include "ops_math.h"
 
-void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
+void cpu_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n, void *lo) {   // (lo unused)
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = x[i] * lm_sigmoid(z[i]);
 }

@@ -459,24 +459,59 @@ static int fa_supported(int Dqk, int Dv) {
     return 0;
 }
 
+// q, k, v in bf16, 256-byte aligned each ([B·(P+T), H·D] rows; P = 0 for a training lo)
+typedef struct { size_t bq, bk, bv; } fa_lo_sizes;
+static fa_lo_sizes fa_lo(int B, int T, int P, int H, int Dqk, int Dv) {
+    const size_t nq = (size_t)B * T * H * Dqk, nk = (size_t)B * (P + T) * H * Dqk, nv = (size_t)B * (P + T) * H * Dv;
+    return (fa_lo_sizes){lm_align256(nq * sizeof(fa_bf16)), lm_align256(nk * sizeof(fa_bf16)),
+                         lm_align256(nv * sizeof(fa_bf16))};
+}
+// the forward's kernels on bf16 q, k, v
+static void flash_fwd_bf16(float *o, float *lse, const fa_bf16 *qb, const fa_bf16 *kb, const fa_bf16 *vb, int B, int T,
+                           int P, int H, int Dqk, int Dv, float scale) {
+    if (cuda_attn_flash_wg_fwd(o, lse, qb, kb, vb, B, T, P, H, Dqk, Dv, scale)) return;
+#define FA_CASE(a, c) \
+    if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, P, H, scale);
+    FA_DIMS(FA_CASE)
+#undef FA_CASE
+}
+
 // Every fp32 pointer must be 16-byte aligned (float4 conversion loads, float2 read-modify-writes).
 // P: positions before the T queries (k, v hold P + T per sequence; 0 = plain causal)
 int cuda_attn_flash_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int P, int H,
                         int Dqk, int Dv, real scale) {
     if (!fa_supported(Dqk, Dv) || !fa_aligned(o) || !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v)) return 0;
-    const size_t nq = (size_t)B * T * H * Dqk, nk = (size_t)B * (P + T) * H * Dqk, nv = (size_t)B * (P + T) * H * Dv;
-    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bk = lm_align256(nk * sizeof(fa_bf16));
-    const size_t bv = lm_align256(nv * sizeof(fa_bf16));
-    char *ws = (char *)lm_cuda_scratch(bq + bk + bv);
-    fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + bq), *vb = (fa_bf16 *)(ws + bq + bk);
-    lm_cuda_to_bf16(qb, q, nq);
-    lm_cuda_to_bf16(kb, k, nk);
-    lm_cuda_to_bf16(vb, v, nv);
-    if (cuda_attn_flash_wg_fwd(o, lse, qb, kb, vb, B, T, P, H, Dqk, Dv, scale)) return 1;
-#define FA_CASE(a, c) \
-    if (Dqk == a && Dv == c) fa_fwd<a, c>(o, lse, qb, kb, vb, B, T, P, H, scale);
-    FA_DIMS(FA_CASE)
-#undef FA_CASE
+    const fa_lo_sizes z = fa_lo(B, T, P, H, Dqk, Dv);
+    char *ws = (char *)lm_cuda_scratch(z.bq + z.bk + z.bv);
+    fa_bf16 *qb = (fa_bf16 *)ws, *kb = (fa_bf16 *)(ws + z.bq), *vb = (fa_bf16 *)(ws + z.bq + z.bk);
+    lm_cuda_to_bf16(qb, q, (size_t)B * T * H * Dqk);
+    lm_cuda_to_bf16(kb, k, (size_t)B * (P + T) * H * Dqk);
+    lm_cuda_to_bf16(vb, v, (size_t)B * (P + T) * H * Dv);
+    flash_fwd_bf16(o, lse, qb, kb, vb, B, T, P, H, Dqk, Dv, scale);
+    return 1;
+}
+
+// The training forms over an attention lo (ops.h attn_lo_bytes: q, k, v in bf16, as
+// cuda_attn_flash_fwd rounds them): 0 bytes for head dims without these kernels
+size_t lm_cuda_attn_lo_bytes(int B, int T, int H, int Dqk, int Dv) {
+    if (!fa_supported(Dqk, Dv) || B <= 0 || T <= 0 || H <= 0) return 0;
+    const fa_lo_sizes z = fa_lo(B, T, 0, H, Dqk, Dv);
+    return z.bq + z.bk + z.bv;
+}
+void lm_cuda_attn_lo_parts(void *lo, int B, int T, int H, int Dqk, int Dv, void **q, void **k, void **v) {
+    const fa_lo_sizes z = fa_lo(B, T, 0, H, Dqk, Dv);
+    *q = lo;
+    *k = (char *)lo + z.bq;
+    *v = (char *)lo + z.bq + z.bk;
+}
+// k, v already in lo (mla_split_fwd_lo); q rounded into it here. 0 where the kernels do not apply.
+int cuda_attn_flash_fwd_lo(real *o, real *lse, const real *q, void *lo, int B, int T, int H, int Dqk, int Dv,
+                           real scale) {
+    if (!fa_supported(Dqk, Dv) || !fa_aligned(o) || !fa_aligned(q) || !fa_aligned(lo)) return 0;
+    void *qb, *kb, *vb;
+    lm_cuda_attn_lo_parts(lo, B, T, H, Dqk, Dv, &qb, &kb, &vb);
+    lm_cuda_to_bf16((fa_bf16 *)qb, q, (size_t)B * T * H * Dqk);
+    flash_fwd_bf16(o, lse, (const fa_bf16 *)qb, (const fa_bf16 *)kb, (const fa_bf16 *)vb, B, T, 0, H, Dqk, Dv, scale);
     return 1;
 }
 
@@ -487,28 +522,52 @@ int lm_cuda_attn_flash_fwd_bf16(float *o, float *lse, const void *q, const void 
 }
 void lm_cuda_round_bf16(void *dst, const float *src, size_t n) { lm_cuda_to_bf16((fa_bf16 *)dst, src, n); }
 
-int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
-                        const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
-    if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||
-        !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v))
-        return 0;
+// the backward's kernels on bf16 q, k, v (qb == NULL: rounded from q, k, v into the workspace)
+static void flash_bwd(float *dq, float *dk, float *dv, const float *d_o, const float *q, const float *k, const float *v,
+                      const fa_bf16 *qb, const fa_bf16 *kb, const fa_bf16 *vb, const float *o, const float *lse, int B,
+                      int T, int H, int Dqk, int Dv, float scale, int assign) {
     const size_t nq = (size_t)B * T * H * Dqk, nv = (size_t)B * T * H * Dv, rows = (size_t)B * H * T;
-    const size_t bD = lm_align256(rows * sizeof(float));
-    const size_t bq = lm_align256(nq * sizeof(fa_bf16)), bv = lm_align256(nv * sizeof(fa_bf16));
-    char *ws = (char *)lm_cuda_scratch(bD + 2 * bq + 2 * bv);
+    const size_t bD = lm_align256(rows * sizeof(float)), bv = lm_align256(nv * sizeof(fa_bf16));
+    const fa_lo_sizes z = fa_lo(B, T, 0, H, Dqk, Dv);
+    char *ws = (char *)lm_cuda_scratch(bD + bv + (qb ? 0 : z.bq + z.bk + z.bv));
     float *D = (float *)ws;
-    fa_bf16 *qb = (fa_bf16 *)(ws + bD), *kb = (fa_bf16 *)(ws + bD + bq), *vb = (fa_bf16 *)(ws + bD + 2 * bq);
-    fa_bf16 *dob = (fa_bf16 *)(ws + bD + 2 * bq + bv);
+    fa_bf16 *dob = (fa_bf16 *)(ws + bD);
+    if (!qb) {
+        fa_bf16 *w = (fa_bf16 *)(ws + bD + bv);
+        lm_cuda_to_bf16(w, q, nq);
+        lm_cuda_to_bf16((fa_bf16 *)((char *)w + z.bq), k, nq);
+        lm_cuda_to_bf16((fa_bf16 *)((char *)w + z.bq + z.bk), v, nv);
+        qb = w;
+        kb = (const fa_bf16 *)((char *)w + z.bq);
+        vb = (const fa_bf16 *)((char *)w + z.bq + z.bk);
+    }
     cuda_attn_D(D, d_o, o, B, T, H, Dv);
-    lm_cuda_to_bf16(qb, q, nq);
-    lm_cuda_to_bf16(kb, k, nq);
-    lm_cuda_to_bf16(vb, v, nv);
     lm_cuda_to_bf16(dob, d_o, nv);
-    if (cuda_attn_flash_wg_bwd(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, Dqk, Dv, scale, assign)) return 1;
+    if (cuda_attn_flash_wg_bwd(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, Dqk, Dv, scale, assign)) return;
     if (assign) lm_cuda_zero_attn_grads(dq, dk, dv, nq, nv);   // these kernels add
 #define FA_CASE(a, c) \
     if (Dqk == a && Dv == c) fa_bwd<a, c>(dq, dk, dv, dob, qb, kb, vb, lse, D, B, T, H, scale);
     FA_DIMS(FA_CASE)
 #undef FA_CASE
+}
+
+int cuda_attn_flash_bwd(real *dq, real *dk, real *dv, const real *d_o, const real *q, const real *k, const real *v,
+                        const real *o, const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
+    if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||
+        !fa_aligned(q) || !fa_aligned(k) || !fa_aligned(v))
+        return 0;
+    flash_bwd(dq, dk, dv, d_o, q, k, v, NULL, NULL, NULL, o, lse, B, T, H, Dqk, Dv, scale, assign);
+    return 1;
+}
+// q, k, v from an attention lo (cuda_attn_flash_fwd_lo's); 0 where the kernels do not apply
+int cuda_attn_flash_bwd_lo(real *dq, real *dk, real *dv, const real *d_o, const void *lo, const real *o,
+                           const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
+    if (!fa_supported(Dqk, Dv) || !fa_aligned(dq) || !fa_aligned(dk) || !fa_aligned(dv) || !fa_aligned(d_o) ||
+        !fa_aligned(lo))
+        return 0;
+    void *qb, *kb, *vb;
+    lm_cuda_attn_lo_parts((void *)lo, B, T, H, Dqk, Dv, &qb, &kb, &vb);
+    flash_bwd(dq, dk, dv, d_o, NULL, NULL, NULL, (const fa_bf16 *)qb, (const fa_bf16 *)kb, (const fa_bf16 *)vb, o, lse,
+              B, T, H, Dqk, Dv, scale, assign);
     return 1;
 }

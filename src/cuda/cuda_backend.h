@@ -84,7 +84,7 @@ void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, 
 void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp, const real *gain, const real *rstd, int N, int C, int assign);
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w, int N, int H, int V, real eps, void *lo);
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z, const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo, void *dz_lo);
-void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n);
+void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n, void *lo);
 void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign);
 void cuda_glu_fwd(real *h, const real *g, const real *u, size_t n, int act, void *lo);
 void cuda_glu_bwd(real *dg, real *du, const real *dh, const real *g, const real *u, size_t n, int act);
@@ -96,6 +96,20 @@ void cuda_conv_cache_update(real *cache, const real *inp, int B, int T, int C, i
 void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv);
 void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
                         int assign);
+// the MLA core over an attention lo (ops.h attn_lo_bytes …; attn_flash.cu holds its layout)
+size_t lm_cuda_attn_lo_bytes(int B, int T, int H, int Dqk, int Dv);
+void lm_cuda_attn_lo_parts(void *lo, int B, int T, int H, int Dqk, int Dv, void **q, void **k, void **v);
+void cuda_mla_split_fwd_lo(real *k, real *v, void *lo, const real *kv, const real *kpe, int B, int T, int H, int Dn,
+                           int De, int Dv);
+void cuda_mla_split_bwd_lo(void *dkv_lo, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De,
+                           int Dv);
+void cuda_attn_fwd_lo(real *o, real *lse, const real *q, void *lo, int B, int T, int H, int Dqk, int Dv, real scale);
+void cuda_attn_bwd_lo(real *dq, real *dk, real *dv, const real *d_o, const void *lo, const real *o, const real *lse,
+                      int B, int T, int H, int Dqk, int Dv, real scale, int assign);
+int cuda_attn_flash_fwd_lo(real *o, real *lse, const real *q, void *lo, int B, int T, int H, int Dqk, int Dv,
+                           real scale);
+int cuda_attn_flash_bwd_lo(real *dq, real *dk, real *dv, const real *d_o, const void *lo, const real *o,
+                           const real *lse, int B, int T, int H, int Dqk, int Dv, real scale, int assign);
 void cuda_attn_max_logit(real *out_host, const real *q, const real *k, int B, int T, int H, int Dqk, real scale);
 void cuda_attn_fwd(real *o, real *lse, const real *q, const real *k, const real *v, int B, int T, int H, int Dqk, int Dv, real scale);
 void cuda_attn_prefix_fwd(real *o, const real *q, const real *k, const real *v, int B, int T, int P, int H, int Dqk, int Dv, real scale);

@@ -5,15 +5,22 @@
 #define GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
-// vec: the arrays 16-byte aligned, float4 steps up to 4·(n/4) (90 µs a `small` B4 call as scalars)
-__global__ static void sgate_fwd_k(float *out, const float *x, const float *z, size_t n, int vec) {
+// vec: the arrays 16-byte aligned (lo 8-byte), float4 steps up to 4·(n/4) (90 µs a `small` B4
+// call as scalars); lo (or NULL): out again in bf16
+__global__ static void sgate_fwd_k(float *out, const float *x, const float *z, size_t n, int vec, __nv_bfloat16 *lo) {
     const size_t done = vec ? 4 * (n / 4) : 0;
     GRID_STRIDE(i4, done / 4) {
         const float4 xv = ld4(x + 4 * i4), zv = ld4(z + 4 * i4);
-        *reinterpret_cast<float4 *>(out + 4 * i4) = make_float4(xv.x * dsigmoid(zv.x), xv.y * dsigmoid(zv.y),
-                                                                xv.z * dsigmoid(zv.z), xv.w * dsigmoid(zv.w));
+        const float4 y = make_float4(xv.x * dsigmoid(zv.x), xv.y * dsigmoid(zv.y), xv.z * dsigmoid(zv.z),
+                                     xv.w * dsigmoid(zv.w));
+        *reinterpret_cast<float4 *>(out + 4 * i4) = y;
+        if (lo) st4_bf16(lo + 4 * i4, y);
     }
-    GRID_STRIDE(i, n - done) out[done + i] = x[done + i] * dsigmoid(z[done + i]);
+    GRID_STRIDE(i, n - done) {
+        const float y = x[done + i] * dsigmoid(z[done + i]);
+        out[done + i] = y;
+        if (lo) lo[done + i] = __float2bfloat16(y);
+    }
 }
 // element i of the gate's backward: dx (+)= dout·σ(z), dz (+)= dout·x·σ(z)(1 − σ(z))
 __device__ __forceinline__ void sgate_bwd_one(float &dx, float &dz, float d, float x, float z) {
@@ -51,10 +58,11 @@ __global__ static void sgate_bwd_k(float *dx, float *dz, const float *dout, cons
     }
 }
 
-void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n) {
+void cuda_sigmoid_gate_fwd(real *out, const real *x, const real *z, size_t n, void *lo) {
     if (!n) return;
-    const int vec = lm_aligned16({out, x, z});
-    sgate_fwd_k<<<lm_cuda_blocks(vec ? n / 4 + 1 : n, 256), 256, 0, lm_cuda_stream()>>>(out, x, z, n, vec);
+    const int vec = lm_aligned16({out, x, z}) && (uintptr_t)lo % 8 == 0;
+    sgate_fwd_k<<<lm_cuda_blocks(vec ? n / 4 + 1 : n, 256), 256, 0, lm_cuda_stream()>>>(out, x, z, n, vec,
+                                                                                       (__nv_bfloat16 *)lo);
     cudaLaunchCheck();
 }
 void cuda_sigmoid_gate_bwd(real *dx, real *dz, const real *dout, const real *x, const real *z, size_t n, int assign) {

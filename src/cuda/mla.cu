@@ -21,8 +21,12 @@
 // kv [N,H,Dn+Dv], kpe [N,De] → k [N,H,Dn+De], v [N,H,Dv]. T = float, or float4 (the dims
 // counted in float4s; every tensor 16-byte aligned): the same copies, four channels a thread —
 // scalar, the `small` preset's splits ran at ~1.1 TB/s (265 µs a B4 call).
+// kb, vb (or NULL): k and v again in bf16 (an attention lo's parts; T's width of them a store)
+__device__ __forceinline__ void split_st_bf16(__nv_bfloat16 *p, size_t i, float x) { p[i] = __float2bfloat16(x); }
+__device__ __forceinline__ void split_st_bf16(__nv_bfloat16 *p, size_t i, float4 x) { st4_bf16(p + 4 * i, x); }
 template <typename T>
-__global__ static void split_fwd_k(T *k, T *v, const T *kv, const T *kpe, int N, int H, int Dn, int De, int Dv) {
+__global__ static void split_fwd_k(T *k, T *v, const T *kv, const T *kpe, int N, int H, int Dn, int De, int Dv,
+                                   __nv_bfloat16 *kb, __nv_bfloat16 *vb) {
     const int Dkv = Dn + Dv, Dk = Dn + De, row = Dk + Dv;
     size_t n = (size_t)N * H * row;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -30,9 +34,14 @@ __global__ static void split_fwd_k(T *k, T *v, const T *kv, const T *kpe, int N,
         int d = (int)(e % row);
         size_t nn = nh / H;
         const T *src = kv + nh * Dkv;
-        if (d < Dn) k[nh * Dk + d] = src[d];
-        else if (d < Dk) k[nh * Dk + d] = kpe[nn * De + (d - Dn)];
-        else v[nh * Dv + (d - Dk)] = src[Dn + (d - Dk)];
+        const T x = d < Dn ? src[d] : d < Dk ? kpe[nn * De + (d - Dn)] : src[Dn + (d - Dk)];
+        if (d < Dk) {
+            k[nh * Dk + d] = x;
+            if (kb) split_st_bf16(kb, nh * Dk + d, x);
+        } else {
+            v[nh * Dv + (d - Dk)] = x;
+            if (vb) split_st_bf16(vb, nh * Dv + (d - Dk), x);
+        }
     }
 }
 
@@ -40,23 +49,36 @@ static int split_vec4(int Dn, int De, int Dv, std::initializer_list<const void *
     return Dn % 4 == 0 && De % 4 == 0 && Dv % 4 == 0 && lm_aligned16(ptrs);
 }
 
-void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv) {
+static void split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv,
+                      __nv_bfloat16 *kb, __nv_bfloat16 *vb) {
     size_t n = (size_t)N * H * (Dn + De + Dv);
     if (!n) return;
-    if (split_vec4(Dn, De, Dv, {k, v, kv, kpe}))
+    if (split_vec4(Dn, De, Dv, {k, v, kv, kpe}) && (uintptr_t)kb % 8 == 0 && (uintptr_t)vb % 8 == 0)
         split_fwd_k<float4><<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
-            (float4 *)k, (float4 *)v, (const float4 *)kv, (const float4 *)kpe, N, H, Dn / 4, De / 4, Dv / 4);
+            (float4 *)k, (float4 *)v, (const float4 *)kv, (const float4 *)kpe, N, H, Dn / 4, De / 4, Dv / 4, kb, vb);
     else
-        split_fwd_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(k, v, kv, kpe, N, H, Dn, De, Dv);
+        split_fwd_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(k, v, kv, kpe, N, H, Dn, De, Dv, kb,
+                                                                                vb);
     cudaLaunchCheck();
 }
+void cuda_mla_split_fwd(real *k, real *v, const real *kv, const real *kpe, int N, int H, int Dn, int De, int Dv) {
+    split_fwd(k, v, kv, kpe, N, H, Dn, De, Dv, NULL, NULL);
+}
+// k and v also into an attention lo's parts (attn_flash.cu: the bf16 the forward would round)
+void cuda_mla_split_fwd_lo(real *k, real *v, void *lo, const real *kv, const real *kpe, int B, int T, int H, int Dn,
+                           int De, int Dv) {
+    void *qb, *kb, *vb;
+    lm_cuda_attn_lo_parts(lo, B, T, H, Dn + De, Dv, &qb, &kb, &vb);
+    split_fwd(k, v, kv, kpe, B * T, H, Dn, De, Dv, (__nv_bfloat16 *)kb, (__nv_bfloat16 *)vb);
+}
 
-// dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros; T as split_fwd_k's
+// dkv += (assign: =) [dk[..., :Dn] | dv], a missing source adding zeros; T as split_fwd_k's.
+// lo (with assign): dkv written in bf16 there instead
 __device__ __forceinline__ float split_add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 split_add(float4 a, float4 b) { return add4(a, b); }
 template <typename T>
 __global__ static void split_bwd_kv_k(T *dkv, const T *dk, const T *dv, int N, int H, int Dn, int De, int Dv,
-                                      int assign) {
+                                      int assign, __nv_bfloat16 *lo) {
     const int Dkv = Dn + Dv, Dk = Dn + De;
     size_t n = (size_t)N * H * Dkv;
     const T zero{};
@@ -64,7 +86,8 @@ __global__ static void split_bwd_kv_k(T *dkv, const T *dk, const T *dv, int N, i
         size_t nh = e / Dkv;
         int d = (int)(e % Dkv);
         const T g = d < Dn ? (dk ? dk[nh * Dk + d] : zero) : (dv ? dv[nh * Dv + (d - Dn)] : zero);
-        dkv[e] = assign ? g : split_add(dkv[e], g);
+        if (lo) split_st_bf16(lo, e, g);
+        else dkv[e] = assign ? g : split_add(dkv[e], g);
     }
 }
 // dkpe[n,d] += (assign: =) Σ_h dk[n,h,Dn+d], heads in order 0..H-1
@@ -80,17 +103,17 @@ __global__ static void split_bwd_kpe_k(float *dkpe, const float *dk, int N, int 
     }
 }
 
-void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
-                        int assign) {
+static void split_bwd(real *dkv, __nv_bfloat16 *lo, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn,
+                      int De, int Dv, int assign) {
     if (N <= 0 || H <= 0) return;
     size_t n = (size_t)N * H * (Dn + Dv);
-    if (dkv && n && (dk || dv || assign)) {
-        if (split_vec4(Dn, De, Dv, {dkv, dk, dv}))
+    if ((dkv || lo) && n && (dk || dv || assign)) {
+        if (split_vec4(Dn, De, Dv, {dkv, dk, dv}) && (uintptr_t)lo % 8 == 0)
             split_bwd_kv_k<float4><<<lm_cuda_blocks(n / 4, 256), 256, 0, lm_cuda_stream()>>>(
-                (float4 *)dkv, (const float4 *)dk, (const float4 *)dv, N, H, Dn / 4, De / 4, Dv / 4, assign);
+                (float4 *)dkv, (const float4 *)dk, (const float4 *)dv, N, H, Dn / 4, De / 4, Dv / 4, assign, lo);
         else
             split_bwd_kv_k<float><<<lm_cuda_blocks(n, 256), 256, 0, lm_cuda_stream()>>>(dkv, dk, dv, N, H, Dn, De, Dv,
-                                                                                       assign);
+                                                                                       assign, lo);
         cudaLaunchCheck();
     }
     if (dkpe && De > 0 && !dk && assign) {
@@ -100,6 +123,27 @@ void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, i
                                                                                             assign);
         cudaLaunchCheck();
     }
+}
+void cuda_mla_split_bwd(real *dkv, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De, int Dv,
+                        int assign) {
+    split_bwd(dkv, NULL, dkpe, dk, dv, N, H, Dn, De, Dv, assign);
+}
+void cuda_mla_split_bwd_lo(void *dkv_lo, real *dkpe, const real *dk, const real *dv, int N, int H, int Dn, int De,
+                           int Dv) {
+    split_bwd(NULL, (__nv_bfloat16 *)dkv_lo, dkpe, dk, dv, N, H, Dn, De, Dv, 1);
+}
+
+// the attention over an attention lo (training; attn_flash.cu): its tensor-core kernels only
+void cuda_attn_fwd_lo(real *o, real *lse, const real *q, void *lo, int B, int T, int H, int Dqk, int Dv, real scale) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    LM_CHECK(cuda_attn_flash_fwd_lo(o, lse, q, lo, B, T, H, Dqk, Dv, scale), "cuda attn_fwd_lo: no bf16 kernels for "
+             "head dims %d/%d or tensors not 16-byte aligned", Dqk, Dv);
+}
+void cuda_attn_bwd_lo(real *dq, real *dk, real *dv, const real *d_o, const void *lo, const real *o, const real *lse,
+                      int B, int T, int H, int Dqk, int Dv, real scale, int assign) {
+    if (B <= 0 || T <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    LM_CHECK(cuda_attn_flash_bwd_lo(dq, dk, dv, d_o, lo, o, lse, B, T, H, Dqk, Dv, scale, assign), "cuda attn_bwd_lo: "
+             "no bf16 kernels for head dims %d/%d or tensors not 16-byte aligned", Dqk, Dv);
 }
 
 __device__ __forceinline__ float dot_sh(const float *a_sh, const float *b, int D) {

@@ -87,15 +87,6 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     lm_linear_fwd(o, out, a->on, p->o_proj, N, HK, d, on_lo, 1);
 }
 
-// A gradient [N, C] passed between two ops in the linears' GEMM precision, in its own fp32 slot
-// (then unused): in training on a backend that keeps such copies, where they fit; NULL otherwise
-static void *grad_lo_home(const lm_step_ctx *s, real *slot, int N, int C) {
-    const lm_ops *o = s->ops;
-    if (!s->lo || !o->linears_lo_bytes) return NULL;
-    const size_t b = o->linears_lo_bytes(N, C);
-    return b && b <= (size_t)N * C * sizeof(real) ? (void *)slot : NULL;
-}
-
 // The [N, ΣOC] matrix of the xn projections' output gradients in the linears' GEMM precision
 // (lm_linears.dout_lo), into whose last three column blocks (q, k, v: xn_linears) the op's conv
 // writes its input gradients (lm_kda_args.dqkv_pre_lo), with *q_col the first of them and *soc
@@ -130,8 +121,9 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
     lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d, lm_lo(s, LM_LO_ATTN_OUT));
-    // d_o for the KDA op and gz's gradient for g_b in bf16 on CUDA (grad_lo_home)
-    void *o_lo = grad_lo_home(s, da->o, N, HK), *gz_lo = c->kda_full_rank_gate ? NULL : grad_lo_home(s, da->gz, N, HK);
+    // d_o for the KDA op and gz's gradient for g_b in bf16 on CUDA (lm_grad_lo_home)
+    void *o_lo = lm_grad_lo_home(s, da->o, N, HK);
+    void *gz_lo = c->kda_full_rank_gate ? NULL : lm_grad_lo_home(s, da->gz, N, HK);
     o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1, o_lo, gz_lo);
     if (!c->kda_full_rank_gate) {
         const lm_linears Lg = {.n = 1, .OC = {HK}, .W = {p->g_b}, .dout = {da->gz}, .dW = {g->g_b}, .dinp_assign = 1,
@@ -149,7 +141,7 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     k.dconv_w[0] = g->q_conv; k.dconv_w[1] = g->k_conv; k.dconv_w[2] = g->v_conv;
     k.grads_assign = 1;
     k.dA_log = g->A_log; k.ddt_bias = g->dt_bias;
-    k.df_lo = grad_lo_home(s, da->f, N, HK);   // df straight to f_b's backward in bf16 (CUDA training)
+    k.df_lo = lm_grad_lo_home(s, da->f, N, HK);   // df straight to f_b's backward in bf16 (CUDA training)
     lm_linears L = xn_linears(c, p, NULL, g, da);
     L.dinp_assign = 1;
     L.lo = lm_lo(s, LM_LO_ATTN_XN);

@@ -18,7 +18,9 @@
 //   ATTN_XN: the mixer's normalised input;  ATTN_OUT: the mixer's output projection's input (KDA on,
 //   MLA og or o);  ATTN_A, ATTN_B: KDA fa, ga / MLA c, qan;  FFN_XN: the FFN's normalised input;
 //   FFN_H: the dense GLU's h, the MoE shared experts' sh.
-enum { LM_LO_ATTN_XN, LM_LO_ATTN_OUT, LM_LO_ATTN_A, LM_LO_ATTN_B, LM_LO_FFN_XN, LM_LO_FFN_H, LM_LO_N };
+// LM_LO_ATTN_QKV: an MLA layer's q, k, v in its attention kernels' precision (ops.h
+// attn_lo_bytes), not a linear's input
+enum { LM_LO_ATTN_XN, LM_LO_ATTN_OUT, LM_LO_ATTN_A, LM_LO_ATTN_B, LM_LO_FFN_XN, LM_LO_FFN_H, LM_LO_ATTN_QKV, LM_LO_N };
 
 // N = B·T tokens; shapes per field.
 typedef struct {
@@ -119,6 +121,14 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
 void lm_layer_lo_widths(const lm_config *c, int i, int C[LM_LO_N]);
 // the home of input `slot` of the running layer, or NULL
 static inline void *lm_lo(const lm_step_ctx *s, int slot) { return s->lo ? s->lo[s->layer][slot] : NULL; }
+// A gradient [N, C] passed between two ops in the linears' GEMM precision, in its own fp32 slot
+// (then unused): in training on a backend that keeps such copies, where they fit; NULL otherwise
+static inline void *lm_grad_lo_home(const lm_step_ctx *s, real *slot, int N, int C) {
+    const lm_ops *o = s->ops;
+    if (!s->lo || !o->linears_lo_bytes) return NULL;
+    const size_t b = o->linears_lo_bytes(N, C);
+    return b && b <= (size_t)N * C * sizeof(real) ? (void *)slot : NULL;
+}
 
 // Appends the linear W [OC, ·] to a list of linears of one input (ops.h lm_linears): its
 // output (forward), output gradient and weight gradient (backward); the unused ones NULL.

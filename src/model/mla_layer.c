@@ -128,15 +128,22 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
         prefill_over_cache(s, p, a);
     } else {
         lm_linear_fwd(o, a->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv), c_lo, 1);
-        o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
-        o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
+        void *qkv_lo = lm_lo(s, LM_LO_ATTN_QKV);   // training on CUDA: q, k, v kept in bf16 for the backward
+        if (qkv_lo) {
+            o->mla_split_fwd_lo(a->k, a->v, qkv_lo, a->kv, a->kpe, s->B, s->T, Hm, Dn, De, Dv);
+            o->attn_fwd_lo(a->o, a->lse, a->q, qkv_lo, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
+        } else {
+            o->mla_split_fwd(a->k, a->v, a->kv, a->kpe, N, Hm, Dn, De, Dv);
+            o->attn_fwd(a->o, a->lse, a->q, a->k, a->v, s->B, s->T, Hm, Dqk, Dv, mla_scale(c));
+        }
     }
     const real *og = a->o;
-    if (c->mla_gated) {   // z: among the projections of xn above
-        o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv);
+    void *out_lo = lm_lo(s, LM_LO_ATTN_OUT);
+    if (c->mla_gated) {   // z: among the projections of xn above; og's copy for o_proj written by the gate
+        o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv, out_lo);
         og = a->og;
     }
-    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT), 0);
+    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, out_lo, c->mla_gated);
 }
 
 void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,
@@ -153,9 +160,19 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     } else {
         lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
     }
-    o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c), 1);
-    o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv, 1);
-    lm_linear_bwd_written(o, da->c, g->kv_b, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv), lm_lo(s, LM_LO_ATTN_A));
+    const void *qkv_lo = lm_lo(s, LM_LO_ATTN_QKV);   // the forward's bf16 q, k, v (CUDA training)
+    if (qkv_lo)
+        o->attn_bwd_lo(da->q, da->k, da->v, da->o, qkv_lo, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c), 1);
+    else
+        o->attn_bwd(da->q, da->k, da->v, da->o, a->q, a->k, a->v, a->o, a->lse, s->B, s->T, Hm, Dqk, Dv, mla_scale(c),
+                    1);
+    // dkv straight to kv_b's backward in bf16 (CUDA training)
+    void *dkv_lo = o->mla_split_bwd_lo ? lm_grad_lo_home(s, da->kv, N, Hm * (Dn + Dv)) : NULL;
+    if (dkv_lo) o->mla_split_bwd_lo(dkv_lo, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv);
+    else o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv, 1);
+    const lm_linears Lkv = {.n = 1, .OC = {Hm * (Dn + Dv)}, .W = {p->kv_b}, .dout = {da->kv}, .dW = {g->kv_b},
+                            .dinp_assign = 1, .lo = lm_lo(s, LM_LO_ATTN_A), .dout_lo = dkv_lo};
+    o->linears_bwd(&Lkv, da->c, a->c, N, R);
     o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 1);
     if (Rq > 0) {
         lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, lm_lo(s, LM_LO_ATTN_B));

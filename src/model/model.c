@@ -293,7 +293,9 @@ static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)
         if (i < c->n_layers) lm_layer_lo_widths(c, i, C);
         else C[0] = c->d_model;
         for (int j = 0; j < LM_LO_N; j++) {
-            const size_t b = C[j] > 0 ? o->linears_lo_bytes(N, C[j]) : 0;
+            size_t b = C[j] > 0 ? o->linears_lo_bytes(N, C[j]) : 0;
+            if (j == LM_LO_ATTN_QKV && i < c->n_layers && lm_layer_is_mla(c, i) && o->attn_lo_bytes)
+                b = o->attn_lo_bytes(B, T, c->mla_heads, lm_mla_qk_dim(c), c->v_head_dim);
             void *home = b && base ? base + off : NULL;
             if (i < c->n_layers && base) lo[i][j] = home;
             else if (j == 0 && base) *lo_head = home;

@@ -763,9 +763,20 @@ static void t_gates(void) {
     float *x = hrandn(n, 1), *z = hrandn(n, 3), *dout = hrandn(n, 1), *dx = hrandn(n, 1), *dz = hrandn(n, 1);
     float *gx = dfl(x, n), *gz = dfl(z, n), *gdout = dfl(dout, n), *gout = dpoison(n), *gdx = dfl(dx, n), *gdz = dfl(dz, n);
     float *out = lm_malloc(n * sizeof(float));
-    CPU->sigmoid_gate_fwd(out, x, z, n);
-    GPU->sigmoid_gate_fwd(gout, gx, gz, n);
+    CPU->sigmoid_gate_fwd(out, x, z, n, NULL);
+    GPU->sigmoid_gate_fwd(gout, gx, gz, n, NULL);
     cmp("sigmoid_gate", "fwd out", gout, out, n, TOL);
+    if (GPU->linears_lo_bytes) {   // out's bf16 copy for the linear that reads it (lo): the rounding
+                                   // of out, out unchanged; from element 1 too (the scalar path)
+        void *lo = GPU->alloc(n * 2);
+        float *gout2 = dpoison(n);
+        GPU->sigmoid_gate_fwd(gout2, gx, gz, n, lo);
+        cmp_dev_exact("sigmoid_gate", "fwd out with lo == without", gout2, gout, n);
+        cmp_dev_bf16("sigmoid_gate", "fwd lo == out rounded", lo, gout, n);
+        GPU->sigmoid_gate_fwd(gout2 + 1, gx + 1, gz + 1, n - 1, (char *)lo + 2);
+        cmp_dev_bf16("sigmoid_gate", "fwd lo == out rounded, unaligned", (char *)lo + 2, gout + 1, n - 1);
+        DFREE(lo, gout2);
+    }
     CPU->sigmoid_gate_bwd(dx, dz, dout, x, z, n, 0);
     GPU->sigmoid_gate_bwd(gdx, gdz, gdout, gx, gz, n, 0);
     cmp("sigmoid_gate", "bwd dx", gdx, dx, n, TOL);
@@ -878,6 +889,54 @@ static void t_mla_split(int Dn, int De, int Dv) {
         DFREE(gdkv2, gdkpe2);
     }
     DFREE(gkv, gkpe, gk, gv, gdk, gdv, gdkv, gdkpe); HFREE(kv, kpe, dk, dv, dkv, dkpe, k, v);
+}
+
+// The MLA core over an attention lo (ops.h attn_lo_bytes …, the CUDA training path) against the
+// plain ops on the same inputs: k, v, o, lse and every gradient bit for bit, lo's k, v the
+// rounding of k, v, the bf16 dkv the rounding of the written one
+// (has_lo: the dims have bf16 kernels, so attn_lo_bytes must be nonzero; else zero)
+static void t_mla_lo(int B, int T, int H, int Dn, int De, int Dv, int has_lo) {
+    char op[48];
+    snprintf(op, sizeof op, "mla lo B%d T%d H%d %d/%d/%d", B, T, H, Dn, De, Dv);
+    const int N = B * T, Dk = Dn + De, Dkv = Dn + Dv;
+    if (!GPU->attn_lo_bytes) return;   // (the harness's CPU table: no such form)
+    const size_t lb = GPU->attn_lo_bytes(B, T, H, Dk, Dv);
+    record(op, has_lo ? "attn_lo_bytes > 0" : "attn_lo_bytes 0 (no bf16 kernels)", (lb > 0) != has_lo, 0);
+    if (!lb) return;
+    const real scale = 1 / sqrtf((float)Dk);
+    const size_t nkv = (size_t)N * H * Dkv, npe = (size_t)N * (De ? De : 1), nq = (size_t)N * H * Dk;
+    const size_t nv = (size_t)N * H * Dv, nl = (size_t)H * N;
+    float *kv = hrandn(nkv, 1.2), *kpe = hrandn(npe, 1.2), *q = hrandn(nq, 1.5), *d_o = hrandn(nv, 1);
+    float *gkv = dfl(kv, nkv), *gkpe = dfl(kpe, npe), *gq = dfl(q, nq), *gdo = dfl(d_o, nv);
+    float *k1 = dpoison(nq), *v1 = dpoison(nv), *o1 = dpoison(nv), *l1 = dpoison(nl), *dq1 = dpoison(nq);
+    float *dk1 = dpoison(nq), *dv1 = dpoison(nv), *dkv1 = dpoison(nkv), *dpe1 = dpoison(npe);
+    float *k2 = dpoison(nq), *v2 = dpoison(nv), *o2 = dpoison(nv), *l2 = dpoison(nl), *dq2 = dpoison(nq);
+    float *dk2 = dpoison(nq), *dv2 = dpoison(nv), *dkv2 = dpoison(nkv), *dpe2 = dpoison(npe);
+    void *lo = GPU->alloc(lb), *dkv_lo = GPU->alloc(nkv * 2);
+    GPU->mla_split_fwd(k1, v1, gkv, gkpe, N, H, Dn, De, Dv);
+    GPU->attn_fwd(o1, l1, gq, k1, v1, B, T, H, Dk, Dv, scale);
+    GPU->attn_bwd(dq1, dk1, dv1, gdo, gq, k1, v1, o1, l1, B, T, H, Dk, Dv, scale, 1);
+    GPU->mla_split_bwd(dkv1, dpe1, dk1, dv1, N, H, Dn, De, Dv, 1);
+    GPU->mla_split_fwd_lo(k2, v2, lo, gkv, gkpe, B, T, H, Dn, De, Dv);
+    GPU->attn_fwd_lo(o2, l2, gq, lo, B, T, H, Dk, Dv, scale);
+    GPU->attn_bwd_lo(dq2, dk2, dv2, gdo, lo, o2, l2, B, T, H, Dk, Dv, scale, 1);
+    GPU->mla_split_bwd_lo(dkv_lo, dpe2, dk2, dv2, N, H, Dn, De, Dv);
+    cmp_dev_exact(op, "k with lo ==", k2, k1, nq);
+    cmp_dev_exact(op, "v with lo ==", v2, v1, nv);
+    const size_t bq = (nq * 2 + 255) / 256 * 256;   // lo's parts: q, k, v, each 256-byte aligned
+    cmp_dev_bf16(op, "lo q == q rounded", lo, gq, nq);
+    cmp_dev_bf16(op, "lo k == k rounded", (char *)lo + bq, k1, nq);
+    cmp_dev_bf16(op, "lo v == v rounded", (char *)lo + 2 * bq, v1, nv);
+    cmp_dev_exact(op, "o from lo ==", o2, o1, nv);
+    cmp_dev_exact(op, "lse from lo ==", l2, l1, nl);
+    cmp_dev_exact(op, "dq from lo ==", dq2, dq1, nq);
+    cmp_dev_exact(op, "dk from lo ==", dk2, dk1, nq);
+    cmp_dev_exact(op, "dv from lo ==", dv2, dv1, nv);
+    cmp_dev_bf16(op, "dkv in bf16 == dkv written, rounded", dkv_lo, dkv1, nkv);
+    if (De) cmp_dev_exact(op, "dkpe with dkv in bf16 ==", dpe2, dpe1, (size_t)N * De);
+    DFREE(gkv, gkpe, gq, gdo, k1, v1, o1, l1, dq1, dk1, dv1, dkv1, dpe1, k2, v2, o2, l2, dq2, dk2, dv2, dkv2, dpe2, lo,
+          dkv_lo);
+    HFREE(kv, kpe, q, d_o);
 }
 
 // Head dims Dqk ∈ {64,128,192} × Dv ∈ {64,128} run the tensor-core kernels of attn_flash.cu
@@ -2359,6 +2418,9 @@ int main(int argc, char **argv) {
         t_mla_split(6, 0, 5);
         t_mla_split(8, 4, 12);
         t_mla_split(8, 0, 4);
+        t_mla_lo(2, 77, 3, 128, 64, 128, 1);   // the small preset's dims, T not a tile multiple
+        t_mla_lo(1, 300, 2, 32, 32, 64, 1);    // 64/64
+        t_mla_lo(1, 20, 2, 24, 16, 24, 0);     // 40/24: no bf16 kernels, no lo
         t_attn(2, 150, 3, 40, 24, TOL, TOL);   // fp32 fallback kernels
         t_attn(1, 70, 2, 40, 136, TOL, TOL);
         t_attn_flash(0);   // tensor-core kernels
