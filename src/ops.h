@@ -98,7 +98,17 @@ typedef struct {
 // GPU backend can hand it to a kernel as a parameter.
 typedef struct { const real *p[LM_MAX_SOURCES]; int n; } lm_sources;
 // assign bit j: p[j] is written, not added into (for a buffer listed twice, its first entry only).
-typedef struct { real *p[LM_MAX_SOURCES]; int n; unsigned assign; } lm_source_grads;
+// lo (or NULL; with lo_j < n): a home of N·C values in the linears' GEMM precision where a
+// backend that keeps such copies (linears_lo_bytes) also writes p[lo_j] as this op leaves it
+// (its last entry, for a buffer listed twice), for the linear that reads that gradient next
+// (lm_linears.dout_lo); the CPU ignores it.
+typedef struct {
+    real *p[LM_MAX_SOURCES];
+    int n;
+    unsigned assign;
+    void *lo;
+    int lo_j;
+} lm_source_grads;
 
 // The routed experts of one MoE layer (moe_experts_fwd/bwd): the dispatch plan of moe_plan,
 // the SwiGLU experts' weights, and the tensors the forward keeps for the backward.

@@ -256,6 +256,7 @@ __device__ __forceinline__ void mix_bwd_apply(const lm_source_grads &dsrc, size_
         v.z += aj * g.z + kj * q.z - mj * u[j].z;
         v.w += aj * g.w + kj * q.w - mj * u[j].w;
         *d = v;
+        if (dsrc.lo && j == dsrc.lo_j) st4_bf16((__nv_bfloat16 *)dsrc.lo + row, v);
     }
 }
 
@@ -394,10 +395,19 @@ struct attnres_dq_f {   // Σ_j cq[i, j] · u_j[i, c]
     }
 };
 
+// dsrc.lo: the bf16 copy of dsrc.p[lo_j], stored with its fp32 rows by the register kernels
+// (mix_bwd_apply), by a pass of its own after the general kernel
+static void check_dsrc_lo(const lm_source_grads *dsrc) {
+    LM_CHECK(!dsrc->lo || (dsrc->lo_j >= 0 && dsrc->lo_j < dsrc->n && dsrc->p[dsrc->lo_j] &&
+                           (uintptr_t)dsrc->lo % 8 == 0),
+             "attnres: a bf16 source gradient (lo, 8-byte aligned) for source %d of %d", dsrc->lo_j, dsrc->n);
+}
+
 void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *dout, lm_sources src,
                       const real *alpha, const real *w, const real *gamma, int N, int C, real eps) {
     const int n = src.n;
     LM_CHECK(n >= 1 && n <= LM_MAX_SOURCES && dsrc.n >= 0 && dsrc.n <= n, "attnres: %d sources, %d grads", n, dsrc.n);
+    check_dsrc_lo(&dsrc);
     int any_dsrc = 0;
     for (int j = 0; j < dsrc.n; j++) any_dsrc |= dsrc.p[j] != NULL;
     const int want_dq = dw != NULL || dgamma != NULL;
@@ -422,6 +432,8 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     float *cq = want_dq ? ws : NULL;
     attnres_bwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(dsrc, cq, dout, src, alpha, w, gamma, C, eps, any_dsrc);
     cudaLaunchCheck();
+    if (dsrc.lo && dsrc.p[dsrc.lo_j])   // (this kernel leaves its rows' copies to a pass of their own)
+        lm_cuda_to_bf16((__nv_bfloat16 *)dsrc.lo, dsrc.p[dsrc.lo_j], (size_t)N * C);
     if (want_dq) {
         float *dq = colsum(ws + cqf, N, C, attnres_dq_f{src, cq, C});
         lm_cuda_acc_vec(dw, dq, gamma, C);
@@ -471,6 +483,7 @@ void cuda_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *d
                            const real *gamma, const real *gain, int N, int C, real eps) {
     const int n = src.n;
     LM_CHECK(n >= 1 && n <= LM_MAX_SOURCES && dsrc.n >= 0 && dsrc.n <= n, "attnres: %d sources, %d grads", n, dsrc.n);
+    check_dsrc_lo(&dsrc);
     if (N <= 0 || C <= 0) return;
     if (!ar_norm_fused_ok(n, C)) {   // the two backwards in turn, through dx
         cuda_rmsnorm_bwd(dx, dgain, dxn, x, gain, rstd, N, C, 1);

@@ -27,7 +27,7 @@ void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_param
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     // h and xn have one writer each here (written, not zeroed: acts.c); a, b are added into
-    lm_linear_bwd_written(o, da->h, g->ffn_w2, dout, a->h, p->ffn_w2, N, F, d, lm_lo(s, LM_LO_FFN_H));
+    lm_linear_bwd_written(o, da->h, g->ffn_w2, dout, a->h, p->ffn_w2, N, F, d, lm_lo(s, LM_LO_FFN_H), s->dout_lo);
     o->glu_bwd(da->a, da->b, da->h, a->a, a->b, (size_t)N * F, c->expert_act);
     lm_linears L = {0};
     lm_linears_add(&L, p->ffn_w1, F, NULL, da->a, g->ffn_w1);
@@ -127,7 +127,8 @@ void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
     if (c->n_shared > 0) {
         const int Fs = c->n_shared * F;
-        lm_linear_bwd_written(o, da->sh, g->sh_w2, dout, a->sh, p->sh_w2, N, Fs, d, lm_lo(s, LM_LO_FFN_H));   // one writer
+        lm_linear_bwd_written(o, da->sh, g->sh_w2, dout, a->sh, p->sh_w2, N, Fs, d, lm_lo(s, LM_LO_FFN_H),
+                              s->dout_lo);   // one writer
         o->glu_bwd(da->sa, da->sb, da->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act);
     }
     const real *dy = dout;   // out = routed + shared: the routed branch sees dout unchanged

@@ -120,7 +120,7 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K;
-    lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d, lm_lo(s, LM_LO_ATTN_OUT));
+    lm_linear_bwd_written(o, da->on, g->o_proj, dout, a->on, p->o_proj, N, HK, d, lm_lo(s, LM_LO_ATTN_OUT), s->dout_lo);
     // d_o for the KDA op and gz's gradient for g_b in bf16 on CUDA (lm_grad_lo_home)
     void *o_lo = lm_grad_lo_home(s, da->o, N, HK);
     void *gz_lo = c->kda_full_rank_gate ? NULL : lm_grad_lo_home(s, da->gz, N, HK);

@@ -97,6 +97,8 @@ typedef struct {
                                  // (lm_linears.lo; NULL, or NULL entries, where the backend keeps none)
     int expert_grads_fresh;      // backward: write the experts' weight gradients, not add (lm_model)
     int dx_assign;               // backward: the sublayer writes its input stream's gradient, not adds
+    void *dout_lo;               // backward: the sublayer's output gradient also in the linears' GEMM
+                                 // precision (written by the mixer before it: lm_source_grads.lo), or NULL
     // the sublayer's input RMSNorm (xn, rstd and its lo) ran in the AttnRes mixer before it
     // (ops attnres_norm_fwd): the sublayer skips it, and its backward leaves ∂xn to that mixer
     // instead of computing dx
@@ -146,10 +148,12 @@ static inline void lm_linears_add(lm_linears *L, const real *W, int OC, real *ou
 // For a sublayer's list of the linears of its normalised input (xn_linears).
 // dinp [N,C] = dout · W, written rather than added (for a gradient with this one writer in
 // the backward, whose slot is not zeroed: acts.c); dW [OC,C] += doutᵀ · inp
-// (lo: lm_linears.lo, the forward's copy of inp, or NULL)
+// (lo: lm_linears.lo, the forward's copy of inp, or NULL; dout_lo: lm_linears.dout_lo, dout
+// already in the GEMM precision, or NULL)
 static inline void lm_linear_bwd_written(const lm_ops *o, real *dinp, real *dW, const real *dout, const real *inp,
-                                         const real *W, int N, int C, int OC, void *lo) {
-    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1, .lo = lo};
+                                         const real *W, int N, int C, int OC, void *lo, void *dout_lo) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .dout = {dout}, .dW = {dW}, .dinp_assign = 1, .lo = lo,
+                          .dout_lo = dout_lo};
     o->linears_bwd(&L, dinp, inp, N, C);
 }
 // out [N,OC] = inp [N,C] · W [OC,C]ᵀ, leaving inp's GEMM-precision copy in lo (or NULL) — or,

@@ -155,10 +155,12 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     // every intermediate gradient below has one writer, which writes it (the slots are not
     // zeroed: acts.c)
     if (c->mla_gated) {
-        lm_linear_bwd_written(o, da->og, g->o_proj, dout, a->og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
+        lm_linear_bwd_written(o, da->og, g->o_proj, dout, a->og, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT),
+                              s->dout_lo);
         o->sigmoid_gate_bwd(da->o, da->z, da->og, a->o, a->z, (size_t)N * Hm * Dv, 1);
     } else {
-        lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT));
+        lm_linear_bwd_written(o, da->o, g->o_proj, dout, a->o, p->o_proj, N, Hm * Dv, d, lm_lo(s, LM_LO_ATTN_OUT),
+                              s->dout_lo);
     }
     const void *qkv_lo = lm_lo(s, LM_LO_ATTN_QKV);   // the forward's bf16 q, k, v (CUDA training)
     if (qkv_lo)
@@ -175,7 +177,7 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     o->linears_bwd(&Lkv, da->c, a->c, N, R);
     o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 1);
     if (Rq > 0) {
-        lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, lm_lo(s, LM_LO_ATTN_B));
+        lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, lm_lo(s, LM_LO_ATTN_B), NULL);
         o->rmsnorm_bwd(da->qa, g->mq_a_norm, da->qan, a->qa, p->mq_a_norm, a->qa_rstd, N, Rq, 1);
     }
     lm_linears L = xn_linears(c, p, NULL, g, da);

@@ -181,11 +181,52 @@ static void plan_mix_norms(lm_model *m) {
     }
 }
 
+// dout_lo (model.h): a sublayer reads its output gradient first of all, in its output
+// linear's backward (the layers' lm_linear_bwd_written), so that linear can take it in GEMM
+// precision from the op that wrote it last — when that is the mixer whose backward ran just
+// before (only ADDs between, which write other buffers), that mixer's kernel stores the copy
+// with the fp32 rows (lm_source_grads.lo) and no rounding pass is needed. Walks the backward's
+// order (lm_model_backward), tracking each gradient buffer's last writer.
+static void plan_dout_lo(lm_model *m) {
+    int op_of[LM_MAX_STREAM], j_of[LM_MAX_STREAM];   // last writer of each buffer: MIX op and source, or −1
+    for (int b = 0; b < m->n_stream; b++) op_of[b] = j_of[b] = -1;
+    for (int t = 0; t < m->n_tape; t++) m->tape[t].dout_lo = m->tape[t].kind == LM_TP_MIX ? -1 : 0;
+    int last_mix = -1;
+    for (int t = m->n_tape - 1; t >= 0; t--) {
+        lm_tape_op *op = &m->tape[t];
+        switch (op->kind) {
+        case LM_TP_MIX: {
+            const lm_mix_plan *p = &m->mix[op->mix];
+            for (int j = 0; j < p->n; j++) {   // a buffer listed twice: its last entry writes last
+                op_of[grad_buf(m, p->src[j])] = t;
+                j_of[grad_buf(m, p->src[j])] = j;
+            }
+            last_mix = t;
+        } break;
+        case LM_TP_ATTN:
+        case LM_TP_FFN: {
+            const int b = grad_buf(m, op->out);
+            if (op_of[b] >= 0 && op_of[b] == last_mix) {
+                m->tape[op_of[b]].dout_lo = j_of[b];
+                op->dout_lo = 1;
+                last_mix = -1;   // the buffer is taken until this sublayer has read it
+            }
+            op_of[grad_buf(m, op->in[0])] = -1;
+        } break;
+        case LM_TP_ADD:
+            for (int j = 0; j < 2; j++)
+                if (grad_buf(m, op->in[j]) != grad_buf(m, op->out)) op_of[grad_buf(m, op->in[j])] = -1;
+            break;
+        }
+    }
+}
+
 static void build_plan(lm_model *m) {
     build_tape(m);
     plan_mix_norms(m);
     plan_grad_aliases(m);
     plan_grad_writes(m);
+    plan_dout_lo(m);
 }
 
 // ----------------------------------------------------------------------------
@@ -281,8 +322,10 @@ static void *const *reserve_kda_saved(lm_model *m) {
 }
 
 // Bytes of the homes of the linears' inputs (model.h lo) at B × T, each 256-byte aligned; with
-// base, the homes are set into it (lo[i][slot], lo_head). 0 without a backend that keeps them.
-static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)[LM_LO_N], void **lo_head) {
+// base, the homes are set into it (lo[i][slot], lo_head, lo_dstream). 0 without a backend that
+// keeps them.
+static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)[LM_LO_N], void **lo_head,
+                        void **lo_dstream) {
     const lm_ops *o = m->ops;
     if (!o || !o->linears_lo_bytes) return 0;   // lm_config_acts_bytes: no backend
     const lm_config *c = &m->cfg;
@@ -291,14 +334,17 @@ static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)
     for (int i = 0; i <= c->n_layers; i++) {   // i = n_layers: the LM head's input
         int C[LM_LO_N] = {0};
         if (i < c->n_layers) lm_layer_lo_widths(c, i, C);
-        else C[0] = c->d_model;
+        else C[0] = C[1] = c->d_model;   // the LM head's input; a sublayer's output gradient
         for (int j = 0; j < LM_LO_N; j++) {
             size_t b = C[j] > 0 ? o->linears_lo_bytes(N, C[j]) : 0;
-            if (j == LM_LO_ATTN_QKV && i < c->n_layers && lm_layer_is_mla(c, i) && o->attn_lo_bytes)
+            // (with the linears' copies only, so that a model's homes follow the GEMM mode as before)
+            if (j == LM_LO_ATTN_QKV && i < c->n_layers && lm_layer_is_mla(c, i) && o->attn_lo_bytes &&
+                o->mla_split_fwd_lo && o->attn_fwd_lo && o->attn_bwd_lo && o->linears_lo_bytes(N, c->d_model))
                 b = o->attn_lo_bytes(B, T, c->mla_heads, lm_mla_qk_dim(c), c->v_head_dim);
             void *home = b && base ? base + off : NULL;
             if (i < c->n_layers && base) lo[i][j] = home;
             else if (j == 0 && base) *lo_head = home;
+            else if (j == 1 && base) *lo_dstream = home;
             off += (b + 255) & ~(size_t)255;
         }
     }
@@ -308,10 +354,10 @@ static size_t lo_layout(const lm_model *m, int B, int T, char *base, void *(*lo)
 // when the backend keeps no such copies
 static void *(*reserve_lo(lm_model *m))[LM_LO_N] {
     if (!m->lo_mem) {
-        const size_t bytes = lo_layout(m, m->B, m->T, NULL, NULL, NULL);
+        const size_t bytes = lo_layout(m, m->B, m->T, NULL, NULL, NULL, NULL);
         if (!bytes) return NULL;
         m->lo_mem = m->ops->alloc(bytes);
-        lo_layout(m, m->B, m->T, m->lo_mem, m->lo, &m->lo_head);
+        lo_layout(m, m->B, m->T, m->lo_mem, m->lo, &m->lo_head, &m->lo_dstream);
     }
     return m->lo;
 }
@@ -332,7 +378,7 @@ size_t lm_model_acts_bytes(const lm_model *m, int B, int T, int with_grads) {
     lm_layout L;
     acts_layout(m, B, T, a, &L);
     size_t bytes = (with_grads ? 2 : 1) * L.numel * sizeof(real);
-    if (with_grads) bytes += kda_saved_each(m, B, T) * n_kda_layers(&m->cfg) + lo_layout(m, B, T, NULL, NULL, NULL);
+    if (with_grads) bytes += kda_saved_each(m, B, T) * n_kda_layers(&m->cfg) + lo_layout(m, B, T, NULL, NULL, NULL, NULL);
     lm_layout_free(&L);
     free(a);
     return bytes;
@@ -584,6 +630,7 @@ void lm_model_backward(lm_model *m, real dloss) {
     const lm_linears head = {.n = 1, .OC = {c->vocab}, .W = {m->params.lm_head}, .dout = {da->logits},
                              .dW = {m->grads.lm_head}, .lo = m->ctx.lo ? m->lo_head : NULL};
     o->linears_bwd(&head, da->fn, a->fn, N, d);
+    void *dstream_lo = m->ctx.lo ? m->lo_dstream : NULL;   // (NULL where the backend keeps no copies)
     if (!lm_final_normed(m))   // else the output mixer's backward
         o->rmsnorm_bwd(da->stream[m->stream_final], m->grads.final_norm, da->fn, a->stream[m->stream_final],
                        m->params.final_norm, a->fn_rstd, N, d, m->final_assign);
@@ -594,6 +641,10 @@ void lm_model_backward(lm_model *m, real dloss) {
             const lm_mix_plan *p = &m->mix[op->mix];
             lm_sources src = {.n = p->n};
             lm_source_grads dsrc = {.n = p->n, .assign = op->assign};   // first writes write (plan_grad_writes)
+            if (op->dout_lo >= 0 && dstream_lo) {   // the next sublayer's output gradient (plan_dout_lo)
+                dsrc.lo = dstream_lo;
+                dsrc.lo_j = op->dout_lo;
+            }
             for (int j = 0; j < p->n; j++) {
                 src.p[j] = a->stream[p->src[j]];
                 dsrc.p[j] = da->stream[p->src[j]];
@@ -616,7 +667,11 @@ void lm_model_backward(lm_model *m, real dloss) {
             }
         } break;
         case LM_TP_ATTN:
-        case LM_TP_FFN: run_sublayer_bwd(m, op); break;
+        case LM_TP_FFN:
+            m->ctx.dout_lo = op->dout_lo ? dstream_lo : NULL;
+            run_sublayer_bwd(m, op);
+            m->ctx.dout_lo = NULL;
+            break;
         case LM_TP_ADD:   // an input sharing the output's gradient buffer has it already
             for (int j = 0; j < 2; j++) {
                 if (da->stream[op->in[j]] == da->stream[op->out]) continue;

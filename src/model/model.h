@@ -28,6 +28,10 @@ typedef struct {
     // sublayer after it, or the final norm. ATTN/FFN: its input norm ran in the mixer before it
     // (lm_step_ctx.in_normed), whose backward reads the norm's output gradient
     int normed;
+    // backward, where the backend keeps GEMM-precision copies (plan_dout_lo): MIX, the source
+    // j ≥ 0 whose gradient it also writes in that precision to lm_model.lo_dstream (−1: none);
+    // ATTN/FFN, 1 if its output gradient arrives there (lm_step_ctx.dout_lo)
+    int dout_lo;
 } lm_tape_op;
 
 typedef struct {
@@ -66,6 +70,7 @@ typedef struct lm_model {
     void *lo_mem;
     void *lo[LM_MAX_LAYERS][LM_LO_N];
     void *lo_head;
+    void *lo_dstream;               // [N, d]: a sublayer's output gradient, from its mixer (dout_lo)
     // residual plan
     int n_stream, n_tape, n_mix;
     int stream_embed, stream_final;

@@ -1662,6 +1662,40 @@ static void mix_case_written(mix_case *m, lm_source_grads *ha, lm_source_grads *
     ga->p[0] = m->gdsrc[0];
     if (m->n > 2) ga->p[m->n - 1] = m->gdsrc[0];
 }
+// For lm_source_grads.lo: device copies of the GPU's source gradients as they are now, and
+// entries pointing at them (the repeated last entry at copy 0), lo for entry j (n > 2: the last,
+// buffer 0's second entry, whose update is its last; else 0)
+static lm_source_grads mix_lo_entries(const mix_case *m, float **copy, void *lo) {
+    lm_source_grads g = m->dg;
+    for (int j = 0; j < m->n; j++) {
+        copy[j] = NULL;
+        if (!m->dg.p[j] || (m->n > 2 && j == m->n - 1)) continue;
+        copy[j] = dpoison(m->NC);
+        GPU->copy(copy[j], m->gdsrc[j], m->NC * sizeof(float));
+        g.p[j] = copy[j];
+    }
+    if (m->n > 2) g.p[m->n - 1] = copy[0];
+    g.lo = lo;
+    g.lo_j = m->n > 2 ? m->n - 1 : 0;
+    return g;
+}
+// after the same backward ran on m's gradients and on copy's (with lo): equal, bit for bit, and
+// lo the rounding of the entry's final gradient
+static void mix_lo_cmp(const char *op, const mix_case *m, float **copy, const void *lo) {
+    double bad = 0;
+    for (int j = 0; j < m->n; j++) {
+        if (!copy[j]) continue;
+        float *a = lm_malloc(m->NC * sizeof(float)), *b = lm_malloc(m->NC * sizeof(float));
+        GPU->to_host(a, copy[j], m->NC * sizeof(float));
+        GPU->to_host(b, m->gdsrc[j], m->NC * sizeof(float));
+        for (size_t e = 0; e < m->NC; e++) bad += memcmp(&a[e], &b[e], 4) != 0;
+        HFREE(a, b);
+    }
+    record(op, "bwd with lo: dsrc == without", bad, 0);
+    cmp_dev_bf16(op, "bwd lo == its entry's dsrc rounded", lo, copy[0], m->NC);
+    for (int j = 0; j < m->n; j++)
+        if (copy[j]) GPU->free(copy[j]);
+}
 static void mix_case_free(mix_case *m) {
     for (int j = 0; j < m->n; j++) {
         GPU->free(m->gsrc[j]);
@@ -1686,9 +1720,18 @@ static void t_attnres(int n, int C, int N, double tol) {
     cmp(op, "fwd out", gout, out, NC, tol);
     cmp(op, "fwd alpha", galpha, alpha, (size_t)N * n, tol);
     float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C);
+    const int with_lo = GPU->linears_lo_bytes && C % 4 == 0;
+    float *copy[12];
+    void *lo = with_lo ? GPU->alloc(NC * 2) : NULL;
+    const lm_source_grads g2 = with_lo ? mix_lo_entries(&m, copy, lo) : m.dg;
     CPU->attnres_bwd(m.hg, dw, dgamma, dout, m.hs, alpha, w, gamma, N, C, 1e-5f);
     GPU->attnres_bwd(m.dg, gdw, gdgamma, gdout, m.ds, galpha, gw, ggamma, N, C, 1e-5f);
     mix_case_cmp(op, &m, tol);
+    if (with_lo) {   // one entry's gradient in bf16 too (the next sublayer's output gradient)
+        GPU->attnres_bwd(g2, NULL, NULL, gdout, m.ds, galpha, gw, ggamma, N, C, 1e-5f);
+        mix_lo_cmp(op, &m, copy, lo);
+        GPU->free(lo);
+    }
     cmp(op, "bwd dw", gdw, dw, C, tol);
     cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
     {   // entry 0 written (assign bit), the other entries still add
@@ -1733,10 +1776,21 @@ static void t_attnres_norm(int n, int C, int N, double tol) {
     if (lo) cmp_dev_bf16(op, "fwd lo == xn rounded to bf16", lo, gxn, NC);
     float *dw = hrandn(C, 1), *dgamma = hrandn(C, 1), *dgain = hrandn(C, 1);
     float *gdw = dfl(dw, C), *gdgamma = dfl(dgamma, C), *gdgain = dfl(dgain, C);
+    const int with_lo = lb && C % 4 == 0;
+    float *copy[12];
+    void *dlo = with_lo ? GPU->alloc(NC * 2) : NULL;
+    const lm_source_grads g2 = with_lo ? mix_lo_entries(&m, copy, dlo) : m.dg;
     CPU->attnres_norm_bwd(m.hg, dw, dgamma, dgain, dx, dxn, x, m.hs, alpha, rstd, w, gamma, gain, N, C, 1e-5f);
     GPU->attnres_norm_bwd(m.dg, gdw, gdgamma, gdgain, gdx, gdxn, gx, m.ds, galpha, grstd, gw, ggamma, ggain, N, C,
                           1e-5f);
     mix_case_cmp(op, &m, tol);
+    if (with_lo) {   // one entry's gradient in bf16 too (the next sublayer's output gradient)
+        float *gdx2 = dpoison(NC);
+        GPU->attnres_norm_bwd(g2, NULL, NULL, NULL, gdx2, gdxn, gx, m.ds, galpha, grstd, gw, ggamma, ggain, N, C,
+                              1e-5f);
+        mix_lo_cmp(op, &m, copy, dlo);
+        DFREE(dlo, gdx2);
+    }
     cmp(op, "bwd dw", gdw, dw, C, tol);
     cmp(op, "bwd dgamma", gdgamma, dgamma, C, tol);
     cmp(op, "bwd dgain", gdgain, dgain, C, tol);
@@ -1890,10 +1944,10 @@ typedef struct {
 } train_setup;
 typedef struct { double loss, params, grads0; } train_diff;
 
-static train_diff model_pair(const char *label, lm_config c, train_setup su, const lm_ops *ob, double eps_b,
-                             int verbose) {
+static train_diff model_pair(const char *label, lm_config c, train_setup su, const lm_ops *oa, const lm_ops *ob,
+                             double eps_b, int verbose) {
     LM_CHECK(lm_config_finalize(&c) == LM_OK, "config: %s", lm_last_error());
-    lm_model *ma = lm_model_create(&c, CPU, 7), *mb = lm_model_create(&c, ob, 7);
+    lm_model *ma = lm_model_create(&c, oa, 7), *mb = lm_model_create(&c, ob, 7);
     size_t np = ma->playout.numel;
     real *host = lm_malloc(np * sizeof(real));
     lm_model_get_params(ma, host);
@@ -1904,7 +1958,7 @@ static train_diff model_pair(const char *label, lm_config c, train_setup su, con
     for (size_t i = 0; i < np; i++) host[i] *= (real)(1 + eps_b * lm_rng_normal(&r));
     lm_model_set_params(mb, host);
     for (int i = 0; i < c.n_layers; i++)   // balancers re-read the (perturbed) biases
-        if (lm_layer_is_moe(&c, i)) { lm_balancer_refresh(&ma->bal[i], CPU); lm_balancer_refresh(&mb->bal[i], ob); }
+        if (lm_layer_is_moe(&c, i)) { lm_balancer_refresh(&ma->bal[i], oa); lm_balancer_refresh(&mb->bal[i], ob); }
     lm_optim_config oc;
     lm_optim_default(&oc);
     oc.kind = su.optimizer;
@@ -1968,8 +2022,8 @@ static void model_train(const char *label, lm_config c, train_setup su, int enfo
            su.optimizer == LM_OPT_MUON ? "muon" : "adamw", su.capacity,
            su.warmup < 0 ? "constant lr 3e-3" : "default schedule (lr 3e-3, warmup 20)",
            su.special ? "perturbed AttnRes/router bias" : "default init");
-    train_diff g = model_pair(label, c, su, GPU, 0, 1);
-    train_diff f = model_pair(label, c, su, CPU, 1e-6, 0);
+    train_diff g = model_pair(label, c, su, CPU, GPU, 0, 1);
+    train_diff f = model_pair(label, c, su, CPU, CPU, 1e-6, 0);
     char op[64];
     snprintf(op, sizeof op, "model %s", label);
     // the GPU's KDA runs in bf16 (fp32 state and accumulation): its ops agree with the CPU
@@ -1980,6 +2034,35 @@ static void model_train(const char *label, lm_config c, train_setup su, int enfo
     record(op, "params after 10 steps", g.params, tl);
     printf("    noise floor, CPU vs CPU with params x (1 + 1e-6 N(0,1)): loss %.2e, params %.2e\n", f.loss, f.params);
     printf("    (%.1f s)\n", lm_time_sec() - t0);
+}
+
+// The GPU's bf16 handoffs between ops in training — every GEMM-precision copy one op leaves for
+// the next (the linears' inputs, the KDA conv's input gradients in the projections' matrix, the
+// MLA layer's q, k, v, dkv and gate output, the mixers' copies of the sublayers' output
+// gradients, …) — against the same training on a copy of the CUDA table without
+// linears_lo_bytes and attn_lo_bytes, where the model keeps no such homes and each consumer
+// rounds for itself. Every copy is the rounding its consumer would make, so the two agree bit
+// for bit: 10 AdamW steps' losses, the first step's gradients and the final parameters. The
+// config reaches every form: bf16 GEMMs (2 × 64 rows), a KDA xn list 4-aligned (4 heads of 64:
+// 64 + 4 + 64 + 3 × 256 columns), MLA dims with flash kernels (48 + 16 / 64), block AttnRes.
+static void model_handoffs(void) {
+    if (!GPU->linears_lo_bytes) return;   // (the harness's CPU table)
+    lm_config c = small_hybrid("KMKKM");
+    c.kda_heads = 4;
+    c.qk_nope_dim = 48; c.qk_extra_dim = 16; c.v_head_dim = 64;
+    lm_ops plain = *GPU;
+    plain.linears_lo_bytes = NULL;
+    plain.attn_lo_bytes = NULL;
+    plain.name = "cuda-nolo";
+    const int mode = lm_cuda_gemm_mode();
+    lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    train_setup su = {.B = 2, .T = 64, .optimizer = LM_OPT_ADAMW, .capacity = -1};
+    printf("  bf16 handoffs: B=2 T=64, adamw, the CUDA table against one keeping no copies\n");
+    const train_diff d = model_pair("bf16 handoffs", c, su, &plain, GPU, 0, 1);
+    record("model bf16 handoffs", "step-0 gradients (all), bitwise", d.grads0, 0);
+    record("model bf16 handoffs", "10-step loss, max rel diff", d.loss, 0);
+    record("model bf16 handoffs", "params after 10 steps", d.params, 0);
+    lm_cuda_set_gemm_mode(mode);
 }
 
 // GPU: chunks of prefill/decode with the cache give the logits of one full forward;
@@ -2164,6 +2247,7 @@ static void t_model(void) {
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
     model_train("small hybrid, bf16 GEMMs", c, sh, 1);
     lm_cuda_set_gemm_mode(LM_GEMM_FP32);
+    model_handoffs();
     // 3. stress (reported only): perturbed AttnRes queries and router biases and the full
     //    lr from step 0 make training chaotic; the GPU-vs-CPU divergence is compared with
     //    the CPU's own divergence under a 1e-6 perturbation
