@@ -84,6 +84,10 @@ typedef struct {
     void *df_lo;
     // backward, optional: d_o already in that precision (the gated norm's dx_lo), read instead of d_o
     const void *d_o_lo;
+    // forward, optional (training, on a backend whose linears_lo_bytes(B·T, H·V) is nonzero): o
+    // written in the kernels' own precision into o_lo (that many bytes) instead of into o (left
+    // alone), for the gated norm that reads it (gated_rmsnorm_fwd/bwd's x_lo)
+    void *o_lo;
     // backward, optional (with grads_assign, the conv, and a nonzero linears_lo_bytes): the conv's
     // input gradients written in the linears' GEMM precision instead of into dqkv_pre (left
     // alone), as the column blocks [0, H·K), [H·K, 2·H·K), [2·H·K, 2·H·K + H·V) of a [B·T,
@@ -234,9 +238,11 @@ typedef struct lm_ops {
 
     // ---- headwise gated RMSNorm (KDA output): x, z, out [N, H·V]; w [V] shared by heads;
     //      out = x · rstd_h · w ⊙ sigmoid(z), rstd [N·H] ----
-    // (lo: as rmsnorm_fwd's, for out as an [N, H·V] input)
+    // (lo: as rmsnorm_fwd's, for out as an [N, H·V] input; x_lo, here and in the backward: NULL,
+    // or x in the linears' GEMM precision (lm_kda_args.o_lo), read instead of x — on a backend
+    // whose linears_lo_bytes is nonzero; the CPU refuses it)
     void (*gated_rmsnorm_fwd)(real *out, real *rstd, const real *x, const real *z, const real *w,
-                              int N, int H, int V, real eps, void *lo);
+                              int N, int H, int V, real eps, void *lo, const void *x_lo);
     // dx, dz accumulate (assign: written, their contents on entry do not matter); dw accumulates.
     // dx_lo, dz_lo: NULL, or (with assign, on a backend whose linears_lo_bytes(N, H·V) is nonzero)
     // memory of that many bytes where dx / dz are written in the linears' GEMM precision instead
@@ -244,7 +250,7 @@ typedef struct lm_ops {
     // them for V % 4 == 0, V ≤ 128 (the KDA head dims) and refuses other V
     void (*gated_rmsnorm_bwd)(real *dx, real *dz, real *dw, const real *dout, const real *x,
                               const real *z, const real *w, const real *rstd, int N, int H, int V, int assign,
-                              void *dx_lo, void *dz_lo);
+                              void *dx_lo, void *dz_lo, const void *x_lo);
 
     // ---- out = x ⊙ sigmoid(z) (gated MLA output), n elements ----
     // (lo: as rmsnorm_fwd's, for out as the input of a linear)

@@ -78,7 +78,7 @@ static void test_rmsnorm(void **state) {
 typedef struct { int N, H, V; real *x, *z, *w, *out, *rstd, *P; } grn_ctx;
 static double grn_loss(void *p) {
     grn_ctx *c = p;
-    ops->gated_rmsnorm_fwd(c->out, c->rstd, c->x, c->z, c->w, c->N, c->H, c->V, 1e-5, NULL);
+    ops->gated_rmsnorm_fwd(c->out, c->rstd, c->x, c->z, c->w, c->N, c->H, c->V, 1e-5, NULL, NULL);
     return tu_dot(c->out, c->P, (size_t)c->N * c->H * c->V);
 }
 static void test_gated_rmsnorm(void **state) {
@@ -96,14 +96,14 @@ static void test_gated_rmsnorm(void **state) {
     double want = xh[3] / sqrt(ss / c.V + 1e-5) * c.w[3] / (1 + exp(-(double)c.z[(2 * c.H + 1) * c.V + 3]));
     tu_check("gated_rmsnorm value", fabs(want - c.out[(2 * c.H + 1) * c.V + 3]), TOL(1e-12, 1e-6));
     real *dx = tu_alloc(n), *dz = tu_alloc(n), *dw = tu_alloc(c.V);
-    ops->gated_rmsnorm_bwd(dx, dz, dw, c.P, c.x, c.z, c.w, c.rstd, c.N, c.H, c.V, 0, NULL, NULL);
+    ops->gated_rmsnorm_bwd(dx, dz, dw, c.P, c.x, c.z, c.w, c.rstd, c.N, c.H, c.V, 0, NULL, NULL, NULL);
     tu_check("gated_rmsnorm d_x", tu_gradcheck(c.x, dx, n, grn_loss, &c, TU_H, 200, &r), TOL(1e-7, 2e-2));
     tu_check("gated_rmsnorm d_z", tu_gradcheck(c.z, dz, n, grn_loss, &c, TU_H, 200, &r), TOL(1e-7, 2e-2));
     tu_check("gated_rmsnorm d_w", tu_gradcheck(c.w, dw, c.V, grn_loss, &c, TU_H, 200, &r), TOL(1e-7, 2e-2));
     // the written form: dx, dz replaced whatever they held (NaN here); dw still adds
     real *dx2 = tu_alloc(n), *dz2 = tu_alloc(n), *dw2 = tu_copy(dw, c.V);
     for (size_t i = 0; i < n; i++) dx2[i] = dz2[i] = NAN;
-    ops->gated_rmsnorm_bwd(dx2, dz2, dw2, c.P, c.x, c.z, c.w, c.rstd, c.N, c.H, c.V, 1, NULL, NULL);
+    ops->gated_rmsnorm_bwd(dx2, dz2, dw2, c.P, c.x, c.z, c.w, c.rstd, c.N, c.H, c.V, 1, NULL, NULL, NULL);
     tu_check("gated_rmsnorm assign: d_x written (max abs diff)", tu_max_abs_diff(dx2, dx, n), 0);
     tu_check("gated_rmsnorm assign: d_z written (max abs diff)", tu_max_abs_diff(dz2, dz, n), 0);
     for (int i = 0; i < c.V; i++) dw[i] *= 2;

@@ -43,7 +43,8 @@ void cpu_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp,
 
 // x, z, out [N, H·V]; w [V]; rstd [N·H]: out = x·rstd·w ⊙ sigmoid(z), per head
 void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
-                           int N, int H, int V, real eps, void *lo) {
+                           int N, int H, int V, real eps, void *lo, const void *x_lo) {
+    LM_CHECK(!x_lo, "cpu gated_rmsnorm_fwd: no GEMM-precision inputs on the CPU");
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < N * H; r++) {
         const real *xr = x + (size_t)r * V, *zr = z + (size_t)r * V;
@@ -60,8 +61,8 @@ void cpu_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, 
 // rule per head, and dz = dy · (x·r·w) · σ(z)(1 − σ(z)).
 void cpu_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
                            const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo,
-                           void *dz_lo) {
-    LM_CHECK(!dx_lo && !dz_lo, "cpu gated_rmsnorm_bwd: no GEMM-precision outputs on the CPU");
+                           void *dz_lo, const void *x_lo) {
+    LM_CHECK(!dx_lo && !dz_lo && !x_lo, "cpu gated_rmsnorm_bwd: no GEMM-precision tensors on the CPU");
     if (assign) {   // written = added onto zeros
         if (dx) memset(dx, 0, (size_t)N * H * V * sizeof(real));
         if (dz) memset(dz, 0, (size_t)N * H * V * sizeof(real));

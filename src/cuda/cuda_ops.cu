@@ -260,11 +260,12 @@ static void cu_kda_fwd(const lm_kda_args *a) {
     for (int pass = 0; pass < 2; pass++) {   // pass 0 counts, pass 1 carves
         if (pass) cv = (carver){(char *)lm_cuda_scratch(cv.used), 0};
         if (!a->saved) kda_call_inputs(&c, &cv, a, 1);
-        c.p.o = (__nv_bfloat16 *)carve(&cv, c.nv * 2);
+        c.p.o = a->o_lo ? (__nv_bfloat16 *)a->o_lo : (__nv_bfloat16 *)carve(&cv, c.nv * 2);
         c.p.ws = carve(&cv, wsb);
     }
+    LM_CHECK(lm_aligned16({a->o_lo}), "cuda kda_fwd: o in bf16 (o_lo) not 16-byte aligned");
     cudaCheck(kda_fwd(&c.p));
-    from_bf16(a->o, c.p.o, c.nv, 0);
+    if (!a->o_lo) from_bf16(a->o, c.p.o, c.nv, 0);   // (o_lo: the gated norm reads the bf16 o itself)
 }
 
 static void cu_kda_bwd(const lm_kda_args *a) {

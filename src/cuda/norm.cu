@@ -147,14 +147,22 @@ __global__ static void gated_fwd_k(float *out, float *rstd, const float *x, cons
     }
 }
 
-// the same, one warp per row (V ≤ 128: lane l owns channels 4l..4l+3)
-__global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x, const float *z, const float *w,
+// four of x's values: fp32, or bf16 widened (the gated norms' x_lo: the same fp32 values the
+// widening pass that made x wrote)
+__device__ __forceinline__ float4 ld4x(const float *p, bool ok) { return ld4(p, ok); }
+__device__ __forceinline__ float4 ld4x(const __nv_bfloat16 *p, bool ok) {
+    return ok ? ld4_bf16(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// the same, one warp per row (V ≤ 128: lane l owns channels 4l..4l+3); TX: x's type
+template <typename TX>
+__global__ static void gated_fwd_warp_k(float *out, float *rstd, const TX *x, const float *z, const float *w,
                                         int rows, int V, float eps, __nv_bfloat16 *lo) {
     const int row = blockIdx.x * GATED_WARPS + (threadIdx.x >> 5), c = 4 * (threadIdx.x & 31);
     if (row >= rows) return;
     const bool on = c < V;
     const size_t e = (size_t)row * V + c;
-    const float4 xv = ld4(x + e, on);
+    const float4 xv = ld4x(x + e, on);
     const float rs = 1.0f / sqrtf(warp_sum(dot4(xv, xv)) / V + eps);
     if (c == 0) rstd[row] = rs;
     if (!on) return;
@@ -165,16 +173,22 @@ __global__ static void gated_fwd_warp_k(float *out, float *rstd, const float *x,
     if (lo) st4_bf16(lo + e, y);
 }
 
+// x_lo (bf16, or NULL): x read there instead (the warp kernels' V only, as the bf16 outputs)
 void cuda_gated_rmsnorm_fwd(real *out, real *rstd, const real *x, const real *z, const real *w,
-                            int N, int H, int V, real eps, void *lo) {
+                            int N, int H, int V, real eps, void *lo, const void *x_lo) {
     if (N <= 0 || H <= 0 || V <= 0) return;
     const int rows = N * H;
+    LM_CHECK(!x_lo || gated_reg_ok(V), "cuda gated_rmsnorm_fwd: a bf16 x needs V %% 4 == 0, V <= 128 (V = %d)", V);
     __nv_bfloat16 *lb = (__nv_bfloat16 *)lo;
-    if (gated_reg_ok(V))
-        gated_fwd_warp_k<<<(rows + GATED_WARPS - 1) / GATED_WARPS, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
-            out, rstd, x, z, w, rows, V, eps, lb);
-    else
+    const unsigned nb = (unsigned)((rows + GATED_WARPS - 1) / GATED_WARPS);
+    if (gated_reg_ok(V) && x_lo) {
+        gated_fwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(out, rstd, (const __nv_bfloat16 *)x_lo, z,
+                                                                        w, rows, V, eps, lb);
+    } else if (gated_reg_ok(V)) {
+        gated_fwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(out, rstd, x, z, w, rows, V, eps, lb);
+    } else {
         gated_fwd_k<<<rows, row_threads(V), 0, lm_cuda_stream()>>>(out, rstd, x, z, w, V, eps, lb);
+    }
     cudaLaunchCheck();
 }
 
@@ -199,7 +213,8 @@ __global__ static void gated_bwd_k(float *dx, float *dz, const float *dout, cons
 // as gated_bwd_k (NULL: skipped), part [b, V] = Σ_rows dy·σ(z)·x·rstd (NULL: dw not wanted)
 // assign: dx, dz written (their old values not read), else added into
 // dx_lo, dz_lo (with assign): the written dx / dz in bf16 there instead of in dx / dz
-__global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const float *dout, const float *x,
+template <typename TX>
+__global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const float *dout, const TX *x,
                                         const float *z, const float *w, const float *rstd, int rows, int V, int rpb,
                                         int assign, __nv_bfloat16 *dx_lo, __nv_bfloat16 *dz_lo) {
     __shared__ float4 wpart[GATED_WARPS][32];
@@ -210,7 +225,7 @@ __global__ static void gated_bwd_warp_k(float *dx, float *dz, float *part, const
     const int r0 = blockIdx.x * rpb, r1 = min(rows, r0 + rpb);
     for (int row = r0 + wi; row < r1; row += GATED_WARPS) {
         const size_t e = (size_t)row * V + c;
-        const float4 xv = ld4(x + e, on), zv = ld4(z + e, on), dy = ld4(dout + e, on);
+        const float4 xv = ld4x(x + e, on), zv = ld4(z + e, on), dy = ld4(dout + e, on);
         const float4 sg = make_float4(dsigmoid(zv.x), dsigmoid(zv.y), dsigmoid(zv.z), dsigmoid(zv.w));
         const float rs = rstd[row];
         const float4 dys = mul4(dy, sg);   // dy·σ(z)
@@ -254,16 +269,22 @@ struct gated_dw_f {   // dout·σ(z)·x·rstd over rows r of V
 
 void cuda_gated_rmsnorm_bwd(real *dx, real *dz, real *dw, const real *dout, const real *x, const real *z,
                             const real *w, const real *rstd, int N, int H, int V, int assign, void *dx_lo,
-                            void *dz_lo) {
+                            void *dz_lo, const void *x_lo) {
     if (N <= 0 || H <= 0 || V <= 0 || (!dx && !dz && !dw && !dx_lo && !dz_lo)) return;
     const int rows = N * H;
     LM_CHECK(!(dx_lo || dz_lo) || (assign && gated_reg_ok(V)), "cuda gated_rmsnorm_bwd: bf16 outputs need assign "
              "and V %% 4 == 0, V <= 128 (V = %d)", V);
+    LM_CHECK(!x_lo || gated_reg_ok(V), "cuda gated_rmsnorm_bwd: a bf16 x needs V %% 4 == 0, V <= 128 (V = %d)", V);
     if (gated_reg_ok(V)) {
         const int rpb = gated_rows_per_block(rows), nb = (rows + rpb - 1) / rpb;
         float *part = dw ? (float *)lm_cuda_scratch((size_t)nb * V * sizeof(float)) : NULL;
-        gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
-            dx, dz, part, dout, x, z, w, rstd, rows, V, rpb, assign, (__nv_bfloat16 *)dx_lo, (__nv_bfloat16 *)dz_lo);
+        __nv_bfloat16 *dxl = (__nv_bfloat16 *)dx_lo, *dzl = (__nv_bfloat16 *)dz_lo;
+        if (x_lo)
+            gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(
+                dx, dz, part, dout, (const __nv_bfloat16 *)x_lo, z, w, rstd, rows, V, rpb, assign, dxl, dzl);
+        else
+            gated_bwd_warp_k<<<nb, 32 * GATED_WARPS, 0, lm_cuda_stream()>>>(dx, dz, part, dout, x, z, w, rstd, rows,
+                                                                            V, rpb, assign, dxl, dzl);
         cudaLaunchCheck();
         if (dw) lm_cuda_colsum_final(dw, part, nb, V, 1);
         return;

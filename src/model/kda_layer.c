@@ -79,11 +79,13 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     } else {
         kda_args_conv(&k, c, p, a);
     }
+    // o in bf16 for the gated norm, in its own fp32 slot (CUDA training)
+    k.o_lo = k.state ? NULL : lm_grad_lo_home(s, a->o, N, HK);
     if (k.state) o->kda_decode(&k);
     else o->kda_fwd(&k);
     if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B), 0);
     void *on_lo = lm_lo(s, LM_LO_ATTN_OUT);   // written by the gated norm
-    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, on_lo);
+    o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, on_lo, k.o_lo);
     lm_linear_fwd(o, out, a->on, p->o_proj, N, HK, d, on_lo, 1);
 }
 
@@ -124,7 +126,10 @@ void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     // d_o for the KDA op and gz's gradient for g_b in bf16 on CUDA (lm_grad_lo_home)
     void *o_lo = lm_grad_lo_home(s, da->o, N, HK);
     void *gz_lo = c->kda_full_rank_gate ? NULL : lm_grad_lo_home(s, da->gz, N, HK);
-    o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1, o_lo, gz_lo);
+    // (the forward's bf16 o, kda_fwd's o_lo, where it left it)
+    const void *x_lo = lm_grad_lo_home(s, (real *)a->o, N, HK);
+    o->gated_rmsnorm_bwd(da->o, da->gz, g->o_norm, da->on, a->o, a->gz, p->o_norm, a->on_rstd, N, H, K, 1, o_lo, gz_lo,
+                         x_lo);
     if (!c->kda_full_rank_gate) {
         const lm_linears Lg = {.n = 1, .OC = {HK}, .W = {p->g_b}, .dout = {da->gz}, .dW = {g->g_b}, .dinp_assign = 1,
                                .lo = lm_lo(s, LM_LO_ATTN_B), .dout_lo = gz_lo};

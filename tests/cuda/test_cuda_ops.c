@@ -657,8 +657,8 @@ static void t_norm_lo(int N, int C, int H, int V) {
     GPU->linears_fwd(&A, o1, N, C);
     GPU->linears_fwd(&B, o1, N, C);
     cmp_dev_exact(op, "linear of rmsnorm's lo == of its out", y2, y1, (size_t)N * OC);
-    GPU->gated_rmsnorm_fwd(go1, gr1, gxg, gzg, gwg, N, H, V, 1e-5f, NULL);
-    GPU->gated_rmsnorm_fwd(go2, gr2, gxg, gzg, gwg, N, H, V, 1e-5f, log_);
+    GPU->gated_rmsnorm_fwd(go1, gr1, gxg, gzg, gwg, N, H, V, 1e-5f, NULL, NULL);
+    GPU->gated_rmsnorm_fwd(go2, gr2, gxg, gzg, gwg, N, H, V, 1e-5f, log_, NULL);
     cmp_dev_exact(op, "gated out with lo == without", go2, go1, NG);
     A.W[0] = B.W[0] = gWg;
     B.lo = log_;
@@ -716,12 +716,12 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     float *gx = dfl(x, n), *gz = dfl(z, n), *gw = dfl(w, V), *gdout = dfl(dout, n);
     float *gout = dpoison(n), *grstd = dpoison((size_t)N * H), *gdx = dfl(dx, n), *gdz = dfl(dz, n), *gdw = dfl(dw, V);
     float *out = lm_malloc(n * sizeof(float)), *rstd = lm_malloc((size_t)N * H * sizeof(float));
-    CPU->gated_rmsnorm_fwd(out, rstd, x, z, w, N, H, V, 1e-5f, NULL);
-    GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f, NULL);
+    CPU->gated_rmsnorm_fwd(out, rstd, x, z, w, N, H, V, 1e-5f, NULL, NULL);
+    GPU->gated_rmsnorm_fwd(gout, grstd, gx, gz, gw, N, H, V, 1e-5f, NULL, NULL);
     cmp(op, "fwd out", gout, out, n, TOL);
     cmp(op, "fwd rstd", grstd, rstd, (size_t)N * H, TOL);
-    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0, NULL, NULL);
-    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V, 0, NULL, NULL);
+    CPU->gated_rmsnorm_bwd(dx, dz, dw, dout, x, z, w, rstd, N, H, V, 0, NULL, NULL, NULL);
+    GPU->gated_rmsnorm_bwd(gdx, gdz, gdw, gdout, gx, gz, gw, grstd, N, H, V, 0, NULL, NULL, NULL);
     cmp(op, "bwd dx", gdx, dx, n, TOL);
     cmp(op, "bwd dz", gdz, dz, n, TOL);
     cmp(op, "bwd dw", gdw, dw, V, TOL);
@@ -729,14 +729,14 @@ static void t_gated_rmsnorm(int N, int H, int V) {
     float *dx2 = lm_malloc(n * sizeof(float)), *dz2 = lm_malloc(n * sizeof(float));
     for (size_t j = 0; j < n; j++) dx2[j] = dz2[j] = 5.0f;
     float *gdx2 = dpoison(n), *gdz2 = dpoison(n);
-    CPU->gated_rmsnorm_bwd(dx2, dz2, NULL, dout, x, z, w, rstd, N, H, V, 1, NULL, NULL);
-    GPU->gated_rmsnorm_bwd(gdx2, gdz2, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, NULL, NULL);
+    CPU->gated_rmsnorm_bwd(dx2, dz2, NULL, dout, x, z, w, rstd, N, H, V, 1, NULL, NULL, NULL);
+    GPU->gated_rmsnorm_bwd(gdx2, gdz2, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, NULL, NULL, NULL);
     cmp(op, "bwd dx written (assign)", gdx2, dx2, n, TOL);
     cmp(op, "bwd dz written (assign)", gdz2, dz2, n, TOL);
     if (GPU->linears_lo_bytes && V % 4 == 0 && V <= 128) {   // dx, dz in bf16 instead: the written values rounded
         void *xl = GPU->alloc(n * 2), *zl = GPU->alloc(n * 2);
         float *gdx3 = dpoison(n), *gdz3 = dpoison(n);
-        GPU->gated_rmsnorm_bwd(gdx3, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, zl);
+        GPU->gated_rmsnorm_bwd(gdx3, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl, zl, NULL);
         cmp_dev_bf16(op, "bwd dx in bf16 (dx_lo) == written, rounded", xl, gdx2, n);
         cmp_dev_bf16(op, "bwd dz in bf16 (dz_lo) == written, rounded", zl, gdz2, n);
         {   // dx, dz themselves left alone (NaN): the count of finite values
@@ -749,10 +749,35 @@ static void t_gated_rmsnorm(int N, int H, int V) {
             free(h);
         }
         void *xl2 = GPU->alloc(n * 2);   // zeros: a call that wrote nothing would leave them
-        GPU->gated_rmsnorm_bwd(NULL, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl2, NULL);   // one of them
+        GPU->gated_rmsnorm_bwd(NULL, gdz3, NULL, gdout, gx, gz, gw, grstd, N, H, V, 1, xl2, NULL, NULL);   // one of them
         cmp_dev_bf16(op, "bwd dx alone in bf16", xl2, gdx2, n);
         cmp_dev_exact(op, "bwd dz beside dx in bf16 == written", gdz3, gdz2, n);
         DFREE(xl, xl2, zl, gdx3, gdz3);
+        // x given in bf16 (x_lo, the KDA op's o_lo): the results of the same calls on its fp32
+        // widening, bit for bit, with x itself NaN
+        uint16_t *hb = lm_malloc(n * sizeof(uint16_t));
+        float *xr = lm_malloc(n * sizeof(float));
+        for (size_t j = 0; j < n; j++) {
+            hb[j] = bf16_bits(x[j]);
+            const uint32_t u = (uint32_t)hb[j] << 16;
+            memcpy(&xr[j], &u, 4);
+        }
+        void *xb = GPU->alloc(n * 2);
+        GPU->to_device(xb, hb, n * 2);
+        float *gxr = dfl(xr, n), *gnan = dpoison(n), *o1 = dpoison(n), *o2 = dpoison(n), *r1 = dpoison((size_t)N * H);
+        float *r2 = dpoison((size_t)N * H), *a1 = dpoison(n), *a2 = dpoison(n), *b1 = dpoison(n), *b2 = dpoison(n);
+        float *w1 = dfl(dw, V), *w2 = dfl(dw, V);
+        GPU->gated_rmsnorm_fwd(o1, r1, gxr, gz, gw, N, H, V, 1e-5f, NULL, NULL);
+        GPU->gated_rmsnorm_fwd(o2, r2, gnan, gz, gw, N, H, V, 1e-5f, NULL, xb);
+        cmp_dev_exact(op, "fwd out, x in bf16 (x_lo) ==", o2, o1, n);
+        cmp_dev_exact(op, "fwd rstd, x in bf16 (x_lo) ==", r2, r1, (size_t)N * H);
+        GPU->gated_rmsnorm_bwd(a1, b1, w1, gdout, gxr, gz, gw, r1, N, H, V, 1, NULL, NULL, NULL);
+        GPU->gated_rmsnorm_bwd(a2, b2, w2, gdout, gnan, gz, gw, r2, N, H, V, 1, NULL, NULL, xb);
+        cmp_dev_exact(op, "bwd dx, x in bf16 (x_lo) ==", a2, a1, n);
+        cmp_dev_exact(op, "bwd dz, x in bf16 (x_lo) ==", b2, b1, n);
+        cmp_dev_exact(op, "bwd dw, x in bf16 (x_lo) ==", w2, w1, V);
+        DFREE(xb, gxr, gnan, o1, o2, r1, r2, a1, a2, b1, b2, w1, w2);
+        HFREE(hb, xr);
     }
     DFREE(gdx2, gdz2); HFREE(dx2, dz2);
     DFREE(gx, gz, gw, gdout, gout, grstd, gdx, gdz, gdw); HFREE(x, z, w, dout, dx, dz, dw, out, rstd);
@@ -2386,7 +2411,7 @@ static void t_bench(void) {
         float *dw4 = drand_big((size_t)d * 4, 0.5), *al = drand_big((size_t)N * 4, 0.25), *rs8 = drand_big((size_t)N * 8, 1);
         BENCH("rmsnorm_bwd dinp+dgain 16384x1024", 0, GPU->rmsnorm_bwd(out, dv, x, u1, g, rs, N, d, 0), out);
         BENCH("gated_rmsnorm_bwd dx+dz+dw 16384x8x128", 0,
-              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0, NULL, NULL), out);
+              GPU->gated_rmsnorm_bwd(out, u3, dv, x, u1, u2, g, rs8, N, 8, 128, 0, NULL, NULL, NULL), out);
         BENCH("conv_silu_fwd B4 T4096 C1024 W4", 0, GPU->conv_silu_fwd(out, x, w4, NULL, 4, N / 4, d, 4), out);
         BENCH("conv_silu_bwd dinp+dw B4 T4096 C1024 W4", 0,
               GPU->conv_silu_bwd(out, dw4, x, u1, w4, NULL, 4, N / 4, d, 4, 0), out);

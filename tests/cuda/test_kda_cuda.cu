@@ -507,6 +507,29 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: saved == recompute (%zu B)", B, T, H, K,
                  gate ? "unbounded" : "bounded", sb);
         check(w, sb > 0 ? m : 1, 0);   // the CUDA backend must offer the saved path
+        {   // o in bf16 (o_lo, for the gated norm): the rounding of the o written without it, o left alone
+            lm_kda_args l = s;
+            std::vector<float> sent(nv, 7.f);
+            l.o = up(sent);
+            l.o_lo = g->alloc(nv * 2);
+            l.S_out = (float *)g->alloc(ns * 4);
+            g->kda_fwd(&l);
+            std::vector<bf16> lo(nv);
+            std::vector<float> lf(nv), so(nv), lo32(nv);
+            g->to_host(lo.data(), l.o_lo, nv * 2);
+            g->to_host(so.data(), s.o, nv * 4);
+            g->to_host(lo32.data(), l.o, nv * 4);
+            for (size_t i = 0; i < nv; i++) lf[i] = __bfloat162float(lo[i]);
+            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o in bf16 (o_lo) == o written (max abs)", B, T, H,
+                     K, gate ? "unbounded" : "bounded");
+            check(w, max_abs(lf.data(), so.data(), nv), 0);
+            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o left alone with o_lo (max abs)", B, T, H, K,
+                     gate ? "unbounded" : "bounded");
+            check(w, max_abs(lo32.data(), sent.data(), nv), 0);
+            g->free(l.o);
+            g->free(l.o_lo);
+            g->free(l.S_out);
+        }
         float *sb_bufs[] = {s.dq, s.dk, s.dv, s.df, s.dbeta_logit, s.dA_log, s.ddt_bias, s.dS0, s.o};
         for (float *b : sb_bufs) g->free(b);
         g->free(s.saved);
