@@ -454,6 +454,23 @@ static void test_conv_decode(int B, int nslots, int C, int W) {
 }
 
 // the lm_ops entries (fp32 in, fp32 out, gradients accumulated) vs the CPU op
+// An op's output given in bf16 instead (`name`_lo): its n values, widened, equal the fp32 ones the
+// op writes without it (written, host), and the fp32 tensor it replaces (left, device) still holds
+// its sentinel
+static void check_lo_written(const lm_ops *g, const char *prefix, const char *name, const void *lo,
+                             const float *written, const float *left, float sentinel, size_t n) {
+    std::vector<bf16> hb(n);
+    std::vector<float> lf(n), hl(n), sent(n, sentinel);
+    g->to_host(hb.data(), lo, n * 2);
+    g->to_host(hl.data(), left, n * 4);
+    for (size_t i = 0; i < n; i++) lf[i] = __bfloat162float(hb[i]);
+    char w[240];
+    snprintf(w, sizeof w, "%s: %s in bf16 (%s_lo) == %s written (max abs)", prefix, name, name, name);
+    check(w, max_abs(lf.data(), written, n), 0);
+    snprintf(w, sizeof w, "%s: %s left alone with %s_lo (max abs)", prefix, name, name);
+    check(w, max_abs(hl.data(), sent.data(), n), 0);
+}
+
 static void test_ops(int B, int T, int H, int K, int gate) {
     Prob P;
     make_prob(P, std::vector<int>(B, T), H, K, K, gate, 0, 777 + T);
@@ -514,18 +531,10 @@ static void test_ops(int B, int T, int H, int K, int gate) {
             l.o_lo = g->alloc(nv * 2);
             l.S_out = (float *)g->alloc(ns * 4);
             g->kda_fwd(&l);
-            std::vector<bf16> lo(nv);
-            std::vector<float> lf(nv), so(nv), lo32(nv);
-            g->to_host(lo.data(), l.o_lo, nv * 2);
+            std::vector<float> so(nv);
             g->to_host(so.data(), s.o, nv * 4);
-            g->to_host(lo32.data(), l.o, nv * 4);
-            for (size_t i = 0; i < nv; i++) lf[i] = __bfloat162float(lo[i]);
-            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o in bf16 (o_lo) == o written (max abs)", B, T, H,
-                     K, gate ? "unbounded" : "bounded");
-            check(w, max_abs(lf.data(), so.data(), nv), 0);
-            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: o left alone with o_lo (max abs)", B, T, H, K,
-                     gate ? "unbounded" : "bounded");
-            check(w, max_abs(lo32.data(), sent.data(), nv), 0);
+            snprintf(w, sizeof w, "lm_cuda_ops B=%d T=%d H=%d K=%d %s", B, T, H, K, gate ? "unbounded" : "bounded");
+            check_lo_written(g, w, "o", l.o_lo, so.data(), l.o, 7.f, nv);
             g->free(l.o);
             g->free(l.o_lo);
             g->free(l.S_out);
@@ -592,18 +601,9 @@ static void test_ops(int B, int T, int H, int K, int gate) {
         l.df = up(sentinel);
         l.df_lo = g->alloc(nqk * 2);
         g->kda_bwd(&l);
-        std::vector<bf16> lo(nqk);
-        g->to_host(lo.data(), l.df_lo, nqk * 2);
-        std::vector<float> lf(nqk), ldf(nqk);
-        for (size_t i = 0; i < nqk; i++) lf[i] = __bfloat162float(lo[i]);
-        g->to_host(ldf.data(), l.df, nqk * 4);
         char s2[200];
-        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df in bf16 (df_lo) == df written (max abs)", B, T, H,
-                 K, gate ? "unbounded" : "bounded");
-        check(s2, max_abs(lf.data(), wf.data(), nqk), 0);
-        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s: df left alone with df_lo (max abs)", B, T, H, K,
-                 gate ? "unbounded" : "bounded");
-        check(s2, max_abs(ldf.data(), sentinel.data(), nqk), 0);
+        snprintf(s2, sizeof s2, "lm_cuda_ops B=%d T=%d H=%d K=%d %s", B, T, H, K, gate ? "unbounded" : "bounded");
+        check_lo_written(g, s2, "df", l.df_lo, wf.data(), l.df, 7.f, nqk);
         g->free(l.df);
         g->free(l.df_lo);
         // d_o given in bf16 (d_o_lo, the gated norm's dx_lo): the gradients of the op rounding d_o itself
