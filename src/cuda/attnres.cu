@@ -432,7 +432,7 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     float *cq = want_dq ? ws : NULL;
     attnres_bwd_k<<<N, row_threads(C), 0, lm_cuda_stream()>>>(dsrc, cq, dout, src, alpha, w, gamma, C, eps, any_dsrc);
     cudaLaunchCheck();
-    if (dsrc.lo && dsrc.p[dsrc.lo_j])   // (this kernel leaves its rows' copies to a pass of their own)
+    if (dsrc.lo)   // (this kernel leaves its rows' copies to a pass of their own)
         lm_cuda_to_bf16((__nv_bfloat16 *)dsrc.lo, dsrc.p[dsrc.lo_j], (size_t)N * C);
     if (want_dq) {
         float *dq = colsum(ws + cqf, N, C, attnres_dq_f{src, cq, C});

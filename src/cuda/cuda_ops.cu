@@ -320,7 +320,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
         __nv_bfloat16 *lo = (__nv_bfloat16 *)a->dqkv_pre_lo;   // the three column blocks, side by side
         for (int j = 0; j < 3; j++)
             if (a->dqkv_pre[j] || a->dconv_w[j] || lo)
-                lm_cuda_conv_silu_bwd_bf16(a->dqkv_pre[j], lo ? lo + (j ? HK : 0) + (j == 2 ? HK : 0) : NULL,
+                lm_cuda_conv_silu_bwd_bf16(a->dqkv_pre[j], lo ? lo + (size_t)j * HK : NULL,   // block j at j·HK
                                            a->dqkv_pre_ld, a->dconv_w[j], conv_part, dg[j], a->qkv_pre[j],
                                            a->conv_w[j], a->B, a->T, C[j], W, a->grads_assign);
     } else {

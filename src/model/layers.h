@@ -123,8 +123,9 @@ void lm_layer_acts_layout(const lm_config *c, int i, int B, int T, lm_layer_acts
 void lm_layer_lo_widths(const lm_config *c, int i, int C[LM_LO_N]);
 // the home of input `slot` of the running layer, or NULL
 static inline void *lm_lo(const lm_step_ctx *s, int slot) { return s->lo ? s->lo[s->layer][slot] : NULL; }
-// A gradient [N, C] passed between two ops in the linears' GEMM precision, in its own fp32 slot
-// (then unused): in training on a backend that keeps such copies, where they fit; NULL otherwise
+// A tensor [N, C] passed between two ops in the linears' GEMM precision (a gradient, or the KDA
+// output), in its own fp32 slot (then unused): in training on a backend that keeps such copies,
+// where they fit; NULL otherwise
 static inline void *lm_grad_lo_home(const lm_step_ctx *s, real *slot, int N, int C) {
     const lm_ops *o = s->ops;
     if (!s->lo || !o->linears_lo_bytes) return NULL;

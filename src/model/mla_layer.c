@@ -172,9 +172,8 @@ void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params 
     void *dkv_lo = o->mla_split_bwd_lo ? lm_grad_lo_home(s, da->kv, N, Hm * (Dn + Dv)) : NULL;
     if (dkv_lo) o->mla_split_bwd_lo(dkv_lo, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv);
     else o->mla_split_bwd(da->kv, da->kpe, da->k, da->v, N, Hm, Dn, De, Dv, 1);
-    const lm_linears Lkv = {.n = 1, .OC = {Hm * (Dn + Dv)}, .W = {p->kv_b}, .dout = {da->kv}, .dW = {g->kv_b},
-                            .dinp_assign = 1, .lo = lm_lo(s, LM_LO_ATTN_A), .dout_lo = dkv_lo};
-    o->linears_bwd(&Lkv, da->c, a->c, N, R);
+    lm_linear_bwd_written(o, da->c, g->kv_b, da->kv, a->c, p->kv_b, N, R, Hm * (Dn + Dv), lm_lo(s, LM_LO_ATTN_A),
+                          dkv_lo);
     o->rmsnorm_bwd(da->craw, g->kv_norm, da->c, a->craw, p->kv_norm, a->c_rstd, N, R, 1);
     if (Rq > 0) {
         lm_linear_bwd_written(o, da->qan, g->mq_b, da->q, a->qan, p->mq_b, N, Rq, Hm * Dqk, lm_lo(s, LM_LO_ATTN_B), NULL);
