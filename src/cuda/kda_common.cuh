@@ -222,14 +222,23 @@ template <int K> __device__ __forceinline__ bf16 *tile_row(bf16 (*p)[K], int r) 
 template <int K, int NTHR, typename Tile>
 __device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const bf16 *q, const bf16 *k, const bf16 *f,
                                                 size_t row0, size_t rs, int len, int tid) {
+    // a thread's pieces share their column (NTHR is a multiple of K/8): its rows are r0, r0 +
+    // RPI, ..., so the source offset advances by a constant (the index arithmetic of a general
+    // piece loop was ~130 instructions a copy, ncu session 26)
+    static_assert(NTHR % (K / 8) == 0, "whole rows per pass");
+    constexpr int RPI = NTHR / (K / 8), PASSES = (16 + RPI - 1) / RPI;
+    const int pc = tid % (K / 8), r0 = tid / (K / 8);
+    const size_t step = (size_t)RPI * rs * K;
+    size_t off = (row0 + (size_t)r0 * rs) * K + pc * 8;
 #pragma unroll
-    for (int i = tid; i < 16 * K / 8; i += NTHR) {
-        const int r = i / (K / 8), pc = i % (K / 8);
+    for (int it = 0; it < PASSES; it++, off += step) {
+        const int r = r0 + it * RPI;
+        if (RPI * PASSES > 16 && r >= 16) break;
         const bool ok = r < len;
-        const size_t off = ok ? (row0 + r * rs) * K + pc * 8 : 0;
-        cp_async16(tile_row<K>(sq, r) + pc * 8, q + off, ok ? 16 : 0);
-        cp_async16(tile_row<K>(sk, r) + pc * 8, k + off, ok ? 16 : 0);
-        cp_async16(tile_row<K>(sf, r) + pc * 8, f + off, ok ? 16 : 0);
+        const size_t o = ok ? off : 0;
+        cp_async16(tile_row<K>(sq, r) + pc * 8, q + o, ok ? 16 : 0);
+        cp_async16(tile_row<K>(sk, r) + pc * 8, k + o, ok ? 16 : 0);
+        cp_async16(tile_row<K>(sf, r) + pc * 8, f + o, ok ? 16 : 0);
     }
 }
 // ... the β logits of a warp's rows warp + i·NTHR/32 (0 past len) while the copies land ...

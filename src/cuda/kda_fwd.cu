@@ -181,6 +181,13 @@ struct PrepArgs {
     float *gl;
 };
 
+// 16-byte half h of row c of a [K][16] bf16 factor tile: the halves of rows c with bit 2 set
+// swapped, so 8 consecutive rows' same halves (a thread per row storing, or ldmatrix reading
+// 8 rows) fall in 8 distinct bank groups of a 32-byte-row tile
+template <int K> __device__ __forceinline__ uint4 *prep_fac_row(const bf16 (*T)[16], int c, int h) {
+    return reinterpret_cast<uint4 *>(const_cast<bf16 *>(&T[c][8 * (h ^ ((c >> 2) & 1))]));
+}
+
 template <int K, int V>
 struct PrepSmem {
     bf16 VT[V][KDA_LD16];                  // raw v, transposed: B of U = (INV·Diag β)·V (exact bf16)
@@ -188,9 +195,12 @@ struct PrepSmem {
     float L[16][17], Mm[16][17], INV[16][17];
     float rq[16], rk[16], beta[16], qk[16];   // qk: the exact path's diagonal of M
     union {
-        // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} (fp32; bf16 hi + lo
-        // on the tensor cores)
-        struct { float A0[16][K + 8], A1[16][K + 8], A2[16][K + 8]; } fac;
+        // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} as bf16 hi + lo,
+        // split once by the channel's thread (T[2i] hi, T[2i+1] lo of Ai), transposed [channel]
+        // [token] for ldmatrix (prep_fac_row: the 16-byte halves swizzled, no padding). Each
+        // product warp split its fp32 operands itself before (A2 four times, A0 and A1 twice):
+        // 20% of the kernel's instructions (ncu, session 26)
+        struct { bf16 T[6][K][16]; } fac;
         TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
         struct { bf16 q[16][K], k[16][K], f[16][K], v[16][V]; } in;   // the chunk's rows, first
         struct { bf16 W[16][K + 8], U[16][V + 8], Qg[16][K + 8]; } out;   // output staging, after L and M
@@ -218,11 +228,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
         chunk_qkf_async<K, PREP_THREADS>(S.u.in.q, S.u.in.k, S.u.in.f, a.q, a.k, a.f, row0, rs,
                                          len, tid);
+        {   // as chunk_qkf_async: a thread's pieces share their column
+            static_assert(PREP_THREADS % (V / 8) == 0 && 16 % (PREP_THREADS / (V / 8)) == 0, "whole rows");
+            constexpr int RPI = PREP_THREADS / (V / 8);
+            const int pc = tid % (V / 8), r0 = tid / (V / 8);
+            size_t off = (row0 + (size_t)r0 * rs) * V + pc * 8;
 #pragma unroll
-        for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
-            const int r = i / (V / 8), pc = i % (V / 8);
-            const bool ok = r < len;
-            cp_async16(&S.u.in.v[r][pc * 8], a.v + (ok ? (row0 + r * rs) * V + pc * 8 : 0), ok ? 16 : 0);
+            for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * V) {
+                const int r = r0 + it * RPI;
+                const bool ok = r < len;
+                cp_async16(&S.u.in.v[r][pc * 8], a.v + (ok ? off : 0), ok ? 16 : 0);
+            }
         }
         cp_async_commit();
     }
@@ -291,6 +307,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     float Gs[16];
     uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
     uint32_t kep[8];   // its K̂⊙e^G rows, likewise, for KeT (two 16-byte stores, as VT above)
+    float fx[3][2];             // bounded: this row pair's factors A0, A1, A2 ...
+    uint32_t fh[3][4], fl[3][4];   // ... split, four row pairs at a time
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
         float G = 0.f;
@@ -309,9 +327,20 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             else kep[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(kr[r] * E));
             if constexpr (!EXACT) {
                 float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
-                S.u.fac.A0[r][cch] = qs * Fd;
-                S.u.fac.A1[r][cch] = kr[r] * Fd;
-                S.u.fac.A2[r][cch] = kr[r] * Fi;
+                fx[0][r & 1] = qs * Fd;
+                fx[1][r & 1] = kr[r] * Fd;
+                fx[2][r & 1] = kr[r] * Fi;
+                if (r & 1) {
+#pragma unroll
+                    for (int i = 0; i < 3; i++) split_bf16(fx[i][0], fx[i][1], fh[i][(r >> 1) & 3], fl[i][(r >> 1) & 3]);
+                }
+                if ((r & 7) == 7) {   // rows r − 7 .. r: one 16-byte half of each tile's row cch
+#pragma unroll
+                    for (int i = 0; i < 3; i++) {
+                        *prep_fac_row<K>(S.u.fac.T[2 * i], cch, r >> 3) = make_uint4(fh[i][0], fh[i][1], fh[i][2], fh[i][3]);
+                        *prep_fac_row<K>(S.u.fac.T[2 * i + 1], cch, r >> 3) = make_uint4(fl[i][0], fl[i][1], fl[i][2], fl[i][3]);
+                    }
+                }
             }
         }
         if constexpr (EXACT) {
@@ -336,17 +365,25 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     if constexpr (!EXACT) {
         // warps 0, 1: L columns 0–7, 8–15; warps 2, 3: M. Factors as bf16 hi + lo, three
         // products (hi·hi + hi·lo + lo·hi): ~16-bit factors on the tensor cores
-        const float *X = warp < 2 ? &S.u.fac.A1[0][0] : &S.u.fac.A0[0][0];
+        const bf16 (*Xh)[16] = S.u.fac.T[warp < 2 ? 2 : 0], (*Xl)[16] = S.u.fac.T[warp < 2 ? 3 : 1];
         int nt = warp & 1;
         float acc[4] = {}, acc2[4] = {};
 #pragma unroll
         for (int j = 0; j < K / 16; j++) {
-            uint32_t ah[4], al[4], bh[2], bl[2];
-            lda_f32_split(ah, al, X, K + 8, 16 * j, lane);
-            ldb_f32_split(bh, bl, &S.u.fac.A2[0][0], K + 8, 8 * nt, 16 * j, lane);
-            mma16816(acc, ah, bh);
-            mma16816(acc2, ah, bl);
-            mma16816(acc2, al, bh);
+            // A = X (rows × channels) from Xᵀ; B = A2ᵀ (channels × rows), both n-tiles per load
+            uint32_t ah[4], al[4], bh[4], bl[4];
+            const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
+            ldsm_x4_t(ah, (const bf16 *)prep_fac_row<K>(Xh, ra, (lane >> 3) & 1));
+            ldsm_x4_t(al, (const bf16 *)prep_fac_row<K>(Xl, ra, (lane >> 3) & 1));
+            ldsm_x4_t(bh, (const bf16 *)prep_fac_row<K>(S.u.fac.T[4], rb, lane >> 4));
+            ldsm_x4_t(bl, (const bf16 *)prep_fac_row<K>(S.u.fac.T[5], rb, lane >> 4));
+            // this warp's n-tile, picked by selects (an index by the run-time nt would put the
+            // fragments in local memory)
+            const uint32_t bhn[2] = {nt ? bh[2] : bh[0], nt ? bh[3] : bh[1]};
+            const uint32_t bln[2] = {nt ? bl[2] : bl[0], nt ? bl[3] : bl[1]};
+            mma16816(acc, ah, bhn);
+            mma16816(acc2, ah, bln);
+            mma16816(acc2, al, bhn);
         }
         int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -395,11 +432,14 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
     }
     // M as bf16 hi [16][16] then lo [16][16]
-    for (int e = tid; e < 256; e += PREP_THREADS) {
-        float m = S.Mm[e >> 4][e & 15];
-        bf16 mh = __float2bfloat16(m);
-        a.M[hc * 512 + e] = mh;
-        a.M[hc * 512 + 256 + e] = __float2bfloat16(m - __bfloat162float(mh));
+    if (tid >= 64) {   // four elements a thread (warps 2, 3 while INV runs on warp 0)
+        const int e = 4 * (tid - 64);
+        const float *m = &S.Mm[e >> 4][e & 15];
+        uint2 hi, lo;
+        split_bf16(m[0], m[1], hi.x, lo.x);
+        split_bf16(m[2], m[3], hi.y, lo.y);
+        *reinterpret_cast<uint2 *>(a.M + hc * 512 + e) = hi;
+        *reinterpret_cast<uint2 *>(a.M + hc * 512 + 256 + e) = lo;
     }
     __syncthreads();
 
@@ -412,18 +452,27 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         split_bf16(S.INV[g + 8][2 * t] * b[2 * t], S.INV[g + 8][2 * t + 1] * b[2 * t + 1], ah[1], al[1]);
         split_bf16(S.INV[g][2 * t + 8] * b[2 * t + 8], S.INV[g][2 * t + 9] * b[2 * t + 9], ah[2], al[2]);
         split_bf16(S.INV[g + 8][2 * t + 8] * b[2 * t + 8], S.INV[g + 8][2 * t + 9] * b[2 * t + 9], ah[3], al[3]);
-        for (int nt = warp; nt < K / 8 + V / 8; nt += PREP_THREADS / 32) {
-            bool isW = nt < K / 8;
-            int n0 = isW ? 8 * nt : 8 * (nt - K / 8);
-            uint32_t bb[2];
-            ldb_nk(bb, isW ? &S.KeT[0][0] : &S.VT[0][0], KDA_LD16, n0, 0, lane);
-            float acc[4] = {};
-            mma16816(acc, ah, bb);
-            mma16816(acc, al, bb);
+        // 16-column pairs of n-tiles: W's K/16, then U's V/16, a warp every fourth (K/16 is a
+        // multiple of the four warps, so whether a pass is W's is known at compile time)
+        constexpr int NWP = PREP_THREADS / 32;
+        static_assert((K / 16) % NWP == 0 && (V / 16) % NWP == 0, "whole passes per tensor");
+#pragma unroll
+        for (int ps = 0; ps < (K + V) / 16 / NWP; ps++) {
+            const bool isW = ps < K / 16 / NWP;
+            const int n0 = 16 * (warp + NWP * (isW ? ps : ps - K / 16 / NWP));
+            uint32_t bb[4];
+            ldb_nk2_sm(bb, isW ? &S.KeT[0][0] : &S.VT[0][0], KDA_LD16, n0, 0, lane);
             bf16 *dst = isW ? &S.u.out.W[0][0] : &S.u.out.U[0][0];
-            int ld = isW ? K + 8 : V + 8;
-            *reinterpret_cast<uint32_t *>(dst + g * ld + n0 + 2 * t) = pack_bf16(acc[0], acc[1]);
-            *reinterpret_cast<uint32_t *>(dst + (g + 8) * ld + n0 + 2 * t) = pack_bf16(acc[2], acc[3]);
+            const int ld = isW ? K + 8 : V + 8;
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                float acc[4] = {};
+                mma16816(acc, ah, bb + 2 * h2);
+                mma16816(acc, al, bb + 2 * h2);
+                const int c0 = n0 + 8 * h2 + 2 * t;
+                *reinterpret_cast<uint32_t *>(dst + g * ld + c0) = pack_bf16(acc[0], acc[1]);
+                *reinterpret_cast<uint32_t *>(dst + (g + 8) * ld + c0) = pack_bf16(acc[2], acc[3]);
+            }
         }
     }
     if (cch < K) {
