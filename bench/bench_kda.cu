@@ -112,9 +112,13 @@ int main(int argc, char **argv) {
                                  {4, 4096, 64, true},  {8, 2048, 32, true},  {1, 65536, 32, true},
                                  {1, 1048576, 32, false}};
     if (quick || profile) shapes = {{1, 8192, 96, true}};
-    if ((quick || profile) && getenv("KDA_BENCH_SHAPE")) {   // "B,T,H" instead
+    if ((quick || profile) && getenv("KDA_BENCH_SHAPE")) {   // "B,T,H" or "B,T,H,0" (no backward) instead
         Shape sh = {1, 8192, 96, true};
-        if (sscanf(getenv("KDA_BENCH_SHAPE"), "%d,%d,%d", &sh.B, &sh.T, &sh.H) == 3) shapes = {sh};
+        int bwd = 1;
+        if (sscanf(getenv("KDA_BENCH_SHAPE"), "%d,%d,%d,%d", &sh.B, &sh.T, &sh.H, &bwd) >= 3) {
+            sh.bwd = bwd != 0;
+            shapes = {sh};
+        }
     }
     if (decode_only) shapes.clear();
     bool variants = (quick && !getenv("KDA_BENCH_NOVAR")) || getenv("KDA_BENCH_VARIANTS");

@@ -494,22 +494,28 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
         chunk_qkf_async<K, BWD_THREADS>(stq, stk, stf, a.q, a.k, a.f, row0, rs, len, tid);
+        // fixed trip counts, a thread's pieces at constant strides (as chunk_qkf_async)
+        static_assert((16 * K / 4) % BWD_THREADS == 0 && BWD_THREADS % (V / 8) == 0 && 16 % (BWD_THREADS / (V / 8)) == 0,
+                      "whole passes");
+        const size_t cK = hc * 16 * K;
 #pragma unroll
-        for (int i = tid; i < 16 * K / 4; i += BWD_THREADS) {
-            const int r = i / (K / 4), pc = i % (K / 4);
-            cp_async16(&S.F3[r][pc * 4], a.dWg + hc * 16 * K + r * K + pc * 4);
+        for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
+            const int i = tid + it * BWD_THREADS, r = i / (K / 4), pc = i % (K / 4);
+            cp_async16(&S.F3[r][pc * 4], a.dWg + cK + r * K + pc * 4);
+            cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + cK + 4 * i);
+            cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + cK + 4 * i);
         }
+        {
+            constexpr int RPI = BWD_THREADS / (V / 8);
+            const int pc = tid % (V / 8), r0 = tid / (V / 8);
+            size_t off = (row0 + (size_t)r0 * rs) * V + pc * 8;
 #pragma unroll
-        for (int i = tid; i < 16 * V / 8; i += BWD_THREADS) {
-            const int r = i / (V / 8), pc = i % (V / 8);
-            const bool ok = r < len;
-            cp_async16(&S.v[r][pc * 8], a.v + (ok ? (row0 + r * rs) * V + pc * 8 : 0), ok ? 16 : 0);
-            cp_async16(&S.dU[r][pc * 8], a.dU + hc * 16 * V + (size_t)r * V + pc * 8);
-        }
-#pragma unroll
-        for (int i = tid; i < 16 * K / 4; i += BWD_THREADS) {
-            cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + hc * 16 * K + 4 * i);
-            cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + hc * 16 * K + 4 * i);
+            for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * V) {
+                const int r = r0 + it * RPI;
+                const bool ok = r < len;
+                cp_async16(&S.v[r][pc * 8], a.v + (ok ? off : 0), ok ? 16 : 0);
+                cp_async16(&S.dU[r][pc * 8], a.dU + hc * 16 * V + (size_t)r * V + pc * 8);
+            }
         }
         for (int i = tid; i < K / 4 + 64; i += BWD_THREADS) {
             if (i < K / 4) cp_async16(S.dgl + 4 * i, a.dgl + hc * K + 4 * i);
@@ -541,24 +547,12 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         int i = e >> 4, j = e & 15;
         S.dM[i][j] = j <= i ? S.dMraw[e] : 0.f;
     }
+    static_assert(RPW == 4, "four rows a warp");
+    chunk_row_rnorms<CPL>(rqx, rkx, warp, lane, S.rq, S.rk);
+    if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        int r = warp + i * (BWD_THREADS / 32);
-        float sq = 0.f, sk = 0.f;
-#pragma unroll
-        for (int e = 0; e < CPL; e++) {
-            float qv = bf_at(rqx[i], e), kv = bf_at(rkx[i], e);
-            sq = fmaf(qv, qv, sq);
-            sk = fmaf(kv, kv, sk);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
-        if (lane == 0) {
-            S.rq[r] = rsqrtf(sq + 1e-6f);
-            S.rk[r] = rsqrtf(sk + 1e-6f);
+        for (int i = 0; i < RPW; i++) {
+            int r = warp + i * (BWD_THREADS / 32);
             S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
         }
     }
@@ -577,8 +571,14 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float gv = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
-            G += gv * KDA_LOG2E;
+            float gv;   // as the forward's prep kernel (the same expression, for the same G)
+            if constexpr (GATE == 0) {
+                gv = kda_gate(GATE, a.lb, eA, fr[r] + db);
+                gv = r < len ? gv : 0.f;
+            } else {
+                gv = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
+            }
+            G = fmaf(gv, KDA_LOG2E, G);
             Gs[r] = G;
             qn[r] = qx[r] * S.rq[r];
             kn[r] = kx[r] * S.rk[r];
@@ -817,11 +817,14 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
         // gate: dg = reverse cumulative sum of dG; activation backward
         float acc = 0.f, ddb = 0.f;
+        // row j's element at (t0 + j)·H·K + h·K + cch: an index stepped by H·K a row (64-bit
+        // index products per row and tensor before)
+        const size_t rowK = (size_t)a.H * K;
+        size_t dfi = ((size_t)t0 * a.H + h) * K + cch + 15 * rowK;
 #pragma unroll
-        for (int j = 15; j >= 0; j--) {
+        for (int j = 15; j >= 0; j--, dfi -= rowK) {
             acc += dG[j];
             if (j < len) {
-                size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
                 float x = fr[j] + db, dfv;
                 if constexpr (GATE == 0) {
                     float sg = sigmoidf_(eA * x);
@@ -832,7 +835,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                     dAp = fmaf(acc, -eA * softplusf_(x), dAp);
                 }
                 ddb += dfv;
-                a.df[idx] = __float2bfloat16(dfv);
+                a.df[dfi] = __float2bfloat16(dfv);
             }
         }
         a.pdb[hc * K + cch] = ddb;
@@ -874,10 +877,11 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     if (tid == 0) a.pA[hc] = (S.dA[0] + S.dA[1]) + (S.dA[2] + S.dA[3]);
     __syncthreads();
     if (cch < K) {
+        const size_t rowK = (size_t)a.H * K;
+        size_t idx = ((size_t)t0 * a.H + h) * K + cch;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < 16; j++, idx += rowK) {
             if (j < len) {
-                size_t idx = ((size_t)(t0 + j) * a.H + h) * K + cch;
                 a.dq[idx] = __float2bfloat16(S.rq[j] * (dqn[j] - qn[j] * S.qdot[j]));
                 a.dk[idx] = __float2bfloat16(S.rk[j] * (dkn[j] - kn[j] * S.kdot[j]));
             }

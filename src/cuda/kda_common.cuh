@@ -263,6 +263,41 @@ __device__ __forceinline__ void chunk_channel(float (&fr)[16], float (&qr)[16], 
     }
 }
 
+// ... and the reciprocal L2 norms 1/√(Σ x² + 1e−6) of a warp's four rows r = warp + 4i of q and
+// k into srq[r], srk[r], from the rows as packed bf16 (CPL a lane). The per-lane partial sums
+// are reduced by a reduce-scatter, 9 shuffles instead of a butterfly's 40: each level adds the
+// same pairs as the butterfly (xor 16, 8, 4, 2, 1, the lane's own value first), so the sums are
+// bit for bit the butterfly's; lane l ends with row 2·l[4] + l[3], q if l[2] = 0 else k.
+template <int CPL>
+__device__ __forceinline__ void chunk_row_rnorms(const uint32_t (&rqx)[4][CPL / 2], const uint32_t (&rkx)[4][CPL / 2],
+                                                 int warp, int lane, float *srq, float *srk) {
+    float sq[4], sk[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sq[i] = 0.f;
+        sk[i] = 0.f;
+#pragma unroll
+        for (int e = 0; e < CPL; e++) {
+            float qv = bf_at(rqx[i], e), kv = bf_at(rkx[i], e);
+            sq[i] = fmaf(qv, qv, sq[i]);
+            sk[i] = fmaf(kv, kv, sk[i]);
+        }
+    }
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+    float v[4];   // rows 0, 1 (b4 = 0) or 2, 3: q, k of the first, q, k of the second
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        v[2 * j] = (b4 ? sq[j + 2] : sq[j]) + __shfl_xor_sync(0xffffffffu, b4 ? sq[j] : sq[j + 2], 16);
+        v[2 * j + 1] = (b4 ? sk[j + 2] : sk[j]) + __shfl_xor_sync(0xffffffffu, b4 ? sk[j] : sk[j + 2], 16);
+    }
+    const float w0 = (b3 ? v[2] : v[0]) + __shfl_xor_sync(0xffffffffu, b3 ? v[0] : v[2], 8);
+    const float w1 = (b3 ? v[3] : v[1]) + __shfl_xor_sync(0xffffffffu, b3 ? v[1] : v[3], 8);
+    float x = (b2 ? w1 : w0) + __shfl_xor_sync(0xffffffffu, b2 ? w0 : w1, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    if ((lane & 3) == 0) (b2 ? srk : srq)[warp + 4 * (2 * (int)b4 + (int)b3)] = rsqrtf(x + 1e-6f);
+}
+
 // ---- exp2 on the special-function unit: ex2.approx.ftz (relative error ~2^-22; a subnormal
 // result flushes to zero). Every exponent here is a decay or a factor in [2^-126, 2^127] or
 // one whose true value is below fp32's normal range anyway. The library exp2f / expf cost

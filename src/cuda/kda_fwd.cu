@@ -247,8 +247,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     cp_async_wait<0>();
     __syncthreads();
     const int cch = tid;
-    float fr[16], qr[16], kr[16];
-    if (cch < K) chunk_channel<K>(fr, qr, kr, S.u.in.q, S.u.in.k, S.u.in.f, cch);
     // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
     uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
 #pragma unroll
@@ -257,36 +255,45 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         ld_bf16x<CPL>(rqx[i], &S.u.in.q[r][lane * CPL], true);
         ld_bf16x<CPL>(rkx[i], &S.u.in.k[r][lane * CPL], true);
     }
-    for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
-        (&S.L[0][0])[e] = 0.f;
-        (&S.Mm[0][0])[e] = 0.f;
+    if constexpr (EXACT) {   // the tree levels write only their pairs (bounded: all of L, M)
+        for (int e = tid; e < 16 * 17; e += PREP_THREADS) {
+            (&S.L[0][0])[e] = 0.f;
+            (&S.Mm[0][0])[e] = 0.f;
+        }
     }
-    // rows: reciprocal norms, β, raw v transposed (exact: the diagonal of M, scale·q̂·k̂)
+    // rows: reciprocal norms, β (exact: the diagonal of M, scale·q̂·k̂)
+    static_assert(RPW == 4, "four rows a warp");
+    chunk_row_rnorms<CPL>(rqx, rkx, warp, lane, S.rq, S.rk);
+    if constexpr (EXACT) {
+        float sqk[RPW];
 #pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        int r = warp + i * (PREP_THREADS / 32);
-        float sq = 0.f, sk = 0.f, sqk = 0.f;
+        for (int i = 0; i < RPW; i++) {
+            sqk[i] = 0.f;
 #pragma unroll
-        for (int e = 0; e < CPL; e++) {
-            float qv = bf_at(rqx[i], e), kv = bf_at(rkx[i], e);
-            sq = fmaf(qv, qv, sq);
-            sk = fmaf(kv, kv, sk);
-            if constexpr (EXACT) sqk = fmaf(qv, kv, sqk);
+            for (int e = 0; e < CPL; e++) sqk[i] = fmaf(bf_at(rqx[i], e), bf_at(rkx[i], e), sqk[i]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sqk[i] += __shfl_xor_sync(0xffffffffu, sqk[i], o);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            sk += __shfl_xor_sync(0xffffffffu, sk, o);
-            if constexpr (EXACT) sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
-        }
+        __syncwarp();   // the warp's rq, rk written
         if (lane == 0) {
-            float iq = rsqrtf(sq + 1e-6f), ik = rsqrtf(sk + 1e-6f);
-            S.rq[r] = iq;
-            S.rk[r] = ik;
-            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
-            if constexpr (EXACT) S.qk[r] = sqk * iq * ik * a.scale;
+#pragma unroll
+            for (int i = 0; i < RPW; i++) {
+                int r = warp + i * (PREP_THREADS / 32);
+                S.qk[r] = sqk[i] * S.rq[r] * S.rk[r] * a.scale;
+            }
         }
     }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            int r = warp + i * (PREP_THREADS / 32);
+            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
+        }
+    }
+    // the channel's rows (after the norms: their 48 registers are not live across the
+    // reductions; the unbounded variant spilled)
+    float fr[16], qr[16], kr[16];
+    if (cch < K) chunk_channel<K>(fr, qr, kr, S.u.in.q, S.u.in.k, S.u.in.f, cch);
     // raw v transposed: a thread per value channel, its 16 rows as two 16-byte stores (rows of
     // VT are 48 bytes apart, so a warp's 16-byte stores fall in distinct banks; 2-byte stores
     // from a thread per row were 16-way bank conflicts, ncu session 16)
@@ -314,8 +321,18 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float g = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
-            G += g * KDA_LOG2E;
+            // bounded: computed for every row (rows past the end hold zeros, so it is finite)
+            // and selected, so the unrolled rows need no branches and schedule across each
+            // other: prep 0.675 -> 0.637 ms at B1·T8192·H96 (session 26; the last bits of G
+            // change with it). The unbounded softplus so spills at 96 registers: a branch there.
+            float g;
+            if constexpr (GATE == 0) {
+                g = kda_gate(GATE, a.lb, eA, fr[r] + db);
+                g = r < len ? g : 0.f;
+            } else {
+                g = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
+            }
+            G = fmaf(g, KDA_LOG2E, G);
             Gs[r] = G;
             float qs = qr[r] * S.rq[r] * a.scale;
             qr[r] = qs;
