@@ -495,8 +495,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
         chunk_qkf_async<K, BWD_THREADS>(stq, stk, stf, a.q, a.k, a.f, row0, rs, len, tid);
         // fixed trip counts, a thread's pieces at constant strides (as chunk_qkf_async)
-        static_assert((16 * K / 4) % BWD_THREADS == 0 && BWD_THREADS % (V / 8) == 0 && 16 % (BWD_THREADS / (V / 8)) == 0,
-                      "whole passes");
+        static_assert((16 * K / 4) % BWD_THREADS == 0, "whole passes");
         const size_t cK = hc * 16 * K;
 #pragma unroll
         for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
@@ -505,17 +504,12 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + cK + 4 * i);
             cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + cK + 4 * i);
         }
-        {
-            constexpr int RPI = BWD_THREADS / (V / 8);
-            const int pc = tid % (V / 8), r0 = tid / (V / 8);
-            size_t off = (row0 + (size_t)r0 * rs) * V + pc * 8;
+        chunk_rows_async<V, BWD_THREADS>(&S.v[0][0], V + 8, a.v, row0, rs, len, tid);
+        static_assert((2 * V) % BWD_THREADS == 0, "whole passes");
 #pragma unroll
-            for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * V) {
-                const int r = r0 + it * RPI;
-                const bool ok = r < len;
-                cp_async16(&S.v[r][pc * 8], a.v + (ok ? off : 0), ok ? 16 : 0);
-                cp_async16(&S.dU[r][pc * 8], a.dU + hc * 16 * V + (size_t)r * V + pc * 8);
-            }
+        for (int it = 0; it < 2 * V / BWD_THREADS; it++) {   // dU: the chunk's contiguous [16][V]
+            const int i = tid + it * BWD_THREADS;
+            cp_async16(&S.dU[i / (V / 8)][(i % (V / 8)) * 8], a.dU + hc * 16 * V + 8 * i);
         }
         for (int i = tid; i < K / 4 + 64; i += BWD_THREADS) {
             if (i < K / 4) cp_async16(S.dgl + 4 * i, a.dgl + hc * K + 4 * i);

@@ -241,6 +241,22 @@ __device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const
         cp_async16(tile_row<K>(sf, r) + pc * 8, f + o, ok ? 16 : 0);
     }
 }
+// ... and of one more W-wide tensor (v) into a tile of row stride ld (rows r ≥ len
+// zero-filled), the same way (not committed)
+template <int W, int NTHR>
+__device__ __forceinline__ void chunk_rows_async(bf16 *sx, int ld, const bf16 *x, size_t row0, size_t rs, int len,
+                                                 int tid) {
+    static_assert(NTHR % (W / 8) == 0 && 16 % (NTHR / (W / 8)) == 0, "whole rows per pass");
+    constexpr int RPI = NTHR / (W / 8);
+    const int pc = tid % (W / 8), r0 = tid / (W / 8);
+    size_t off = (row0 + (size_t)r0 * rs) * W + pc * 8;
+#pragma unroll
+    for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * W) {
+        const int r = r0 + it * RPI;
+        const bool ok = r < len;
+        cp_async16(sx + r * ld + pc * 8, x + (ok ? off : 0), ok ? 16 : 0);
+    }
+}
 // ... the β logits of a warp's rows warp + i·NTHR/32 (0 past len) while the copies land ...
 template <int RPW, int NTHR>
 __device__ __forceinline__ void chunk_beta_rows(float (&rbl)[RPW], const bf16 *beta, long long t0, int H, int h,

@@ -228,18 +228,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
         chunk_qkf_async<K, PREP_THREADS>(S.u.in.q, S.u.in.k, S.u.in.f, a.q, a.k, a.f, row0, rs,
                                          len, tid);
-        {   // as chunk_qkf_async: a thread's pieces share their column
-            static_assert(PREP_THREADS % (V / 8) == 0 && 16 % (PREP_THREADS / (V / 8)) == 0, "whole rows");
-            constexpr int RPI = PREP_THREADS / (V / 8);
-            const int pc = tid % (V / 8), r0 = tid / (V / 8);
-            size_t off = (row0 + (size_t)r0 * rs) * V + pc * 8;
-#pragma unroll
-            for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * V) {
-                const int r = r0 + it * RPI;
-                const bool ok = r < len;
-                cp_async16(&S.u.in.v[r][pc * 8], a.v + (ok ? off : 0), ok ? 16 : 0);
-            }
-        }
+        chunk_rows_async<V, PREP_THREADS>(&S.u.in.v[0][0], V, a.v, row0, rs, len, tid);
         cp_async_commit();
     }
     float rbl[RPW];
