@@ -565,13 +565,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            float gv;   // as the forward's prep kernel (the same expression, for the same G)
-            if constexpr (GATE == 0) {
-                gv = kda_gate(GATE, a.lb, eA, fr[r] + db);
-                gv = r < len ? gv : 0.f;
-            } else {
-                gv = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
-            }
+            const float gv = chunk_gate_row<GATE>(a.lb, eA, fr[r] + db, r, len);   // as the prep kernel
             G = fmaf(gv, KDA_LOG2E, G);
             Gs[r] = G;
             qn[r] = qx[r] * S.rq[r];

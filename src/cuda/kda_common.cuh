@@ -333,6 +333,21 @@ __device__ __forceinline__ float kda_gate(int mode, float lb, float eA, float x)
     return mode == 0 ? lb * sigmoidf_(eA * x) : -eA * softplusf_(x);
 }
 
+// the gate of a chunk's row r (0 past the chunk's end, r ≥ len), x = f + dt_bias. Bounded:
+// computed for every row (rows past the end are zero-filled, so it is finite) and selected, so
+// the chunk kernels' unrolled rows carry no branches and schedule across each other (prep
+// 0.675 → 0.637 ms at B1·T8192·H96, session 26). Unbounded: a branch (its softplus computed for
+// every row spilled the prep kernel at 96 registers). Callers add it into G by an explicit fma
+// (a select between the product and the sum lost nvcc's contraction and changed G's last bits).
+template <int GATE> __device__ __forceinline__ float chunk_gate_row(float lb, float eA, float x, int r, int len) {
+    if constexpr (GATE == 0) {
+        const float g = kda_gate(0, lb, eA, x);
+        return r < len ? g : 0.f;
+    } else {
+        return r < len ? kda_gate(1, lb, eA, x) : 0.f;
+    }
+}
+
 // the chunk kernels' variants (a template argument, so that each holds one gate's code):
 // the bounded gate with factored decays, the bounded gate with exact (tree) decays, the
 // unbounded gate (always exact)

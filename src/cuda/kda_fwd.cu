@@ -310,17 +310,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
-            // bounded: computed for every row (rows past the end hold zeros, so it is finite)
-            // and selected, so the unrolled rows need no branches and schedule across each
-            // other: prep 0.675 -> 0.637 ms at B1·T8192·H96 (session 26; the last bits of G
-            // change with it). The unbounded softplus so spills at 96 registers: a branch there.
-            float g;
-            if constexpr (GATE == 0) {
-                g = kda_gate(GATE, a.lb, eA, fr[r] + db);
-                g = r < len ? g : 0.f;
-            } else {
-                g = r < len ? kda_gate(GATE, a.lb, eA, fr[r] + db) : 0.f;
-            }
+            const float g = chunk_gate_row<GATE>(a.lb, eA, fr[r] + db, r, len);
             G = fmaf(g, KDA_LOG2E, G);
             Gs[r] = G;
             float qs = qr[r] * S.rq[r] * a.scale;
