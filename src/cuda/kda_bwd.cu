@@ -499,12 +499,12 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         const size_t cK = hc * 16 * K;
 #pragma unroll
         for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
-            const int i = tid + it * BWD_THREADS, r = i / (K / 4), pc = i % (K / 4);
-            cp_async16(&S.F3[r][pc * 4], a.dWg + cK + r * K + pc * 4);
+            const int i = tid + it * BWD_THREADS;
+            cp_async16(&S.F3[i / (K / 4)][(i % (K / 4)) * 4], a.dWg + cK + 4 * i);
             cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + cK + 4 * i);
             cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + cK + 4 * i);
         }
-        chunk_rows_async<V, BWD_THREADS>(&S.v[0][0], V + 8, a.v, row0, rs, len, tid);
+        chunk_rows_async<V, BWD_THREADS, 1>({&S.v[0][0]}, V + 8, {a.v}, row0, rs, len, tid);
         static_assert((2 * V) % BWD_THREADS == 0, "whole passes");
 #pragma unroll
         for (int it = 0; it < 2 * V / BWD_THREADS; it++) {   // dU: the chunk's contiguous [16][V]

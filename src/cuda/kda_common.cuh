@@ -217,35 +217,14 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
 // either a flat pointer or a pointer to rows of K; row r of it:
 template <int K> __device__ __forceinline__ bf16 *tile_row(bf16 *p, int r) { return p + r * K; }
 template <int K> __device__ __forceinline__ bf16 *tile_row(bf16 (*p)[K], int r) { return p[r]; }
-// the chunk's 16 token rows of q, k, f for head h (row r at (row0 + r·rs)·K; rows r ≥ len
-// zero-filled) into three such tiles by 16-byte cp.async from NTHR threads (not committed) ...
-template <int K, int NTHR, typename Tile>
-__device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const bf16 *q, const bf16 *k, const bf16 *f,
-                                                size_t row0, size_t rs, int len, int tid) {
-    // a thread's pieces share their column (NTHR is a multiple of K/8): its rows are r0, r0 +
-    // RPI, ..., so the source offset advances by a constant (the index arithmetic of a general
-    // piece loop was ~130 instructions a copy, ncu session 26)
-    static_assert(NTHR % (K / 8) == 0, "whole rows per pass");
-    constexpr int RPI = NTHR / (K / 8), PASSES = (16 + RPI - 1) / RPI;
-    const int pc = tid % (K / 8), r0 = tid / (K / 8);
-    const size_t step = (size_t)RPI * rs * K;
-    size_t off = (row0 + (size_t)r0 * rs) * K + pc * 8;
-#pragma unroll
-    for (int it = 0; it < PASSES; it++, off += step) {
-        const int r = r0 + it * RPI;
-        if (RPI * PASSES > 16 && r >= 16) break;
-        const bool ok = r < len;
-        const size_t o = ok ? off : 0;
-        cp_async16(tile_row<K>(sq, r) + pc * 8, q + o, ok ? 16 : 0);
-        cp_async16(tile_row<K>(sk, r) + pc * 8, k + o, ok ? 16 : 0);
-        cp_async16(tile_row<K>(sf, r) + pc * 8, f + o, ok ? 16 : 0);
-    }
-}
-// ... and of one more W-wide tensor (v) into a tile of row stride ld (rows r ≥ len
-// zero-filled), the same way (not committed)
-template <int W, int NTHR>
-__device__ __forceinline__ void chunk_rows_async(bf16 *sx, int ld, const bf16 *x, size_t row0, size_t rs, int len,
-                                                 int tid) {
+// NT W-wide tensors' 16 chunk rows (row r at (row0 + r·rs)·W) into tiles of row stride ld
+// (rows r ≥ len zero-filled) by 16-byte cp.async from NTHR threads (not committed), the NT
+// copies of a row issued together. A thread's pieces share their column, so its source offset
+// steps by a constant (the index arithmetic of a general piece loop was ~130 instructions a
+// copy, ncu session 26).
+template <int W, int NTHR, int NT>
+__device__ __forceinline__ void chunk_rows_async(bf16 *const (&sx)[NT], int ld, const bf16 *const (&x)[NT], size_t row0,
+                                                 size_t rs, int len, int tid) {
     static_assert(NTHR % (W / 8) == 0 && 16 % (NTHR / (W / 8)) == 0, "whole rows per pass");
     constexpr int RPI = NTHR / (W / 8);
     const int pc = tid % (W / 8), r0 = tid / (W / 8);
@@ -254,8 +233,17 @@ __device__ __forceinline__ void chunk_rows_async(bf16 *sx, int ld, const bf16 *x
     for (int it = 0; it < 16 / RPI; it++, off += (size_t)RPI * rs * W) {
         const int r = r0 + it * RPI;
         const bool ok = r < len;
-        cp_async16(sx + r * ld + pc * 8, x + (ok ? off : 0), ok ? 16 : 0);
+#pragma unroll
+        for (int j = 0; j < NT; j++) cp_async16(sx[j] + r * ld + pc * 8, x[j] + (ok ? off : 0), ok ? 16 : 0);
     }
+}
+// ... the chunk's rows of q, k, f for head h into three [16][K] tiles, the same way ...
+template <int K, int NTHR, typename Tile>
+__device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const bf16 *q, const bf16 *k, const bf16 *f,
+                                                size_t row0, size_t rs, int len, int tid) {
+    bf16 *const dst[3] = {tile_row<K>(sq, 0), tile_row<K>(sk, 0), tile_row<K>(sf, 0)};
+    const bf16 *const src[3] = {q, k, f};
+    chunk_rows_async<K, NTHR, 3>(dst, K, src, row0, rs, len, tid);
 }
 // ... the β logits of a warp's rows warp + i·NTHR/32 (0 past len) while the copies land ...
 template <int RPW, int NTHR>

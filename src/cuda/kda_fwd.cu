@@ -184,7 +184,7 @@ struct PrepArgs {
 // 16-byte half h of row c of a [K][16] bf16 factor tile: the halves of rows c with bit 2 set
 // swapped, so 8 consecutive rows' same halves (a thread per row storing, or ldmatrix reading
 // 8 rows) fall in 8 distinct bank groups of a 32-byte-row tile
-template <int K> __device__ __forceinline__ uint4 *prep_fac_row(const bf16 (*T)[16], int c, int h) {
+__device__ __forceinline__ uint4 *prep_fac_row(const bf16 (*T)[16], int c, int h) {
     return reinterpret_cast<uint4 *>(const_cast<bf16 *>(&T[c][8 * (h ^ ((c >> 2) & 1))]));
 }
 
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
         chunk_qkf_async<K, PREP_THREADS>(S.u.in.q, S.u.in.k, S.u.in.f, a.q, a.k, a.f, row0, rs,
                                          len, tid);
-        chunk_rows_async<V, PREP_THREADS>(&S.u.in.v[0][0], V, a.v, row0, rs, len, tid);
+        chunk_rows_async<V, PREP_THREADS, 1>({&S.u.in.v[0][0]}, V, {a.v}, row0, rs, len, tid);
         cp_async_commit();
     }
     float rbl[RPW];
@@ -333,8 +333,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
                 if ((r & 7) == 7) {   // rows r − 7 .. r: one 16-byte half of each tile's row cch
 #pragma unroll
                     for (int i = 0; i < 3; i++) {
-                        *prep_fac_row<K>(S.u.fac.T[2 * i], cch, r >> 3) = make_uint4(fh[i][0], fh[i][1], fh[i][2], fh[i][3]);
-                        *prep_fac_row<K>(S.u.fac.T[2 * i + 1], cch, r >> 3) = make_uint4(fl[i][0], fl[i][1], fl[i][2], fl[i][3]);
+                        *prep_fac_row(S.u.fac.T[2 * i], cch, r >> 3) = make_uint4(fh[i][0], fh[i][1], fh[i][2], fh[i][3]);
+                        *prep_fac_row(S.u.fac.T[2 * i + 1], cch, r >> 3) = make_uint4(fl[i][0], fl[i][1], fl[i][2], fl[i][3]);
                     }
                 }
             }
@@ -369,10 +369,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
             // A = X (rows × channels) from Xᵀ; B = A2ᵀ (channels × rows), both n-tiles per load
             uint32_t ah[4], al[4], bh[4], bl[4];
             const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
-            ldsm_x4_t(ah, (const bf16 *)prep_fac_row<K>(Xh, ra, (lane >> 3) & 1));
-            ldsm_x4_t(al, (const bf16 *)prep_fac_row<K>(Xl, ra, (lane >> 3) & 1));
-            ldsm_x4_t(bh, (const bf16 *)prep_fac_row<K>(S.u.fac.T[4], rb, lane >> 4));
-            ldsm_x4_t(bl, (const bf16 *)prep_fac_row<K>(S.u.fac.T[5], rb, lane >> 4));
+            ldsm_x4_t(ah, (const bf16 *)prep_fac_row(Xh, ra, (lane >> 3) & 1));
+            ldsm_x4_t(al, (const bf16 *)prep_fac_row(Xl, ra, (lane >> 3) & 1));
+            ldsm_x4_t(bh, (const bf16 *)prep_fac_row(S.u.fac.T[4], rb, lane >> 4));
+            ldsm_x4_t(bl, (const bf16 *)prep_fac_row(S.u.fac.T[5], rb, lane >> 4));
             // this warp's n-tile, picked by selects (an index by the run-time nt would put the
             // fragments in local memory)
             const uint32_t bhn[2] = {nt ? bh[2] : bh[0], nt ? bh[3] : bh[1]};
