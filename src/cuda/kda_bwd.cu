@@ -8,13 +8,19 @@
 // then through INV = (I + L)^{-1}, L, M, the exponentials, the cumulative gate sum, the
 // gate activation, the L2 norms and the β sigmoid to the raw inputs.
 //
-// Kernels (after a recomputation of the forward's prep kernel and of its scan with 64-token
-// state checkpoints — or none when the forward kept them, params.saved):
-// 1. kda_rscan_kernel: per (sequence, head, value slice), serial over chunks backwards:
-//    dS checkpoints at every 64-token segment end, dS0.
+// Kernels (after a recomputation of the forward's prep kernel and of its scan with the
+// states the backward needs — or none when the forward kept them, params.saved). By default
+// (KWs::cstates) the scan keeps every chunk's bf16 state and V':
+// 1. kda_rscan_cst_kernel: per (sequence, head, value slice), serial over chunks backwards:
+//    every chunk's dS' and dV' (= dU), dS0.
+// 2. kda_bwd_vprod_kernel: per (chunk, head): the products that contract over the value
+//    dimension (dQg, dW, dKr, dgl, dM) from those, chunk-parallel.
+// Otherwise (KDA_CSTATES=0, KDA_SPLIT, 64-token steps) the scan keeps fp32 checkpoints every
+// 64 tokens:
+// 1. kda_rscan_kernel: the same scan writing dS checkpoints at every 64-token segment end.
 // 2. kda_bwd_seg_kernel: per (64-token segment, head), all values: recomputes the four
 //    chunk states from the checkpoint, the four dS from the dS checkpoint, and writes the
-//    products that contract over the value dimension (dQg, dW, dKr, dgl, dM, dU).
+//    same products and dU.
 // 3. kda_bwd_chunk_kernel: per (chunk, head): recomputes the prep quantities and applies
 //    the chunk-local chain rule: the 16×16·16×K products on tensor cores (fp32 operands as
 //    bf16 hi + lo), the rest elementwise with one thread per key channel. The unbounded gate
@@ -25,6 +31,7 @@
 #include "kda_scan.cuh"
 #include "kda_tree.cuh"
 #include <stdlib.h>
+#include <string.h>
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
@@ -41,6 +48,7 @@ struct RScanArgs {
     const bf16 *W, *Qg, *KrT, *M, *d_o;
     const float *gl, *dS_out;
     float *dS0, *dckpt;
+    bf16 *dSc, *dU;   // per-chunk dS'ᵀ and dV' instead of dckpt (KWs::cstates)
     // the two-level scan (the forward's segments, kda_fwd.cu): block (n, h, σ) of nseg runs
     // chunks [σ·segc, (σ+1)·segc) backwards. mode: RS_PLAIN (nseg 1), RS_LOCAL (from dS = 0,
     // the segment's dS at its start to seg_out), RS_SEEDED (from seg_dS[σ]; dS0 from σ = 0)
@@ -69,8 +77,10 @@ __device__ __forceinline__ void rscan_load(const RScanArgs &a, const ScanStage &
 // dV' (holding the other V' fixed) and the state gradient's direct part run down the chunks
 //   dV'_c = M_cᵀ dO_c + Kr_c dS_c,   dS_{c−1} = Diag(gl_c) dS_c + Qg_cᵀ dO_c
 // without waiting on each other, and dS(S) = dS_{−1} − Σ_c W~_cᵀ dV'_c closes the step.
-template <int K, bool SPLIT, int G>
-__global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
+// CST: the per-chunk dS' and dV' (KWs::cstates) instead of 64-token checkpoints (a template
+// argument: the two kinds of store in one kernel spilled registers)
+template <int K, bool SPLIT, int G, bool CST>
+__device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
@@ -121,7 +131,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
         cp_async_commit();
         unsigned char *st = smem_raw + rd * SB;
         const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
-        if (a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
+        if (!CST && a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + clast / KDA_SEG) * a.V * K, v0, lane);
         if (G == 1) {
             const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
@@ -129,7 +139,11 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
             const float *sgl = (const float *)(st + L.ogl);
             float dvp[2][4];
             uint32_t aO[4];
+            const size_t hc = (size_t)h * a.NC + cbase + cs;
+            bf16 *stg = (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2);
+            if (CST) frag_store_vk_bf16<K>(ds, stg, a.dSc + hc * a.V * K + (size_t)v0 * K, K, lane);   // dS' of the chunk
             rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp, aO);
+            if (CST) store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, v0, lane);   // dU = dV' (bf16)
             rscan_update<K>(ds, dvp, aO, sQ, sW, sgl, lane);
         } else {
             float dvp[G][2][4];
@@ -154,6 +168,11 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) {
     if (a.mode == RS_LOCAL) frag_store_kv<K>(ds, a.seg_out + (nh * a.nseg + sg) * K * a.V, a.V, v0, lane);
     else if (a.dS0 && sg == 0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
 }
+template <int K, bool SPLIT, int G>
+__global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) { rscan_body<K, SPLIT, G, false>(a); }
+// held to 128 registers (two blocks per SM, as the checkpointing kernel has at 127)
+template <int K>
+__global__ void __launch_bounds__(256, 2) kda_rscan_cst_kernel(RScanArgs a) { rscan_body<K, false, 1, true>(a); }
 
 // ---------------------------------------------------------------------------------------
 // 2. per 64-token segment: the value-contracting products
@@ -386,6 +405,95 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
                 *reinterpret_cast<const uint4 *>(sdVp + r * ldv + pc * 8);
         }
         __syncthreads();
+    }
+}
+
+// 2'. per chunk (KWs::cstates): the same products from the scans' per-chunk states.
+// Block per (chunk, head), a warp per 16 key channels (K/16 warps). The operands come into
+// shared memory by 16-byte copies: Sᵀ and dS'ᵀ [V][K+8] (272-byte rows at K = 128: ldmatrix's
+// 8 rows fall in distinct banks), dO, V', dV' [16][V+8]. The sums run over the same fragments
+// in the same order as in the segment kernel, whose S_i, dS', V', dV' tiles held the same
+// values wherever its recompute matched the forward's arithmetic (KS = 1; tested bit for bit).
+template <int K>
+__host__ __device__ constexpr int vprod_smem_bytes(int V) { return (2 * V * (K + 8) + 3 * 16 * (V + 8)) * 2; }
+
+template <int K>
+__global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
+                                                              const bf16 *dSc) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int LK = K + 8, PK = K / 8;
+    const int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
+    int n, c, len;
+    long long t0;
+    if (!a.sq.chunk(gc, n, c, t0, len)) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nthr = 2 * K;
+    const int V = a.V, ldv = V + 8, vsh = __ffs(V / 8) - 1, g = lane >> 2, t = lane & 3;
+    bf16 *sS = (bf16 *)smem_raw, *sD = sS + V * LK, *sO = sD + V * LK, *sVp = sO + 16 * ldv, *sdV = sVp + 16 * ldv;
+    const size_t hc = (size_t)h * a.NC + gc;
+    {
+        const bf16 *gS = Sc + hc * V * K, *gD = dSc + hc * V * K;
+        for (int e = tid; e < V * PK; e += nthr) {   // piece e: row e / PK, column 8·(e % PK)
+            const int off = (e / PK) * LK + 8 * (e % PK);
+            cp_async16(sS + off, gS + 8 * e);
+            cp_async16(sD + off, gD + 8 * e);
+        }
+        for (int e = tid; e < 2 * V; e += nthr) {   // 16 rows of V/8 pieces
+            const int r = e >> vsh, pc = e & (V / 8 - 1), off = r * ldv + 8 * pc;
+            const bool ok = a.d_o && r < len;
+            cp_async16(sO + off, ok ? a.d_o + ((size_t)(t0 + r) * a.H + h) * V + 8 * pc : Vp, ok ? 16 : 0);
+            cp_async16(sVp + off, Vp + hc * 16 * V + 8 * e);
+            cp_async16(sdV + off, a.dU + hc * 16 * V + 8 * e);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    {   // dQg = dO S, dW = −dV' S, dKr = V' dS'ᵀ, dgl = diag(S dS'ᵀ) over channels n0 .. n0 + 15
+        const int n0 = 16 * warp;
+        float aq[2][4] = {}, aw[2][4] = {}, ak[2][4] = {}, ag[2][4] = {};
+        for (int j = 0; j < V / 16; j++) {
+            uint32_t fO[4], fD[4], fV[4], fS[4], bS[4], bD[4];
+            lda_row_sm(fO, sO, ldv, 16 * j, lane);
+            lda_row_sm(fD, sdV, ldv, 16 * j, lane);
+            lda_row_sm(fV, sVp, ldv, 16 * j, lane);
+            lda_trans_sm(fS, sS, LK, n0, 16 * j, lane);
+            ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
+            ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                mma16816(aq[h2], fO, bS + 2 * h2);
+                mma16816(aw[h2], fD, bS + 2 * h2);
+                mma16816(ak[h2], fV, bD + 2 * h2);
+                mma16816(ag[h2], fS, bD + 2 * h2);
+            }
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
+            *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
+            *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
+            *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
+            *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
+            *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
+            *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
+            // the diagonal of tile h2 (as in the segment kernel): e = 2·h2 + (g & 1) where g >> 1 == t
+            if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
+        }
+    }
+    if (warp >= K / 16 - 2) {   // dM = dO V'ᵀ (inclusive lower triangle), an 8-column tile each
+        const int nt = warp - (K / 16 - 2);
+        float acc[4] = {};
+        for (int j = 0; j < V / 16; j++) {
+            uint32_t fO[4], b[2];
+            lda_row_sm(fO, sO, ldv, 16 * j, lane);
+            ldb_nk(b, sVp, ldv, 8 * nt, 16 * j, lane);
+            mma16816(acc, fO, b);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+            a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
+        }
     }
 }
 
@@ -918,15 +1026,19 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     const bool grouped = w.group > 1;
     a.W = grouped ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
+    a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = w.dU;
     a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
     int sb = (grouped ? KDA_SEG : 1) * scan_stage(K, VB).bytes;
-    a.stages = kda_scan_stages(blocks, sb, 0);
-    size_t smem = (size_t)a.stages * sb;
-    auto kern = grouped ? kda_rscan_kernel<K, false, KDA_SEG> : kda_rscan_kernel<K, SPLIT, 1>;
+    const int fixed = a.dSc ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
+    a.stages = kda_scan_stages(blocks, sb, fixed);
+    size_t smem = (size_t)a.stages * sb + fixed;
+    auto kern = grouped ? kda_rscan_kernel<K, false, KDA_SEG>
+                : a.dSc ? kda_rscan_cst_kernel<K>   // (never with SPLIT: kda_chunk_states)
+                        : kda_rscan_kernel<K, SPLIT, 1>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)(p->N * p->H * a.nseg), p->V / VB);
@@ -961,6 +1073,23 @@ static cudaError_t launch_seg(const kda_params *p, const KWs &w) {
     long long blocks = (long long)w.NS * p->H;
     if (blocks == 0) return cudaSuccess;
     kda_bwd_seg_kernel<K, SPLIT><<<(unsigned)blocks, 2 * p->V, smem, p->stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <int K>
+static cudaError_t launch_vprod(const kda_params *p, const KWs &w) {
+    SegArgs a;
+    memset(&a, 0, sizeof a);
+    a.sq = kda_seq(p, w);
+    a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
+    a.d_o = p->d_o;
+    a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
+    const size_t smem = vprod_smem_bytes<K>(p->V);
+    cudaError_t e = cudaFuncSetAttribute(kda_bwd_vprod_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    long long blocks = (long long)w.NC * p->H;
+    if (blocks == 0) return cudaSuccess;
+    kda_bwd_vprod_kernel<K><<<(unsigned)blocks, 2 * K, smem, p->stream>>>(a, w.Sc, w.Vp, w.dSc);
     return cudaGetLastError();
 }
 
@@ -1008,7 +1137,10 @@ extern "C" cudaError_t kda_bwd(const kda_params *p) {
         else e = split ? launch_rscan<128, true>(p, w) : launch_rscan<128, false>(p, w);
         if (e != cudaSuccess) return e;
     }
-    if (stages & 4) {
+    if ((stages & 4) && w.cstates) {
+        e = p->K == 64 ? launch_vprod<64>(p, w) : launch_vprod<128>(p, w);
+        if (e != cudaSuccess) return e;
+    } else if (stages & 4) {
         if (p->K == 64) e = split ? launch_seg<64, true>(p, w) : launch_seg<64, false>(p, w);
         else e = split ? launch_seg<128, true>(p, w) : launch_seg<128, false>(p, w);
         if (e != cudaSuccess) return e;

@@ -414,6 +414,12 @@ struct KWs {
     int group;                         // chunks per step of the scans: 1, or KDA_SEG (64-token steps)
     bf16 *Wt, *Ut;                     // group > 1: the merged W~, U~ [H][NC][16][K or V] (kda_merge.cu)
     bf16 *dU;
+    // cstates (the default): the scans keep the state and V' of every chunk (bf16) instead of
+    // fp32 checkpoints every 64 tokens, and their state-gradient twins, so the backward's
+    // value-contracting products run chunk-parallel (kda_bwd.cu); 0 under KDA_SPLIT or 64-token steps
+    int cstates;
+    bf16 *Sc, *Vp;      // cstates: Sᵀ entering each chunk [H][NC][V][K], V' [H][NC][16][V]
+    bf16 *dSc;          // cstates: dS'ᵀ (the gradient of the state leaving each chunk) [H][NC][V][K]
     size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
     size_t fwd_bytes;   // of the forward's part (coff … ckpt)
 };
@@ -433,6 +439,9 @@ int kda_scan_segs(const kda_params *p);
 // chunks per step of the scans (kda_fwd.cu): 1, or KDA_SEG for 64-token steps over the merged
 // W~, U~ of kda_merge.cu
 int kda_scan_group(const kda_params *p);
+// the scans keep every chunk's state (KWs::cstates): 1 unless KDA_SPLIT, 64-token steps or
+// KDA_CSTATES=0 (kda_fwd.cu)
+int kda_chunk_states(const kda_params *p);
 // W~, U~ of every 64-token group from the prep kernel's W, U, KrT, gl (kda_merge.cu)
 cudaError_t kda_launch_merge(const kda_params *p, const KWs &w);
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =

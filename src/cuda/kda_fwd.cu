@@ -62,7 +62,14 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     TAKE(U, bf16, H * NC * 16 * V);
     TAKE(M, bf16, H * NC * 2 * 16 * 16);   // hi then lo
     TAKE(gl, float, H * NC * K);
-    if (p->save || backward) TAKE(ckpt, float, H * NS * V * K);
+    w.group = kda_scan_group(p);
+    w.cstates = kda_chunk_states(p);
+    if (w.cstates && (p->save || backward)) {
+        TAKE(Sc, bf16, H * NC * V * K);
+        TAKE(Vp, bf16, H * NC * 16 * V);
+    } else if (p->save || backward) {
+        TAKE(ckpt, float, H * NS * V * K);
+    }
     // the two-level scan's per-segment states: scratch of the forward scan (and of the
     // backward's recompute), in the forward's part so that a forward needs only ws_fwd
     w.nseg = kda_scan_segs(p);
@@ -75,7 +82,6 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     }
     // the 64-token steps' merged W~, U~ (kda_merge.cu): beside W and U, which the backward's
     // chunk-level kernels still read
-    w.group = kda_scan_group(p);
     if (w.group > 1) {
         TAKE(Wt, bf16, H * NC * 16 * K);
         TAKE(Ut, bf16, H * NC * 16 * V);
@@ -86,7 +92,8 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
         off = 0;
     }
     if (backward) {
-        TAKE(dckpt, float, H * NS * V * K);
+        if (w.cstates) TAKE(dSc, bf16, H * NC * V * K);
+        else TAKE(dckpt, float, H * NS * V * K);
         TAKE(dQg, float, H * NC * 16 * K);
         TAKE(dWg, float, H * NC * 16 * K);
         TAKE(dKr, float, H * NC * 16 * K);
@@ -506,6 +513,7 @@ struct ScanArgs {
     const float *gl, *S0;
     bf16 *o;
     float *S_out, *ckpt;
+    bf16 *Sc, *Vp;   // per-chunk states instead of ckpt (KWs::cstates)
     // the two-level scan (fixed-length batches): block (n, h, σ) of nseg runs chunks
     // [σ·segc, (σ+1)·segc) of its sequence. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
     // final state to seg_out), SCAN_TRANS (U = 0 from S = I, V = K: the segment's transition
@@ -515,6 +523,10 @@ struct ScanArgs {
     float *seg_out;
 };
 enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
+// what a scan pass keeps for the backward (a template argument: each kernel has one kind of
+// store, whose addresses would otherwise crowd the other's registers): nothing, fp32 states
+// every 64 tokens, or every chunk's bf16 state and V' (KWs::cstates)
+enum { SCAN_NOCKPT = 0, SCAN_CKPT = 1, SCAN_CSTATES = 2 };
 
 // chunk gc of head h into the stage at shared address st: W, Qg (when needQg), KrT, the value
 // slice [vb0, vb0 + VB) of U (when needU), M, gl
@@ -548,7 +560,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
-// grid (N·H, V/VB), block (VB/16)·KS warps; OUT: write o and S_out; CKPT: state checkpoints.
+// grid (N·H, V/VB), block (VB/16)·KS warps; OUT: write o and S_out; CKPT: what the backward keeps.
 // Warp w owns value rows v0 .. v0+15 (v0 = vb0 + 16·(w / KS)) and, when KS > 1, only the
 // state columns kp0 .. kp0 + K/KS − 1 (kp0 = (w % KS)·K/KS): the KS warps of a value slice
 // add their partial Sᵀ Wᵀ through shared memory (a named barrier per slice), each then has
@@ -557,7 +569,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 // G = KDA_SEG: a step takes a whole 64-token group, W and U being the merged W~, U~
 // (kda_merge.cu): the group's four V' come from one product with the state, then each chunk's
 // output and state update in turn (the update no longer waits on the next chunk's V').
-template <int K, bool SPLIT, bool OUT, bool CKPT, int KS, int G>
+template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G>
 __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) {
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -571,6 +583,7 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
     bf16 *sO = (bf16 *)(smem_raw + NSt * SB);                      // KS = 1: [16G][VB+8]
     float *sOp = (float *)(smem_raw + NSt * SB);                   // KS > 1: [KS][16G][VB+4]
     float *sRed = sOp + KS * 16 * G * (VB + 4);                    // KS > 1: [NW][32][8G]
+    bf16 *sStg = (bf16 *)(smem_raw + NSt * SB + scan_fixed_bytes(VB, KS, G)) + warp * (cstate_stage_bytes<KP>() / 2);
     int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
@@ -617,8 +630,10 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
         cp_async_commit();
         unsigned char *st = smem_raw + rd * SB;
         const int nsub = min(G, nc - c);
-        if (CKPT && (c % KDA_SEG) == 0)
+        if (CKPT == SCAN_CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
+        if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
+            frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.NC + cbase + c) * a.V * K + (size_t)v0 * K + kp0, K, lane);
         // V' of the step's chunks (a chunk past the sequence's end computes garbage, unused)
         float vp[G][2][4];
         {
@@ -665,6 +680,8 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
             const float *sgl = (const float *)(sj + L.ogl);
             uint32_t av[4];
             tok_afrag(vp[j], av, 1.f);
+            if (CKPT == SCAN_CSTATES && (KS == 1 || ks == 0))   // the chunk's V' (bf16) for the backward
+                store_tok_tile(vp[j], sStg, a.Vp + ((size_t)h * a.NC + cbase + c) * 16 * a.V, a.V, v0, lane);
             if (OUT) {
                 float o[2][4];
                 int g = lane >> 2, t = lane & 3;
@@ -958,6 +975,19 @@ int kda_scan_group(const kda_params *p) {
     return forced == KDA_SEG ? KDA_SEG : 1;
 }
 
+// What the backward keeps of the forward's states. Per chunk (the default): the scan writes
+// the bf16 state entering each chunk and its V', the state-gradient scan each chunk's dS' and
+// dV', and the products that contract over the value dimension (dQg, dW, dKr, dgl, dM) run
+// chunk-parallel from them: the forward's own bf16 S and V' (the same gradients as the
+// checkpoint path, bit for bit, wherever the forward scan holds whole state rows, KS = 1).
+// Otherwise (KDA_CSTATES=0, the experimental hi + lo state split, 64-token steps, whose
+// state-gradient scan has no per-chunk dS'): fp32 checkpoints every 64 tokens, from which a
+// kernel per 64-token segment recomputes the four states and state gradients serially (less
+// memory, more time: B1·T8192·H96 forward + backward 6.22 → 6.62 ms; bench/RESULTS.md, session 27).
+int kda_chunk_states(const kda_params *p) {
+    return !scan_split() && kda_scan_group(p) == 1 && env_int("KDA_CSTATES", 1) != 0;
+}
+
 template <int K, int V, int MODE>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     PrepArgs a;
@@ -984,7 +1014,7 @@ struct ScanPass {
 };
 
 // nw: value-slice warps per block (each with KS − 1 partners); G chunks per step
-template <int K, bool SPLIT, bool OUT, bool CKPT, int KS, int G>
+template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G>
 static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, const ScanPass &sp) {
     ScanArgs a;
     a.mode = sp.mode; a.nseg = sp.nseg; a.segc = sp.segc; a.seg_S0 = sp.seg_S0; a.seg_out = sp.seg_out;
@@ -992,9 +1022,11 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = G > 1 ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = G > 1 ? w.Ut : w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
+    a.Sc = w.Sc; a.Vp = w.Vp;
     int VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
-    int fixed = scan_fixed_bytes(VB, KS, G), sb = G * scan_stage(K, VB).bytes;
+    int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
+    int sb = G * scan_stage(K, VB).bytes;
     a.stages = kda_scan_stages(blocks, sb, fixed);
     size_t smem = (size_t)a.stages * sb + fixed;
     auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G>;
@@ -1010,23 +1042,26 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
 template <int K, int KS>
 static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, bool ckpt, int nw, const ScanPass &sp) {
     bool split = scan_split();
+    const int ck = !ckpt ? SCAN_NOCKPT : w.cstates ? SCAN_CSTATES : SCAN_CKPT;
     if (w.group > 1) {
-#define SCAN_CASE(O, C) if (out == O && ckpt == C) return launch_scan_t<K, false, O, C, KS, KDA_SEG>(p, w, nw, sp)
-        SCAN_CASE(true, false);
-        SCAN_CASE(true, true);
-        SCAN_CASE(false, true);
-        SCAN_CASE(false, false);
+#define SCAN_CASE(O, C) if (out == O && ck == C) return launch_scan_t<K, false, O, C, KS, KDA_SEG>(p, w, nw, sp)
+        SCAN_CASE(true, SCAN_NOCKPT);
+        SCAN_CASE(true, SCAN_CKPT);
+        SCAN_CASE(false, SCAN_CKPT);
+        SCAN_CASE(false, SCAN_NOCKPT);
 #undef SCAN_CASE
     }
-#define SCAN_CASE(S, O, C) if (split == S && out == O && ckpt == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
-    SCAN_CASE(true, true, false);
-    SCAN_CASE(true, true, true);
-    SCAN_CASE(true, false, true);
-    SCAN_CASE(true, false, false);
-    SCAN_CASE(false, true, false);
-    SCAN_CASE(false, true, true);
-    SCAN_CASE(false, false, true);
-    SCAN_CASE(false, false, false);
+#define SCAN_CASE(S, O, C) if (split == S && out == O && ck == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
+    SCAN_CASE(true, true, SCAN_NOCKPT);
+    SCAN_CASE(true, true, SCAN_CKPT);
+    SCAN_CASE(true, false, SCAN_CKPT);
+    SCAN_CASE(true, false, SCAN_NOCKPT);
+    SCAN_CASE(false, true, SCAN_NOCKPT);
+    SCAN_CASE(false, true, SCAN_CKPT);
+    SCAN_CASE(false, true, SCAN_CSTATES);
+    SCAN_CASE(false, false, SCAN_CKPT);
+    SCAN_CASE(false, false, SCAN_CSTATES);
+    SCAN_CASE(false, false, SCAN_NOCKPT);
 #undef SCAN_CASE
     return cudaErrorInvalidValue;
 }

@@ -337,6 +337,46 @@ __device__ __forceinline__ void frag_store_vk(const float (*s)[4], float *X, int
         *reinterpret_cast<float2 *>(X + (size_t)(v0 + g + 8) * ld + 8 * nt + 2 * t) = make_float2(s[nt][2], s[nt][3]);
     }
 }
+// The per-chunk states of KWs::cstates go out through a per-warp staging tile in shared
+// memory so that every global store is a whole 16-byte piece of a row: stored straight from
+// the fragments (4-byte words, 8 rows of 16 bytes per instruction) they doubled the time of
+// both scans (H200, session 27). Values are rounded as the products' A fragments are.
+//
+// A warp's 16 × KP tile of the state (rows v0 .. v0 + 15 in fragments s, its KP columns) to the
+// bf16 rows X[r·ld + c], r = 0..15 (X points at row v0 and the warp's first column); stg: the
+// warp's [16][KP + 8] staging tile
+template <int KP>
+__device__ __forceinline__ void frag_store_vk_bf16(const float (*s)[4], bf16 *stg, bf16 *X, int ld, int lane) {
+    const int r = lane & 7, j = lane >> 3;
+#pragma unroll
+    for (int nt = 0; nt < KP / 8; nt += 2) {   // matrices j: rows 8·(j & 1) .., columns 8·(nt + (j >> 1)) ..
+        unsigned a = (unsigned)__cvta_generic_to_shared(stg + (r + 8 * (j & 1)) * (KP + 8) + 8 * (nt + (j >> 1)));
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(a),
+                     "r"(pack_bf16(s[nt][0], s[nt][1])), "r"(pack_bf16(s[nt][2], s[nt][3])),
+                     "r"(pack_bf16(s[nt + 1][0], s[nt + 1][1])), "r"(pack_bf16(s[nt + 1][2], s[nt + 1][3]))
+                     : "memory");
+    }
+    __syncwarp();
+#pragma unroll
+    for (int p = lane; p < 2 * KP; p += 32) {   // 16 rows of KP/8 pieces
+        const int row = p / (KP / 8), cc = p % (KP / 8);
+        *reinterpret_cast<uint4 *>(X + (size_t)row * ld + 8 * cc) =
+            *reinterpret_cast<const uint4 *>(stg + row * (KP + 8) + 8 * cc);
+    }
+    __syncwarp();   // the tile is written again later in the step
+}
+// A 16 × 16 tile x (value rows v0 .. v0 + 15 × tokens, C fragments) to the bf16 rows
+// X[token·ld + v0 ..] (a token's values contiguous: V' and dV' as [16][V]) through stg [16][24]
+__device__ __forceinline__ void store_tok_tile(const float x[2][4], bf16 *stg, bf16 *X, int ld, int v0, int lane) {
+    store_acc_rows<2>(stg, 24, 0, x, lane);
+    __syncwarp();
+    const int row = lane >> 1, hf = lane & 1;
+    *reinterpret_cast<uint4 *>(X + (size_t)row * ld + v0 + 8 * hf) = *reinterpret_cast<const uint4 *>(stg + row * 24 + 8 * hf);
+    __syncwarp();
+}
+// bytes of a warp's staging tile (either use)
+template <int KP> __host__ __device__ constexpr int cstate_stage_bytes() { return 16 * (KP + 8 > 24 ? KP + 8 : 24) * 2; }
+
 template <int K>
 __device__ __forceinline__ void frag_load_kv(float (*s)[4], const float *X, int V, int v0, int lane) {
     int g = lane >> 2, t = lane & 3;

@@ -315,6 +315,40 @@ static void test_saved_and_determinism(const Prob &P) {
     check(w, m, 0);
 }
 
+// the backward from the scans' per-chunk states (the default) == from 64-token checkpoints
+// (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved
+static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
+    std::vector<float> g[2][8];
+    for (int mode = 0; mode < 2; mode++) {   // 0: per-chunk states, 1: checkpoints
+        if (mode) setenv("KDA_CSTATES", "0", 1);
+        Dev D;
+        dev_setup(D, P, 1, 1);   // the workspace sized for this mode
+        for (int saved = 0; saved < 2; saved++) {
+            if (saved) {
+                CU(kda_fwd(&D.p));
+                D.p.saved = 1;
+            }
+            D.dq.poison(); D.dk.poison(); D.dv.poison(); D.df.poison(); D.dbeta.poison();
+            D.dA.poison(); D.ddb.poison(); D.dS0.poison();
+            CU(kda_bwd(&D.p));
+            CU(cudaDeviceSynchronize());
+            std::vector<float> x[8] = {down_bf16(D.dq), down_bf16(D.dk), down_bf16(D.dv), down_bf16(D.df),
+                                       down_bf16(D.dbeta), down_f32(D.dA), down_f32(D.ddb), down_f32(D.dS0)};
+            for (int i = 0; i < 8; i++) {
+                if (!saved) g[mode][i] = x[i];
+                else if (max_abs(x[i].data(), g[mode][i].data(), x[i].size()) != 0) g[mode][i].assign(x[i].size(), NAN);
+            }
+        }
+        if (mode) unsetenv("KDA_CSTATES");
+    }
+    double m = 0;
+    for (int i = 0; i < 8; i++) m = worst(m, max_abs(g[0][i].data(), g[1][i].data(), g[0][i].size()));
+    char s[200], w[300];
+    desc(s, sizeof s, P, "bwd");
+    snprintf(w, sizeof w, "%s%s: per-chunk states == checkpoints, recomputed and saved (max abs)", s, tag);
+    check(w, m, 0);
+}
+
 // decode on a shuffled state pool vs the CPU decode; untouched slots bit-identical
 static void test_decode(int B, int nslots, int H, int K, int V, int gate, uint64_t sd) {
     Prob P;
@@ -880,6 +914,8 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_SEGS", "3", 1); setenv("KDA_CARRY_CW", "32", 1);   // the widest carry blocks
         make_prob(P, {200}, 2, 128, 128, 1, 0, 13); test_fwd(P, " [segs=3, carry columns 32]"); test_bwd(P, " [segs=3, carry columns 32]");
         unsetenv("KDA_SCAN_SEGS"); unsetenv("KDA_CARRY_CW");
+        make_prob(P, {15, 1, 70}, 2, 128, 64, 0, 1, 14); test_cstates_vs_checkpoints(P);
+        make_prob(P, {37, 37}, 2, 64, 128, 1, 0, 15); test_cstates_vs_checkpoints(P);
     } else {
         // forward: T ∈ {1, 15, 63, 500, 1000, 2048}, both gates, K = V ∈ {64, 128}
         int Ts[] = {1, 15, 63, 500, 1000, 2048};
@@ -929,6 +965,14 @@ int main(int argc, char **argv) {
         make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 1, 1, 70); test_bwd(P);
         make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
         make_prob(P, {15, 100, 700}, 4, 128, 128, 1, 1, 72); test_saved_and_determinism(P);
+        // the per-chunk states against the 64-token checkpoints: K, V ∈ {64, 128}, both gates,
+        // the exact path, packed batches with empty and 1-token sequences, 96 heads
+        make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 74); test_cstates_vs_checkpoints(P);
+        make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 1, 1, 75); test_cstates_vs_checkpoints(P);
+        make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 0, 1, 76); test_cstates_vs_checkpoints(P);
+        make_prob(P, {300}, 2, 128, 64, 1, 0, 77); test_cstates_vs_checkpoints(P);
+        make_prob(P, {300}, 2, 64, 128, 0, 0, 78, 0, 1); test_cstates_vs_checkpoints(P);
+        make_prob(P, {40}, 96, 128, 128, 0, 0, 79); test_cstates_vs_checkpoints(P);
 
         // the forward scan with the state's columns split over 1, 2 or 4 warps per value slice
         // (automatic: 2 under 512 value slices — the few-head problems above — else 1)
@@ -943,6 +987,7 @@ int main(int argc, char **argv) {
             make_prob(P, {63}, 96, 128, 128, 0, 0, 93); test_fwd(P, tag);
             make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_bwd(P, tag);
             make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 64, 128, 1, 1, 95); test_bwd(P, tag);
+            make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_cstates_vs_checkpoints(P, tag);
         }
         unsetenv("KDA_SCAN_KS");
 
@@ -962,6 +1007,7 @@ int main(int argc, char **argv) {
             make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_bwd(P, tag);
             make_prob(P, {700}, 2, 128, 128, 1, 0, 95); test_bwd(P, tag);
             make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
+            make_prob(P, {700}, 2, 128, 128, 1, 0, 95); test_cstates_vs_checkpoints(P, tag);
             setenv("KDA_SCAN_KS", "1", 1);
             make_prob(P, {500}, 2, 128, 128, 0, 0, 93); test_fwd(P, " [segs, KS=1]");
             unsetenv("KDA_SCAN_KS");
