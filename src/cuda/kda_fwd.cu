@@ -897,9 +897,17 @@ static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
 // scan 1.289 → 1.176 ms, state-gradient scan 1.718 → 1.193; B1·T65536·H32 5.12 → 4.44 and
 // 6.77 → 4.49; at B1·T4096·H8, where the segments would be cut short, 0.270 → 0.274 and
 // 0.284 → 0.329 (hence the length condition).
+// Also whenever the pairs alone fill two thirds of the SMs or more (no segments then): every
+// chunk load serves eight warps instead of four. Session 27 (H200, bench_kda --quick, four-warp
+// blocks of half a head → eight-warp blocks of a whole head, forward / forward + backward in
+// ms): B1·T8192·H96 1.418 / 6.20 → 1.345 / 5.88, B2·T2048·H48 0.380 / 1.587 → 0.363 / 1.525,
+// B1·T8192·H128 1.614 / 7.82 → 1.546 / 7.30, B8·T2048·H32 0.847 / 3.97 → 0.795 / 3.63,
+// B4·T4096·H64 1.604 / 7.91 → 1.546 / 7.24; at 64 pairs (B4·T2048·H16, half the SMs idle)
+// it was slower, 0.257 / 1.08 → 0.304 / 1.21.
 static bool scan_whole_heads(const kda_params *p) {
     if (p->cu_seqlens || p->N <= 0 || p->T <= 0 || p->V > 128) return false;
-    const long long pairs = (long long)p->N * p->H, want = kda_num_sms() / pairs;
+    const long long pairs = (long long)p->N * p->H, sms = kda_num_sms(), want = sms / pairs;
+    if (3 * pairs >= 2 * sms) return true;
     const int most = (p->T + KDA_C - 1) / KDA_C / (8 * KDA_SEG);
     return want >= 3 && most >= want;
 }
@@ -915,8 +923,9 @@ int kda_scan_warps(const kda_params *p, int ks) {
     // four warps in all: the chunk loads are shared by a block's warps, and the cost of a
     // step is mostly their issue — fewer warps per block (more blocks) lost at every
     // benchmark shape, even when a block per SM was left idle (bench/RESULTS.md, session 7).
-    // Eight (a whole head at V = 128) for few long sequences and heads, and for the 64-token
-    // steps, which load 4x the bytes per step
+    // Eight (a whole head at V = 128) where scan_whole_heads says so — pairs enough to fill
+    // two thirds of the SMs, or few long sequences — and for the 64-token steps, which load
+    // 4x the bytes per step
     nw = (kda_scan_group(p) > 1 || scan_whole_heads(p) ? 8 : 4) / ks;
     return maxw < nw ? maxw : nw;
 }
