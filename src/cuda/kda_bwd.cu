@@ -218,6 +218,45 @@ __device__ __forceinline__ unsigned char *seg_fbuf(unsigned char *smem, const Se
     return i == 0 ? smem + L.oF : smem + L.odS + (i - 1) * L.FB;
 }
 
+// the value products' outputs for channels n0 .. n0 + 15 of chunk slot hc: dQg = aq, dWg = −aw,
+// dKr = ak (fp32 [16][K] rows), dgl = the diagonal of ag = S·dS'ᵀ over the group (C fragments:
+// rows n0 + g (+8), columns n0 + 8·h2 + 2t (+1))
+template <int K>
+__device__ __forceinline__ void vprod_store_group(const SegArgs &a, size_t hc, int n0, int lane, const float (*aq)[4],
+                                                  const float (*aw)[4], const float (*ak)[4], const float (*ag)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
+        *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
+        *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
+        *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
+        *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
+        *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
+        *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
+        // the diagonal is row 8·h2 + g = column 8·h2 + 2t + (e & 1), i.e. e = 2·h2 + (g & 1),
+        // g >> 1 == t (selected, not indexed by g & 1: a run-time index put ag in local memory)
+        if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
+    }
+}
+// dM = dO V'ᵀ (inclusive lower triangle), 8-column tile nt, of chunk slot hc; sdO, sVp: [16][ldv]
+__device__ __forceinline__ void vprod_dm(const SegArgs &a, size_t hc, int nt, const bf16 *sdO, const bf16 *sVp,
+                                         int ldv, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[4] = {};
+    for (int j = 0; j < a.V / 16; j++) {
+        uint32_t fO[4], b[2];
+        lda_row_sm(fO, sdO, ldv, 16 * j, lane);
+        ldb_nk(b, sVp, ldv, 8 * nt, 16 * j, lane);
+        mma16816(acc, fO, b);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+        a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
+    }
+}
+
 template <int K, bool SPLIT>
 __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -225,7 +264,7 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
     int n, sidx;
     if (!a.sq.segment(gs, n, sidx)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5, nthr = blockDim.x;
-    int V = a.V, ldv = V + 8, v0 = 16 * warp, g = lane >> 2, t = lane & 3;
+    int V = a.V, ldv = V + 8, v0 = 16 * warp;
     const int vsh = __ffs(V / 8) - 1;   // V is a power of two: a row of V/8 pieces is a shift
     int nc_n = a.sq.nchunks(n), cf = KDA_SEG * sidx, nsg = min(KDA_SEG, nc_n - cf), gcf = a.sq.chunk0(n) + cf;
     int len_n = a.sq.seq_len(n);
@@ -366,39 +405,12 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
                     mma16816(ag[h2], fS, bD + 2 * h2);
                 }
             }
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
-                *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
-                *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
-                *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
-                *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
-                *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
-                *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
-                // S·dS'ᵀ of tile h2: rows n0 + g (+8), columns n0 + 8·h2 + 2t (+1); the diagonal
-                // is row 8·h2 + g = column 8·h2 + 2t + (e & 1), i.e. e = 2·h2 + (g & 1), g >> 1 == t
-                // (selected, not indexed by g & 1: a run-time index put ag in local memory)
-                if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
-            }
+            vprod_store_group<K>(a, hc, n0, lane, aq, aw, ak, ag);
         }
-        // dM = dO V'ᵀ (inclusive lower triangle): its two 8-column tiles on the last two warps,
-        // which otherwise have the same products as the others (on one warp, the block's barrier
-        // below waited for it: ncu, session 21)
-        if (warp >= NW - 2) {
-            const int nt = warp - (NW - 2);
-            float acc[4] = {};
-            for (int j = 0; j < V / 16; j++) {
-                uint32_t fO[4], b[2];
-                lda_row_sm(fO, sdO, ldv, 16 * j, lane);
-                ldb_nk(b, Vi, ldv, 8 * nt, 16 * j, lane);
-                mma16816(acc, fO, b);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-                a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
-            }
-        }
+        // dM = dO V'ᵀ: its two 8-column tiles on the last two warps, which otherwise have the
+        // same products as the others (on one warp, the block's barrier below waited for it:
+        // ncu, session 21)
+        if (warp >= NW - 2) vprod_dm(a, hc, warp - (NW - 2), sdO, Vi, ldv, lane);
         for (int e = tid; e < 2 * V; e += nthr) {   // dU = dV' (bf16)
             int r = e >> vsh, pc = e & (V / 8 - 1);
             *reinterpret_cast<uint4 *>(a.dU + hc * 16 * V + (size_t)r * V + pc * 8) =
@@ -427,7 +439,7 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
     long long t0;
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nthr = 2 * K;
-    const int V = a.V, ldv = V + 8, vsh = __ffs(V / 8) - 1, g = lane >> 2, t = lane & 3;
+    const int V = a.V, ldv = V + 8, vsh = __ffs(V / 8) - 1;
     bf16 *sS = (bf16 *)smem_raw, *sD = sS + V * LK, *sO = sD + V * LK, *sVp = sO + 16 * ldv, *sdV = sVp + 16 * ldv;
     const size_t hc = (size_t)h * a.NC + gc;
     {
@@ -467,34 +479,9 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
                 mma16816(ag[h2], fS, bD + 2 * h2);
             }
         }
-#pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
-            *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
-            *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
-            *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
-            *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
-            *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
-            *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
-            // the diagonal of tile h2 (as in the segment kernel): e = 2·h2 + (g & 1) where g >> 1 == t
-            if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
-        }
+        vprod_store_group<K>(a, hc, n0, lane, aq, aw, ak, ag);
     }
-    if (warp >= K / 16 - 2) {   // dM = dO V'ᵀ (inclusive lower triangle), an 8-column tile each
-        const int nt = warp - (K / 16 - 2);
-        float acc[4] = {};
-        for (int j = 0; j < V / 16; j++) {
-            uint32_t fO[4], b[2];
-            lda_row_sm(fO, sO, ldv, 16 * j, lane);
-            ldb_nk(b, sVp, ldv, 8 * nt, 16 * j, lane);
-            mma16816(acc, fO, b);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-            a.dM[hc * 256 + row * 16 + col] = col <= row ? acc[e] : 0.f;
-        }
-    }
+    if (warp >= K / 16 - 2) vprod_dm(a, hc, warp - (K / 16 - 2), sO, sVp, ldv, lane);   // dM, a tile each
 }
 
 // ---------------------------------------------------------------------------------------
