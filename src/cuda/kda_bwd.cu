@@ -239,6 +239,38 @@ __device__ __forceinline__ void vprod_store_group(const SegArgs &a, size_t hc, i
         if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
     }
 }
+// The value products over channels n0 .. n0 + 15 of chunk slot hc, summed over V in 16-wide
+// steps, then stored: aq = dO·S, aw = dV'·S, ak = V'·dS'ᵀ, ag = S·dS'ᵀ. sdO, sdV, sVp: [16][ldv];
+// S and dS' as [K][lds] (channel rows: the segment kernel's tiles) or, VK, [V][lds] (value rows:
+// the scans' per-chunk states) — the same fragments either way, so the same sums
+template <int K, bool VK>
+__device__ __forceinline__ void vprod_group(const SegArgs &a, size_t hc, int n0, const bf16 *sdO, const bf16 *sdV,
+                                            const bf16 *sVp, int ldv, const bf16 *S, const bf16 *dS, int lds, int lane) {
+    float aq[2][4] = {}, aw[2][4] = {}, ak[2][4] = {}, ag[2][4] = {};
+    for (int j = 0; j < a.V / 16; j++) {
+        uint32_t fO[4], fD[4], fV[4], fS[4], bS[4], bD[4];
+        lda_row_sm(fO, sdO, ldv, 16 * j, lane);
+        lda_row_sm(fD, sdV, ldv, 16 * j, lane);
+        lda_row_sm(fV, sVp, ldv, 16 * j, lane);
+        if (VK) {
+            lda_trans_sm(fS, S, lds, n0, 16 * j, lane);
+            ldb_kn2_sm(bS, S, lds, n0, 16 * j, lane);
+            ldb_kn2_sm(bD, dS, lds, n0, 16 * j, lane);
+        } else {
+            lda_row_sm(fS, S + n0 * lds, lds, 16 * j, lane);
+            ldb_nk2_sm(bS, S, lds, n0, 16 * j, lane);
+            ldb_nk2_sm(bD, dS, lds, n0, 16 * j, lane);
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            mma16816(aq[h2], fO, bS + 2 * h2);
+            mma16816(aw[h2], fD, bS + 2 * h2);
+            mma16816(ak[h2], fV, bD + 2 * h2);
+            mma16816(ag[h2], fS, bD + 2 * h2);
+        }
+    }
+    vprod_store_group<K>(a, hc, n0, lane, aq, aw, ak, ag);
+}
 // dM = dO V'ᵀ (inclusive lower triangle), 8-column tile nt, of chunk slot hc; sdO, sVp: [16][ldv]
 __device__ __forceinline__ void vprod_dm(const SegArgs &a, size_t hc, int nt, const bf16 *sdO, const bf16 *sVp,
                                          int ldv, int lane) {
@@ -386,27 +418,8 @@ __global__ void __launch_bounds__(256, 1) kda_bwd_seg_kernel(SegArgs a) {
         // per group of 16 channels n0 .. n0 + 15 (warps take groups in turn): dQg, dWg, dKr, and
         // dgl[ch] = Σ_v S[ch][v]·dS'[ch][v] as the diagonal of S·dS'ᵀ over the group (one more
         // tensor-core product per step instead of a scalar loop over V)
-        for (int grp = warp; grp < K / 16; grp += NW) {
-            int n0 = 16 * grp;
-            float aq[2][4] = {}, aw[2][4] = {}, ak[2][4] = {}, ag[2][4] = {};
-            for (int j = 0; j < V / 16; j++) {
-                uint32_t fO[4], fD[4], fV[4], fS[4], bS[4], bD[4];
-                lda_row_sm(fO, sdO, ldv, 16 * j, lane);
-                lda_row_sm(fD, sdVp, ldv, 16 * j, lane);
-                lda_row_sm(fV, Vi, ldv, 16 * j, lane);
-                lda_row_sm(fS, Si + n0 * ldv, ldv, 16 * j, lane);
-                ldb_nk2_sm(bS, Si, ldv, n0, 16 * j, lane);
-                ldb_nk2_sm(bD, sdS, ldv, n0, 16 * j, lane);
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    mma16816(aq[h2], fO, bS + 2 * h2);
-                    mma16816(aw[h2], fD, bS + 2 * h2);
-                    mma16816(ak[h2], fV, bD + 2 * h2);
-                    mma16816(ag[h2], fS, bD + 2 * h2);
-                }
-            }
-            vprod_store_group<K>(a, hc, n0, lane, aq, aw, ak, ag);
-        }
+        for (int grp = warp; grp < K / 16; grp += NW)
+            vprod_group<K, false>(a, hc, 16 * grp, sdO, sdVp, Vi, ldv, Si, sdS, ldv, lane);
         // dM = dO V'ᵀ: its two 8-column tiles on the last two warps, which otherwise have the
         // same products as the others (on one warp, the block's barrier below waited for it:
         // ncu, session 21)
@@ -460,27 +473,8 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
         cp_async_wait<0>();
         __syncthreads();
     }
-    {   // dQg = dO S, dW = −dV' S, dKr = V' dS'ᵀ, dgl = diag(S dS'ᵀ) over channels n0 .. n0 + 15
-        const int n0 = 16 * warp;
-        float aq[2][4] = {}, aw[2][4] = {}, ak[2][4] = {}, ag[2][4] = {};
-        for (int j = 0; j < V / 16; j++) {
-            uint32_t fO[4], fD[4], fV[4], fS[4], bS[4], bD[4];
-            lda_row_sm(fO, sO, ldv, 16 * j, lane);
-            lda_row_sm(fD, sdV, ldv, 16 * j, lane);
-            lda_row_sm(fV, sVp, ldv, 16 * j, lane);
-            lda_trans_sm(fS, sS, LK, n0, 16 * j, lane);
-            ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
-            ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                mma16816(aq[h2], fO, bS + 2 * h2);
-                mma16816(aw[h2], fD, bS + 2 * h2);
-                mma16816(ak[h2], fV, bD + 2 * h2);
-                mma16816(ag[h2], fS, bD + 2 * h2);
-            }
-        }
-        vprod_store_group<K>(a, hc, n0, lane, aq, aw, ak, ag);
-    }
+    // dQg = dO S, dW = −dV' S, dKr = V' dS'ᵀ, dgl = diag(S dS'ᵀ) over this warp's 16 channels
+    vprod_group<K, true>(a, hc, 16 * warp, sO, sdV, sVp, ldv, sS, sD, LK, lane);
     if (warp >= K / 16 - 2) vprod_dm(a, hc, warp - (K / 16 - 2), sO, sVp, ldv, lane);   // dM, a tile each
 }
 
