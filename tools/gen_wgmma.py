@@ -6,7 +6,7 @@ Inline asm needs every accumulator as its own operand, hence a generator; run it
 changing NS and commit its output (the build never runs Python)."""
 import sys
 
-NS = [32, 64, 96, 128, 192, 256]
+NS = [16, 32, 64, 96, 128, 192, 256]
 
 
 def regs(n, start):

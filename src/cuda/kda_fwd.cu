@@ -20,6 +20,10 @@
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
 #include "kda_tree.cuh"
+#include "wgmma_ops.cuh"
+#include "tma.cuh"
+#include "mbarrier.cuh"
+#include <cudaTypedefs.h>
 #include <stdlib.h>
 #include <type_traits>
 
@@ -521,6 +525,9 @@ struct ScanArgs {
     int mode, nseg, segc;
     const float *seg_S0;
     float *seg_out;
+    // the warpgroup step's bulk tensor copies (scan_stage_wg): W, Qg, U as [rows][K or V]
+    // with 16 rows a chunk, KrT as [rows][16] with K rows a chunk, M as [rows][16] with 32
+    CUtensorMap mW, mQ, mU, mK, mM;
 };
 enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
 // what a scan pass keeps for the backward (a template argument: each kernel has one kind of
@@ -537,6 +544,23 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, const ScanStage &L,
     const bf16 *gv = needU && vp.row >= 0 ? a.U + hc * 16 * a.V + (size_t)vp.row * a.V + vb0 + vp.col : NULL;
     copy_chunk<K>(L, st, a.W + hc * 16 * K, needQg ? a.Qg + hc * 16 * K : NULL, a.KrT + hc * 16 * K, a.M + hc * 512,
                   a.gl + hc * K, vp, gv, 16);
+}
+// the same chunk by bulk tensor copies into a scan_stage_wg stage (one thread issues them),
+// counted in bytes on the stage's mbarrier
+template <int K>
+__device__ __forceinline__ void scan_load_wg(const ScanArgs &a, const ScanStage &L, uint32_t st, uint32_t bar, int h,
+                                             int gc, int vb0, int VB) {
+    const int hc = h * a.NC + gc;
+    mb_expect_tx(bar, scan_stage_wg_tx(K, VB));
+#pragma unroll
+    for (int kb = 0; kb < K / 64; kb++) {
+        tma_2d(st + L.oW + 4096 * kb, &a.mW, 64 * kb, 16 * hc, bar);
+        tma_2d(st + L.oQg + 4096 * kb, &a.mQ, 64 * kb, 16 * hc, bar);
+    }
+    tma_2d(st + L.oKrT, &a.mK, 0, K * hc, bar);
+    tma_2d(st + L.oM, &a.mM, 0, 32 * hc, bar);
+    for (int vb = 0; vb < VB / 64; vb++) tma_2d(st + L.oVal + 2048 * vb, &a.mU, vb0 + 64 * vb, 16 * hc, bar);
+    bulk_g2s(st + L.ogl, a.gl + (size_t)hc * K, 4 * K, bar);
 }
 
 // bytes after the pipeline stages: the block's output tile (bf16 [16G][VB+8] when KS = 1;
@@ -560,6 +584,81 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// One chunk's step with warpgroup MMAs (KS = 1): a warpgroup's four warps hold 64 value rows
+// of Sᵀ in the wgmma accumulator layout, which is the mma.sync C-fragment layout of each
+// warp's 16 rows, so the state and the helpers are those of the warp-level step; its bf16
+// A fragments (state_afrag) are the A operand from registers. [P | Oᵀ] = Sᵀ [W; Qg]ᵀ is one
+// chain of K/16 m64n32k16 products, V'ᵀ = Uᵀ − P, then Oᵀ += V'ᵀ Mᵀ (M hi and lo) and
+// Sᵀ ← Sᵀ Diag(gl) + V'ᵀ Kr (one m64nKk16 product); the B operands are read by the tensor
+// cores from the stage (scan_stage_wg), no ldmatrix. The sums run in another order than the
+// warp-level step's (fp32 accumulators either way).
+template <int K, bool OUT, int CKPT>
+__device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage &L, float (*s)[4], uint32_t sst,
+                                             const unsigned char *st, bf16 *sO, bf16 *sStg, int warp, int lane, int VB,
+                                             int h, int gc) {
+    constexpr int NPO = OUT ? 32 : 16;   // P (tokens 0–15), then Oᵀ's state part
+    const int v0 = 16 * warp;            // local value row of the warp
+    uint32_t sa[K / 16][4], unused[4];
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) state_afrag<false>(s[2 * j], s[2 * j + 1], sa[j], unused);
+    float po[NPO / 2];
+    const uint64_t dwq = wb_desc(sst + L.oW, 16, 1024);   // + (j/4)·4096 + (j%4)·32 bytes, in 16-byte units
+    wg_fence();
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) wg_rs<NPO, 0>(po, sa[j], dwq + (uint64_t)((j >> 2) * 256 + (j & 3) * 2), j > 0);
+    wg_commit();
+    if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
+        frag_store_vk_bf16<K>(sa, sStg, a.Sc + ((size_t)h * a.NC + gc) * a.V * K + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
+    {   // Sᵀ Diag(gl) while the products run (they read sa, not s)
+        const float *sgl = (const float *)(st + L.ogl);
+        const int t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < K / 8; nt++) {
+            const float2 g = *reinterpret_cast<const float2 *>(sgl + 8 * nt + 2 * t);
+            s[nt][0] *= g.x; s[nt][1] *= g.y; s[nt][2] *= g.x; s[nt][3] *= g.y;
+        }
+    }
+    // U's tile of the warp's 16 values × 16 tokens by one ldmatrix.trans from the swizzled
+    // slice (value v, token r at block v/64, row r, 16-byte chunk ((v%64)/8) ^ (r%8))
+    uint32_t u[4];
+    {
+        const int r = 8 * (lane >> 4) + (lane & 7), v = v0 + 8 * ((lane >> 3) & 1);
+        ldsm_x4_t(u, (const bf16 *)(st + L.oVal + 2048 * (v >> 6) + 128 * r + 16 * (((v & 63) >> 3) ^ (r & 7))));
+    }
+    wg_wait<0>();
+    float vp[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const uint32_t w = u[2 * nt + (e >> 1)];
+            vp[nt][e] = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16)) - po[4 * nt + e];
+        }
+    uint32_t av[4];
+    tok_afrag(vp, av, 1.f);
+    if (CKPT == SCAN_CSTATES)   // the chunk's V' (bf16) for the backward
+        store_tok_tile(vp, sStg, a.Vp + ((size_t)h * a.NC + gc) * 16 * a.V, a.V, VB * blockIdx.y + v0, lane);
+    float om[8];   // V'ᵀ Mᵀ
+    wg_fence();
+    if (OUT) {
+        wg_rs<16, 0>(om, av, wb_desc_sw32(sst + L.oM, 256), 0);
+        wg_rs<16, 0>(om, av, wb_desc_sw32(sst + L.oM + 512, 256), 1);
+        wg_commit();
+    }
+    wg_rs<K, 0>(&s[0][0], av, wb_desc_sw32(sst + L.oKrT, 256), 1);
+    wg_commit();
+    if (OUT) {
+        wg_wait<1>();
+        float o[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[nt][e] = po[8 + 4 * nt + e] + om[4 * nt + e];
+        store_acc_rows<2>(sO, VB + 8, v0, o, lane);
+    }
+    wg_wait<0>();
+}
+
 // grid (N·H, V/VB), block (VB/16)·KS warps; OUT: write o and S_out; CKPT: what the backward keeps.
 // Warp w owns value rows v0 .. v0+15 (v0 = vb0 + 16·(w / KS)) and, when KS > 1, only the
 // state columns kp0 .. kp0 + K/KS − 1 (kp0 = (w % KS)·K/KS): the KS warps of a value slice
@@ -569,16 +668,20 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 // G = KDA_SEG: a step takes a whole 64-token group, W and U being the merged W~, U~
 // (kda_merge.cu): the group's four V' come from one product with the state, then each chunk's
 // output and state update in turn (the update no longer waits on the next chunk's V').
-template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G>
-__global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) {
+// WG (KS = 1, G = 1, whole warpgroups): the step's products as warpgroup MMAs (scan_step_wg).
+template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG>
+__global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
+    static_assert(!WG || (KS == 1 && G == 1 && !SPLIT), "the warpgroup step holds whole state rows, one chunk a step");
     constexpr int KP = K / KS;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_dyn[];
+    // the warpgroup step's stages are 1024-byte aligned (the swizzle atoms of its copies)
+    unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
     int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
-    ScanStage L = scan_stage(K, VB);
+    ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
     const int NSt = a.stages, SB = G * L.bytes;   // a stage holds G chunks
     bf16 *sO = (bf16 *)(smem_raw + NSt * SB);                      // KS = 1: [16G][VB+8]
     float *sOp = (float *)(smem_raw + NSt * SB);                   // KS > 1: [KS][16G][VB+4]
@@ -613,9 +716,23 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
             if (cs + j < nc)
                 scan_load<K>(a, L, vpc, sbase + buf * SB + j * L.bytes, h, cbase + cs + j, vb0, OUT, !zero_u);
     };
-    for (int st = 0; st < NSt - 1; st++) {
-        if (c0 + st * G < nc) load_step(st, c0 + st * G);
-        cp_async_commit();
+    // WG: a full-barrier per stage, after the block's fixed shared memory; phase flips when
+    // the stage ring wraps
+    const uint32_t bars = sbase + NSt * SB + scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? NW * cstate_stage_bytes<KP>() : 0);
+    int phase = 0;
+    if (WG) {
+        if (tid == 0) {
+            for (int st = 0; st < NSt; st++) mb_init(bars + 8 * st, 1);
+            mb_init_fence();
+            for (int st = 0; st < NSt - 1; st++)
+                if (c0 + st < nc) scan_load_wg<K>(a, L, sbase + st * SB, bars + 8 * st, h, cbase + c0 + st, vb0, VB);
+        }
+        __syncthreads();
+    } else {
+        for (int st = 0; st < NSt - 1; st++) {
+            if (c0 + st * G < nc) load_step(st, c0 + st * G);
+            cp_async_commit();
+        }
     }
     // stages: this step's (rd) and the one refilled in it (wr, the previous step's)
     for (int c = c0, rd = 0, wr = NSt - 1; c < nc; c += G, rd = rd + 1 == NSt ? 0 : rd + 1, wr = wr + 1 == NSt ? 0 : wr + 1) {
@@ -624,14 +741,25 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill (and, KS > 1, with the output partials). A KS = 1 warp writes its own output
         // columns, so no second barrier is needed after the step.
-        cp_async_wait_n(NSt - 2);
-        __syncthreads();
-        if (cn < nc) load_step(wr, cn);
-        cp_async_commit();
+        if (WG) {
+            mb_wait(bars + 8 * rd, phase);
+            if (rd == NSt - 1) phase ^= 1;
+            wg_fence_proxy();   // this thread's reads of the stage refilled next (generic) before the copies (async)
+            __syncthreads();
+            if (tid == 0 && cn < nc) scan_load_wg<K>(a, L, sbase + wr * SB, bars + 8 * wr, h, cbase + cn, vb0, VB);
+        } else {
+            cp_async_wait_n(NSt - 2);
+            __syncthreads();
+            if (cn < nc) load_step(wr, cn);
+            cp_async_commit();
+        }
         unsigned char *st = smem_raw + rd * SB;
         const int nsub = min(G, nc - c);
         if (CKPT == SCAN_CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
+        if constexpr (WG) {
+            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c);
+        } else {
         if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
             frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.NC + cbase + c) * a.V * K + (size_t)v0 * K + kp0, K, lane);
         // V' of the step's chunks (a chunk past the sequence's end computes garbage, unused)
@@ -699,6 +827,7 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
             }
             scan_update<KP>(s, av, sK + kp0 * KDA_LD16, sgl + kp0, lane);
         }
+        }
         if (KS == 1 && OUT && a.o) {   // this warp's 16 value columns of the step's rows: 32 bytes a row
             __syncwarp();
             const int len = min(16 * G, len_n - 16 * c);
@@ -724,7 +853,7 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(ScanArgs a) 
             }
         }
     }
-    cp_async_wait<0>();
+    if (!WG) cp_async_wait<0>();
     if (a.mode == SCAN_LOCAL || a.mode == SCAN_TRANS)
         frag_store_kv<KP>(s, a.seg_out + (nh * a.nseg + sg) * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
     else if (OUT && a.S_out && sg == a.nseg - 1)
@@ -888,6 +1017,9 @@ static int env_int(const char *name, int dflt) {
     return s && *s ? atoi(s) : dflt;
 }
 static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
+// the forward scan's step as warpgroup MMAs where a block's warps are whole warpgroups holding
+// whole state rows (KS = 1, 16-token steps); KDA_SCAN_WG=0: the warp-level step
+int kda_scan_wg(void) { return env_int("KDA_SCAN_WG", 1); }
 
 // Few (sequence, head) pairs of long fixed-length sequences: a scan block per pair with all
 // its value rows (eight warps at V = 128, each with the state's columns whole), and the
@@ -1015,6 +1147,28 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
+// A 2-D bf16 tensor map for the warpgroup scan's copies: rows × inner elements (contiguous),
+// boxes of box_rows × box_inner. The encoder comes from the driver through the runtime.
+static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
+                               uint32_t box_rows, CUtensorMapSwizzle sw) {
+    static PFN_cuTensorMapEncodeTiled_v12000 enc = NULL;
+    if (!enc) {
+        cudaDriverEntryPointQueryResult q;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&enc, 12000,
+                                                         cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !enc) {
+            enc = NULL;
+            return e != cudaSuccess ? e : cudaErrorNotSupported;
+        }
+    }
+    const cuuint64_t dims[2] = {inner, rows}, strides[1] = {inner * 2};
+    const cuuint32_t box[2] = {box_inner, box_rows}, es[2] = {1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // one launch of the scan kernel: its mode and segments (ScanArgs)
 struct ScanPass {
     int mode, nseg, segc;
@@ -1023,9 +1177,9 @@ struct ScanPass {
 };
 
 // nw: value-slice warps per block (each with KS − 1 partners); G chunks per step
-template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G>
+template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG = false>
 static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, const ScanPass &sp) {
-    ScanArgs a;
+    ScanArgs a = {};
     a.mode = sp.mode; a.nseg = sp.nseg; a.segc = sp.segc; a.seg_S0 = sp.seg_S0; a.seg_out = sp.seg_out;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
@@ -1035,10 +1189,20 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     int VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
-    int sb = G * scan_stage(K, VB).bytes;
-    a.stages = kda_scan_stages(blocks, sb, fixed);
-    size_t smem = (size_t)a.stages * sb + fixed;
-    auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G>;
+    int sb = G * (WG ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
+    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 8 * KDA_STAGES_MAX : 0));
+    size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 8 * a.stages : 0);   // WG: alignment, mbarriers
+    if (WG) {
+        const uint64_t rows = (uint64_t)p->H * w.NC * 16;
+        cudaError_t e;
+        if ((e = kda_tma_map(&a.mW, w.W, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
+            (e = kda_tma_map(&a.mQ, w.Qg, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
+            (e = kda_tma_map(&a.mU, w.U, p->V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
+            (e = kda_tma_map(&a.mK, w.KrT, 16, rows * K / 16, 16, K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
+            (e = kda_tma_map(&a.mM, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess)
+            return e;
+    }
+    auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G, WG>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
@@ -1059,6 +1223,13 @@ static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, b
         SCAN_CASE(false, SCAN_CKPT);
         SCAN_CASE(false, SCAN_NOCKPT);
 #undef SCAN_CASE
+    }
+    // the warpgroup step for the passes with output (without, at two blocks per SM, its
+    // state, A fragments and products do not fit the 128 registers), but not with 64-token
+    // checkpoints, from which the segment kernel recomputes the states by the warp-level step
+    if (KS == 1 && !split && out && ck != SCAN_CKPT && nw % 4 == 0 && kda_scan_wg()) {
+        if (ck == SCAN_NOCKPT) return launch_scan_t<K, false, true, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
+        return launch_scan_t<K, false, true, SCAN_CSTATES, KS, 1, KS == 1>(p, w, nw, sp);
     }
 #define SCAN_CASE(S, O, C) if (split == S && out == O && ck == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
     SCAN_CASE(true, true, SCAN_NOCKPT);

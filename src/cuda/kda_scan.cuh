@@ -95,6 +95,31 @@ __device__ __forceinline__ void copy_chunk(const ScanStage &L, uint32_t st, cons
     }
 }
 
+// The warpgroup (wgmma) scan step's stage (one chunk, KS = 1), filled by bulk tensor copies
+// (TMA) in the swizzled layouts the wgmma descriptors read (every region 1024-byte aligned):
+//   [W; Qg]  K-major, 128-byte swizzle (wgmma.cuh): per 64 k a 4096-byte block of 32 rows,
+//            W's 16 tokens then Qg's (oQg = oW + 2048); a k16 step j starts at
+//            (j/4)·4096 + (j%4)·32;
+//   KrT      K rows (channels) × 16 tokens, 32-byte swizzle (8-row atoms of 256 bytes);
+//   M        hi then lo, 16 rows × 16 each, 32-byte swizzle (lo 512 bytes after hi);
+//   value    the slice of U as VB/64 blocks of 16 rows × 64 values, 128-byte swizzle;
+//   gl [K] fp32.
+__host__ __device__ inline ScanStage scan_stage_wg(int K, int VB) {
+    ScanStage s;
+    int off = 0;
+    s.oW = off; s.oQg = off + 2048; off += (K / 64) * 4096;
+    s.oKrT = off; off += ((32 * K + 1023) & ~1023);
+    s.oM = off; off += 1024;
+    s.oVal = off; off += (VB / 64) * 2048;
+    s.ogl = off; off += K * 4;
+    s.bytes = (off + 1023) & ~1023;
+    return s;
+}
+// bytes one chunk's copies bring into a scan_stage_wg stage
+__host__ __device__ inline int scan_stage_wg_tx(int K, int VB) {
+    return (K / 64) * 4096 + 32 * K + 1024 + (VB / 64) * 2048 + 4 * K;
+}
+
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
 template <bool SPLIT>
 __device__ __forceinline__ void state_afrag(const float s0[4], const float s1[4], uint32_t ah[4], uint32_t al[4]) {
@@ -345,15 +370,15 @@ __device__ __forceinline__ void frag_store_vk(const float (*s)[4], float *X, int
 // A warp's 16 × KP tile of the state (rows v0 .. v0 + 15 in fragments s, its KP columns) to the
 // bf16 rows X[r·ld + c], r = 0..15 (X points at row v0 and the warp's first column); stg: the
 // warp's [16][KP + 8] staging tile
+// (sa: the tile already packed as the products' A fragments, state_afrag)
 template <int KP>
-__device__ __forceinline__ void frag_store_vk_bf16(const float (*s)[4], bf16 *stg, bf16 *X, int ld, int lane) {
+__device__ __forceinline__ void frag_store_vk_bf16(const uint32_t (*sa)[4], bf16 *stg, bf16 *X, int ld, int lane) {
     const int r = lane & 7, j = lane >> 3;
 #pragma unroll
     for (int nt = 0; nt < KP / 8; nt += 2) {   // matrices j: rows 8·(j & 1) .., columns 8·(nt + (j >> 1)) ..
         unsigned a = (unsigned)__cvta_generic_to_shared(stg + (r + 8 * (j & 1)) * (KP + 8) + 8 * (nt + (j >> 1)));
         asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(a),
-                     "r"(pack_bf16(s[nt][0], s[nt][1])), "r"(pack_bf16(s[nt][2], s[nt][3])),
-                     "r"(pack_bf16(s[nt + 1][0], s[nt + 1][1])), "r"(pack_bf16(s[nt + 1][2], s[nt + 1][3]))
+                     "r"(sa[nt / 2][0]), "r"(sa[nt / 2][1]), "r"(sa[nt / 2][2]), "r"(sa[nt / 2][3])
                      : "memory");
     }
     __syncwarp();
@@ -364,6 +389,13 @@ __device__ __forceinline__ void frag_store_vk_bf16(const float (*s)[4], bf16 *st
             *reinterpret_cast<const uint4 *>(stg + row * (KP + 8) + 8 * cc);
     }
     __syncwarp();   // the tile is written again later in the step
+}
+template <int KP>
+__device__ __forceinline__ void frag_store_vk_bf16(const float (*s)[4], bf16 *stg, bf16 *X, int ld, int lane) {
+    uint32_t sa[KP / 16][4], unused[4];
+#pragma unroll
+    for (int j = 0; j < KP / 16; j++) state_afrag<false>(s[2 * j], s[2 * j + 1], sa[j], unused);
+    frag_store_vk_bf16<KP>(sa, stg, X, ld, lane);
 }
 // A 16 × 16 tile x (value rows v0 .. v0 + 15 × tokens, C fragments) to the bf16 rows
 // X[token·ld + v0 ..] (a token's values contiguous: V' and dV' as [16][V]) through stg [16][24]

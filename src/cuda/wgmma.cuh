@@ -36,6 +36,12 @@ __device__ __forceinline__ uint64_t wb_desc(uint32_t saddr, int lbo, int sbo) {
            (1ull << 62);
 }
 
+// the same with the 32-byte swizzle (K-major rows of 16 bf16 — one k16 step —, 8-row atoms of
+// 256 bytes; SBO the step between 8-row groups, 256 when they are packed)
+__device__ __forceinline__ uint64_t wb_desc_sw32(uint32_t saddr, int sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(sbo >> 4) << 32) | (3ull << 62);
+}
+
 // ---- cp.async tile copies into those layouts (every thread of the CTA takes part) ----
 __device__ __forceinline__ void wg_cp16(uint32_t s, const void *g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));

@@ -10,6 +10,24 @@
 #include "wgmma.cuh"
 
 template <int TA, int TB>
+__device__ __forceinline__ void wg_ss_n16(float d[8], uint64_t da, uint64_t db, int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+           "%8, %9, p, 1, 1, %11, %12;\n}\n"
+           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+           : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wg_rs_n16(float d[8], const uint32_t a[4], uint64_t db, int acc) {
+    WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+           "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+           "{%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc), "n"(TB));
+}
+
+template <int TA, int TB>
 __device__ __forceinline__ void wg_ss_n32(float d[16], uint64_t da, uint64_t db, int acc) {
     WG_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
@@ -203,7 +221,8 @@ __device__ __forceinline__ void wg_rs_n256(float d[128], const uint32_t a[4], ui
 
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wg_ss(float *d, uint64_t da, uint64_t db, int acc) {
-    if constexpr (N == 32) wg_ss_n32<TA, TB>(d, da, db, acc);
+    if constexpr (N == 16) wg_ss_n16<TA, TB>(d, da, db, acc);
+    else if constexpr (N == 32) wg_ss_n32<TA, TB>(d, da, db, acc);
     else if constexpr (N == 64) wg_ss_n64<TA, TB>(d, da, db, acc);
     else if constexpr (N == 96) wg_ss_n96<TA, TB>(d, da, db, acc);
     else if constexpr (N == 128) wg_ss_n128<TA, TB>(d, da, db, acc);
@@ -214,7 +233,8 @@ __device__ __forceinline__ void wg_ss(float *d, uint64_t da, uint64_t db, int ac
 
 template <int N, int TB>
 __device__ __forceinline__ void wg_rs(float *d, const uint32_t a[4], uint64_t db, int acc) {
-    if constexpr (N == 32) wg_rs_n32<TB>(d, a, db, acc);
+    if constexpr (N == 16) wg_rs_n16<TB>(d, a, db, acc);
+    else if constexpr (N == 32) wg_rs_n32<TB>(d, a, db, acc);
     else if constexpr (N == 64) wg_rs_n64<TB>(d, a, db, acc);
     else if constexpr (N == 96) wg_rs_n96<TB>(d, a, db, acc);
     else if constexpr (N == 128) wg_rs_n128<TB>(d, a, db, acc);

@@ -316,9 +316,12 @@ static void test_saved_and_determinism(const Prob &P) {
 }
 
 // the backward from the scans' per-chunk states (the default) == from 64-token checkpoints
-// (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved
+// (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved —
+// with the forward scan's warp-level step, which the segment kernel's recompute follows (the
+// warpgroup step's sums run in another order)
 static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     std::vector<float> g[2][8];
+    setenv("KDA_SCAN_WG", "0", 1);
     for (int mode = 0; mode < 2; mode++) {   // 0: per-chunk states, 1: checkpoints
         if (mode) setenv("KDA_CSTATES", "0", 1);
         Dev D;
@@ -341,6 +344,7 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
         }
         if (mode) unsetenv("KDA_CSTATES");
     }
+    unsetenv("KDA_SCAN_WG");
     double m = 0;
     for (int i = 0; i < 8; i++) m = worst(m, max_abs(g[0][i].data(), g[1][i].data(), g[0][i].size()));
     char s[200], w[300];
@@ -914,6 +918,9 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_SEGS", "3", 1); setenv("KDA_CARRY_CW", "32", 1);   // the widest carry blocks
         make_prob(P, {200}, 2, 128, 128, 1, 0, 13); test_fwd(P, " [segs=3, carry columns 32]"); test_bwd(P, " [segs=3, carry columns 32]");
         unsetenv("KDA_SCAN_SEGS"); unsetenv("KDA_CARRY_CW");
+        setenv("KDA_SCAN_KS", "1", 1);   // four-warp blocks of whole warpgroups: the warpgroup step
+        make_prob(P, {15, 1, 70}, 2, 64, 128, 0, 1, 16); test_fwd(P, " [scan WG, 4 warps]"); test_bwd(P, " [scan WG, 4 warps]");
+        unsetenv("KDA_SCAN_KS");
         make_prob(P, {15, 1, 70}, 2, 128, 64, 0, 1, 14); test_cstates_vs_checkpoints(P);
         make_prob(P, {37, 37}, 2, 64, 128, 1, 0, 15); test_cstates_vs_checkpoints(P);
     } else {
@@ -990,6 +997,32 @@ int main(int argc, char **argv) {
             make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 94); test_cstates_vs_checkpoints(P, tag);
         }
         unsetenv("KDA_SCAN_KS");
+
+        // the forward scan's step as warpgroup MMAs (the default where a block's warps are whole
+        // warpgroups holding whole state rows) and the warp-level step, in four- and eight-warp
+        // blocks: K, V ∈ {64, 128}, packed batches with empty and 1-token sequences, both gates,
+        // gates at the bound, an initial state, the two-level scan's seeded pass, the backward
+        // (its saving forward writes the per-chunk states from the warpgroup step)
+        const char *wgs[] = {"0", "1"}, *wgw[] = {"4", "8"};
+        for (const char *wg : wgs)
+            for (const char *nw : wgw) {
+                char tag[48];
+                snprintf(tag, sizeof tag, " [scan WG=%s, %s warps]", wg, nw);
+                setenv("KDA_SCAN_WG", wg, 1); setenv("KDA_SCAN_KS", "1", 1); setenv("KDA_SCAN_WARPS", nw, 1);
+                make_prob(P, {500, 500}, 3, 128, 128, 0, 0, 150); test_fwd(P, tag);
+                make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 151); test_fwd(P, tag);
+                make_prob(P, {0, 65, 2048, 0, 3}, 2, 64, 64, 0, 1, 152); test_fwd(P, tag);
+                make_prob(P, {300}, 2, 128, 64, 1, 0, 153); test_fwd(P, tag);
+                make_prob(P, {300}, 2, 64, 128, 0, 0, 154); test_fwd(P, tag);
+                make_prob(P, {500}, 3, 128, 128, 0, 0, 155, 1); test_fwd(P, tag);
+                make_prob(P, {300, 300}, 2, 128, 128, 0, 0, 156); test_bwd(P, tag);
+                make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 64, 128, 1, 1, 157); test_bwd(P, tag);
+                make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 158); test_saved_and_determinism(P);
+                setenv("KDA_SCAN_SEGS", "3", 1);
+                make_prob(P, {1000}, 2, 128, 128, 0, 0, 159); test_fwd(P, tag); test_bwd(P, tag);
+                unsetenv("KDA_SCAN_SEGS");
+            }
+        unsetenv("KDA_SCAN_WG"); unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_WARPS");
 
         // the two-level forward scan forced to 2, 3, 5 segments (automatic: only for long
         // sequences at few heads): local states, K × K transitions, the carry, the seeded pass;
