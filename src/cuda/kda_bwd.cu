@@ -30,12 +30,14 @@
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
 #include "kda_tree.cuh"
+#include "wgmma_ops.cuh"
 #include <stdlib.h>
 #include <string.h>
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
 int kda_scan_warps(const kda_params *p, int ks);
+int kda_scan_wg(void);
 
 #define BWD_THREADS 128
 
@@ -55,8 +57,66 @@ struct RScanArgs {
     int mode, nseg, segc;
     const float *seg_dS;
     float *seg_out;
+    ChunkMaps maps;   // the warpgroup step's bulk tensor copies (value tile: dO)
 };
 enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
+
+// One chunk's backward step with warpgroup MMAs (as scan_step_wg, kda_fwd.cu: a warpgroup's
+// four warps hold 64 value rows of dSᵀ, whose bf16 fragments are the register A operand):
+// dV'ᵀ = dOᵀ M + dSᵀ Krᵀ is one chain of m64n16k16 products (M and KrT read as MN-major B
+// tiles), then dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W as two m64nKk16 products (Qg, W
+// MN-major). Writes the chunk's dS' and dV' (KWs::cstates). len: the chunk's valid token
+// rows (dO's rows past them, another sequence's or past the end, enter as zeros).
+template <int K>
+__device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStage &L, float (*ds)[4], uint32_t sst,
+                                              const unsigned char *st, bf16 *stg, int warp, int lane, int VB, size_t hc,
+                                              int len) {
+    const int v0 = 16 * warp, vabs = VB * blockIdx.y + v0;
+    uint32_t da[K / 16][4], unused[4];
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) state_afrag<false>(ds[2 * j], ds[2 * j + 1], da[j], unused);
+    uint32_t aO[4];   // dOᵀ's A fragment: tokens 2t, 2t + 1 (words 0, 1) and 2t + 8, 2t + 9 (2, 3)
+    ldsm_x4_t(aO, wg_val_tile(st + L.oVal, v0, lane));
+    if (len < 16) {
+        const int t2 = 2 * (lane & 3);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int tk = t2 + 8 * (i >> 1);
+            aO[i] &= (tk < len ? 0xffffu : 0u) | (tk + 1 < len ? 0xffff0000u : 0u);
+        }
+    }
+    float dv[8];
+    wg_fence();
+    wg_rs<16, 1>(dv, aO, wb_desc_sw32(sst + L.oM, 256), 0);
+    wg_rs<16, 1>(dv, aO, wb_desc_sw32(sst + L.oM + 512, 256), 1);
+#pragma unroll
+    for (int j = 0; j < K / 16; j++) wg_rs<16, 1>(dv, da[j], wb_desc_sw32(sst + L.oKrT + 512 * j, 256), 1);
+    wg_commit();
+    frag_store_vk_bf16<K>(da, stg, a.dSc + hc * a.V * K + (size_t)vabs * K, K, lane);   // dS' of the chunk
+    {   // dSᵀ Diag(gl) while the products run (they read da, not ds)
+        const float *sgl = (const float *)(st + L.ogl);
+        const int t = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < K / 8; nt++) {
+            const float2 g = *reinterpret_cast<const float2 *>(sgl + 8 * nt + 2 * t);
+            ds[nt][0] *= g.x; ds[nt][1] *= g.y; ds[nt][2] *= g.x; ds[nt][3] *= g.y;
+        }
+    }
+    wg_wait<0>();
+    float dvp[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dvp[nt][e] = dv[4 * nt + e];
+    store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16)
+    uint32_t am[4];
+    tok_afrag(dvp, am, -1.f);
+    wg_fence();
+    wg_rs<K, 1>(&ds[0][0], aO, wb_desc(sst + L.oQg, 4096, 1024), 1);
+    wg_rs<K, 1>(&ds[0][0], am, wb_desc(sst + L.oW, 4096, 1024), 1);
+    wg_commit();
+    wg_wait<0>();
+}
 
 // chunk gc of head h into the stage at shared address st: W, Qg, KrT, M, gl from the
 // workspace; dO rows [0, len) of the value slice [vb0, vb0+VB) from d_o (token rows t0..),
@@ -79,15 +139,18 @@ __device__ __forceinline__ void rscan_load(const RScanArgs &a, const ScanStage &
 // without waiting on each other, and dS(S) = dS_{−1} − Σ_c W~_cᵀ dV'_c closes the step.
 // CST: the per-chunk dS' and dV' (KWs::cstates) instead of 64-token checkpoints (a template
 // argument: the two kinds of store in one kernel spilled registers)
-template <int K, bool SPLIT, int G, bool CST>
+// WG: the warpgroup step (rscan_step_wg, with CST, whole warpgroups, stages filled by TMA)
+template <int K, bool SPLIT, int G, bool CST, bool WG = false>
 __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    static_assert(!WG || (CST && G == 1 && !SPLIT), "the warpgroup step keeps the per-chunk states");
+    extern __shared__ __align__(16) unsigned char smem_dyn[];
+    unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
-    ScanStage L = scan_stage(K, VB);
+    ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
     const int SB = G * L.bytes;   // a stage holds G chunks
     int nc_n = a.sq.nchunks(n), cbase = a.sq.chunk0(n), len_n = a.sq.seq_len(n);
     long long bos = a.sq.seq_bos(n);
@@ -115,9 +178,26 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         }
     };
     const int NSt = a.stages;
-    for (int st = 0; st < NSt - 1; st++) {
-        if (st < nsteps) load_step(st, nsteps - 1 - st);
-        cp_async_commit();
+    // WG: a full-barrier per stage after the staging tiles; its phase flips as the ring wraps
+    const uint32_t bars = sbase + NSt * SB + NW * cstate_stage_bytes<K>();
+    auto load_wg = [&](int buf, int i) {   // step i = chunk c0 + i
+        const int hc = h * a.NC + cbase + c0 + i;
+        chunk_load_wg<K, true>(a.maps, a.gl, L, sbase + buf * SB, bars + 8 * buf, hc, VB, vb0, h, (int)(bos + 16 * (c0 + i)));
+    };
+    int phase = 0;
+    if (WG) {
+        if (tid == 0) {
+            for (int st = 0; st < NSt; st++) mb_init(bars + 8 * st, 1);
+            mb_init_fence();
+            for (int st = 0; st < NSt - 1; st++)
+                if (st < nsteps) load_wg(st, nsteps - 1 - st);
+        }
+        __syncthreads();
+    } else {
+        for (int st = 0; st < NSt - 1; st++) {
+            if (st < nsteps) load_step(st, nsteps - 1 - st);
+            cp_async_commit();
+        }
     }
     // stages: this step's (rd) and the one refilled in it (wr, the previous step's)
     for (int it = 0, rd = 0, wr = NSt - 1; it < nsteps; it++, rd = rd + 1 == NSt ? 0 : rd + 1, wr = wr + 1 == NSt ? 0 : wr + 1) {
@@ -125,15 +205,26 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         // one block barrier per step: past it, this step's stage has landed for every thread
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill
-        cp_async_wait_n(NSt - 2);
-        __syncthreads();
-        if (itn < nsteps) load_step(wr, nsteps - 1 - itn);
-        cp_async_commit();
+        if (WG) {
+            mb_wait(bars + 8 * rd, phase);
+            if (rd == NSt - 1) phase ^= 1;
+            wg_fence_proxy();   // this thread's reads of the stage refilled next (generic) before the copies (async)
+            __syncthreads();
+            if (tid == 0 && itn < nsteps) load_wg(wr, nsteps - 1 - itn);
+        } else {
+            cp_async_wait_n(NSt - 2);
+            __syncthreads();
+            if (itn < nsteps) load_step(wr, nsteps - 1 - itn);
+            cp_async_commit();
+        }
         unsigned char *st = smem_raw + rd * SB;
         const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
         if (!CST && a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + clast / KDA_SEG) * a.V * K, v0, lane);
-        if (G == 1) {
+        if (WG) {
+            rscan_step_wg<K>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
+                             warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs));
+        } else if (G == 1) {
             const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
             const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
             const float *sgl = (const float *)(st + L.ogl);
@@ -164,7 +255,7 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
             }
         }
     }
-    cp_async_wait<0>();
+    if (!WG) cp_async_wait<0>();
     if (a.mode == RS_LOCAL) frag_store_kv<K>(ds, a.seg_out + (nh * a.nseg + sg) * K * a.V, a.V, v0, lane);
     else if (a.dS0 && sg == 0) frag_store_kv<K>(ds, a.dS0 + nh * K * a.V, a.V, v0, lane);
 }
@@ -173,6 +264,10 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) { rscan_bod
 // held to 128 registers (two blocks per SM, as the checkpointing kernel has at 127)
 template <int K>
 __global__ void __launch_bounds__(256, 2) kda_rscan_cst_kernel(RScanArgs a) { rscan_body<K, false, 1, true>(a); }
+template <int K>
+__global__ void __launch_bounds__(256, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
+    rscan_body<K, false, 1, true, true>(a);
+}
 
 // ---------------------------------------------------------------------------------------
 // 2. per 64-token segment: the value-contracting products
@@ -1000,7 +1095,7 @@ __global__ void kda_param_reduce_kernel(const float *pA, const float *pdb, KSeq 
 
 template <int K, bool SPLIT>
 static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode) {
-    RScanArgs a;
+    RScanArgs a = {};
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     // the 64-token steps (over W~) are built without the experimental state split
@@ -1013,11 +1108,19 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
-    int sb = (grouped ? KDA_SEG : 1) * scan_stage(K, VB).bytes;
+    // the warpgroup step: per-chunk states, whole warpgroups, an output gradient, and at most
+    // a block per SM (its state, fragments and products take more than 128 registers)
+    const bool wg = a.dSc && !grouped && nw % 4 == 0 && p->d_o && blocks <= kda_num_sms() && kda_scan_wg();
+    int sb = (grouped ? KDA_SEG : 1) * (wg ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
     const int fixed = a.dSc ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
-    a.stages = kda_scan_stages(blocks, sb, fixed);
-    size_t smem = (size_t)a.stages * sb + fixed;
+    a.stages = kda_scan_stages(blocks, sb, fixed + (wg ? 1024 + 8 * KDA_STAGES_MAX : 0));
+    size_t smem = (size_t)a.stages * sb + fixed + (wg ? 1024 + 8 * a.stages : 0);   // wg: alignment, mbarriers
+    if (wg) {
+        cudaError_t e = kda_chunk_maps(&a.maps, p, w, true);
+        if (e != cudaSuccess) return e;
+    }
     auto kern = grouped ? kda_rscan_kernel<K, false, KDA_SEG>
+                : wg    ? kda_rscan_wg_kernel<K>
                 : a.dSc ? kda_rscan_cst_kernel<K>   // (never with SPLIT: kda_chunk_states)
                         : kda_rscan_kernel<K, SPLIT, 1>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -525,9 +525,7 @@ struct ScanArgs {
     int mode, nseg, segc;
     const float *seg_S0;
     float *seg_out;
-    // the warpgroup step's bulk tensor copies (scan_stage_wg): W, Qg, U as [rows][K or V]
-    // with 16 rows a chunk, KrT as [rows][16] with K rows a chunk, M as [rows][16] with 32
-    CUtensorMap mW, mQ, mU, mK, mM;
+    ChunkMaps maps;   // the warpgroup step's bulk tensor copies (value tile: U)
 };
 enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
 // what a scan pass keeps for the backward (a template argument: each kernel has one kind of
@@ -545,24 +543,6 @@ __device__ __forceinline__ void scan_load(const ScanArgs &a, const ScanStage &L,
     copy_chunk<K>(L, st, a.W + hc * 16 * K, needQg ? a.Qg + hc * 16 * K : NULL, a.KrT + hc * 16 * K, a.M + hc * 512,
                   a.gl + hc * K, vp, gv, 16);
 }
-// the same chunk by bulk tensor copies into a scan_stage_wg stage (one thread issues them),
-// counted in bytes on the stage's mbarrier
-template <int K>
-__device__ __forceinline__ void scan_load_wg(const ScanArgs &a, const ScanStage &L, uint32_t st, uint32_t bar, int h,
-                                             int gc, int vb0, int VB) {
-    const int hc = h * a.NC + gc;
-    mb_expect_tx(bar, scan_stage_wg_tx(K, VB));
-#pragma unroll
-    for (int kb = 0; kb < K / 64; kb++) {
-        tma_2d(st + L.oW + 4096 * kb, &a.mW, 64 * kb, 16 * hc, bar);
-        tma_2d(st + L.oQg + 4096 * kb, &a.mQ, 64 * kb, 16 * hc, bar);
-    }
-    tma_2d(st + L.oKrT, &a.mK, 0, K * hc, bar);
-    tma_2d(st + L.oM, &a.mM, 0, 32 * hc, bar);
-    for (int vb = 0; vb < VB / 64; vb++) tma_2d(st + L.oVal + 2048 * vb, &a.mU, vb0 + 64 * vb, 16 * hc, bar);
-    bulk_g2s(st + L.ogl, a.gl + (size_t)hc * K, 4 * K, bar);
-}
-
 // bytes after the pipeline stages: the block's output tile (bf16 [16G][VB+8] when KS = 1;
 // KS fp32 partials [16G][VB+4] otherwise) and the V' partials exchanged between the KS warps
 // of a value slice (NWV·KS·32 lanes × 8G fp32); G chunks per step
@@ -621,10 +601,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
     // U's tile of the warp's 16 values × 16 tokens by one ldmatrix.trans from the swizzled
     // slice (value v, token r at block v/64, row r, 16-byte chunk ((v%64)/8) ^ (r%8))
     uint32_t u[4];
-    {
-        const int r = 8 * (lane >> 4) + (lane & 7), v = v0 + 8 * ((lane >> 3) & 1);
-        ldsm_x4_t(u, (const bf16 *)(st + L.oVal + 2048 * (v >> 6) + 128 * r + 16 * (((v & 63) >> 3) ^ (r & 7))));
-    }
+    ldsm_x4_t(u, wg_val_tile(st + L.oVal, v0, lane));
     wg_wait<0>();
     float vp[2][4];
 #pragma unroll
@@ -725,7 +702,9 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
             for (int st = 0; st < NSt; st++) mb_init(bars + 8 * st, 1);
             mb_init_fence();
             for (int st = 0; st < NSt - 1; st++)
-                if (c0 + st < nc) scan_load_wg<K>(a, L, sbase + st * SB, bars + 8 * st, h, cbase + c0 + st, vb0, VB);
+                if (c0 + st < nc)
+                    chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + st * SB, bars + 8 * st, h * a.NC + cbase + c0 + st, VB,
+                                            vb0, 16 * (h * a.NC + cbase + c0 + st), 0);
         }
         __syncthreads();
     } else {
@@ -746,7 +725,9 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
             if (rd == NSt - 1) phase ^= 1;
             wg_fence_proxy();   // this thread's reads of the stage refilled next (generic) before the copies (async)
             __syncthreads();
-            if (tid == 0 && cn < nc) scan_load_wg<K>(a, L, sbase + wr * SB, bars + 8 * wr, h, cbase + cn, vb0, VB);
+            if (tid == 0 && cn < nc)
+                chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + wr * SB, bars + 8 * wr, h * a.NC + cbase + cn, VB, vb0,
+                                        16 * (h * a.NC + cbase + cn), 0);
         } else {
             cp_async_wait_n(NSt - 2);
             __syncthreads();
@@ -1147,10 +1128,11 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
-// A 2-D bf16 tensor map for the warpgroup scan's copies: rows × inner elements (contiguous),
-// boxes of box_rows × box_inner. The encoder comes from the driver through the runtime.
-static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
-                               uint32_t box_rows, CUtensorMapSwizzle sw) {
+// A bf16 tensor map for the warpgroup scans' copies: dims[0] innermost (contiguous),
+// strides[i] the byte step of dimension i + 1, boxes of box[·]. The encoder comes from the
+// driver through the runtime (no -lcuda).
+static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
+                               const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle sw) {
     static PFN_cuTensorMapEncodeTiled_v12000 enc = NULL;
     if (!enc) {
         cudaDriverEntryPointQueryResult q;
@@ -1161,12 +1143,33 @@ static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, uint64_t inner,
             return e != cudaSuccess ? e : cudaErrorNotSupported;
         }
     }
-    const cuuint64_t dims[2] = {inner, rows}, strides[1] = {inner * 2};
-    const cuuint32_t box[2] = {box_inner, box_rows}, es[2] = {1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    const cuuint32_t es[3] = {1, 1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void *>(base), dims, strides, box,
+                     es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+static cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
+                                uint32_t box_rows, CUtensorMapSwizzle sw) {
+    const cuuint64_t dims[2] = {inner, rows}, strides[1] = {inner * 2};
+    const cuuint32_t box[2] = {box_inner, box_rows};
+    return kda_tma_map(m, base, 2, dims, strides, box, sw);
+}
+
+cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO) {
+    const uint64_t K = p->K, V = p->V, rows = (uint64_t)p->H * w.NC * 16;
+    cudaError_t e;
+    if ((e = kda_tma_map2(&m->W, w.W, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
+        (e = kda_tma_map2(&m->Qg, w.Qg, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
+        (e = kda_tma_map2(&m->KrT, w.KrT, 16, rows * K / 16, 16, (uint32_t)K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
+        (e = kda_tma_map2(&m->M, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess)
+        return e;
+    if (!dO) return kda_tma_map2(&m->val, w.U, V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B);
+    // dO [tokens][H][V]: rows past the last token read as zeros
+    const uint64_t tokens = p->cu_seqlens ? (uint64_t)p->T : (uint64_t)p->N * p->T;
+    const cuuint64_t dims[3] = {V, (cuuint64_t)p->H, tokens}, strides[2] = {V * 2, (cuuint64_t)p->H * V * 2};
+    const cuuint32_t box[3] = {64, 1, 16};
+    return kda_tma_map(&m->val, p->d_o, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // one launch of the scan kernel: its mode and segments (ScanArgs)
@@ -1193,14 +1196,8 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 8 * KDA_STAGES_MAX : 0));
     size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 8 * a.stages : 0);   // WG: alignment, mbarriers
     if (WG) {
-        const uint64_t rows = (uint64_t)p->H * w.NC * 16;
-        cudaError_t e;
-        if ((e = kda_tma_map(&a.mW, w.W, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
-            (e = kda_tma_map(&a.mQ, w.Qg, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
-            (e = kda_tma_map(&a.mU, w.U, p->V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
-            (e = kda_tma_map(&a.mK, w.KrT, 16, rows * K / 16, 16, K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
-            (e = kda_tma_map(&a.mM, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess)
-            return e;
+        cudaError_t e = kda_chunk_maps(&a.maps, p, w, false);
+        if (e != cudaSuccess) return e;
     }
     auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G, WG>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

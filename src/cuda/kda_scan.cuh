@@ -23,6 +23,8 @@
 #ifndef LM_CUDA_KDA_SCAN_CUH
 #define LM_CUDA_KDA_SCAN_CUH
 #include "kda_common.cuh"
+#include "mbarrier.cuh"
+#include "tma.cuh"
 
 #define KDA_LDK(K) ((K) + 8)   // row stride (elements) of [16][K] bf16 tiles
 #define KDA_LD16 24            // row stride of [·][16] bf16 tiles
@@ -118,6 +120,40 @@ __host__ __device__ inline ScanStage scan_stage_wg(int K, int VB) {
 // bytes one chunk's copies bring into a scan_stage_wg stage
 __host__ __device__ inline int scan_stage_wg_tx(int K, int VB) {
     return (K / 64) * 4096 + 32 * K + 1024 + (VB / 64) * 2048 + 4 * K;
+}
+// The tensor maps of those copies (kda_chunk_maps): W, Qg as [H·NC·16][K], KrT as
+// [H·NC·K][16], M as [H·NC·32][16] (hi rows, then lo), and the value tile's source: U as
+// [H·NC·16][V] (the forward), or dO as [tokens][H][V] (the state-gradient scan)
+struct ChunkMaps {
+    CUtensorMap W, Qg, KrT, M, val;
+};
+cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO);
+// chunk hc (= h·NC + gc) into the stage at st, counted on the mbarrier bar; the value tile's
+// VB/64 boxes at (vc0 + 64·b, vc1) of U, or (vc0 + 64·b, h = vc1, token vc2) of dO (DO). One
+// thread issues it all.
+template <int K, bool DO>
+__device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const float *gl, const ScanStage &L, uint32_t st,
+                                              uint32_t bar, int hc, int VB, int vc0, int vc1, int vc2) {
+    mb_expect_tx(bar, scan_stage_wg_tx(K, VB));
+#pragma unroll
+    for (int kb = 0; kb < K / 64; kb++) {
+        tma_2d(st + L.oW + 4096 * kb, &m.W, 64 * kb, 16 * hc, bar);
+        tma_2d(st + L.oQg + 4096 * kb, &m.Qg, 64 * kb, 16 * hc, bar);
+    }
+    tma_2d(st + L.oKrT, &m.KrT, 0, K * hc, bar);
+    tma_2d(st + L.oM, &m.M, 0, 32 * hc, bar);
+    for (int b = 0; b < VB / 64; b++) {
+        if (DO) tma_3d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, vc2, bar);
+        else tma_2d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, bar);
+    }
+    bulk_g2s(st + L.ogl, gl + (size_t)hc * K, 4 * K, bar);
+}
+// the ldmatrix.trans address of lane `lane` for the [16 tokens][16 values] tile at local
+// value v0 of a scan_stage_wg value slice (value v, token r: block v/64, row r, 16-byte chunk
+// ((v%64)/8) ^ (r%8)) — the same tile lda_trans_sm / vprime_from read from a padded slice
+__device__ __forceinline__ const bf16 *wg_val_tile(const unsigned char *sval, int v0, int lane) {
+    const int r = 8 * (lane >> 4) + (lane & 7), v = v0 + 8 * ((lane >> 3) & 1);
+    return (const bf16 *)(sval + 2048 * (v >> 6) + 128 * r + 16 * (((v & 63) >> 3) ^ (r & 7)));
 }
 
 // A fragments (hi and lo) of state columns 16j..16j+15 from the C fragments s[2j], s[2j+1]
