@@ -147,7 +147,8 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
+    // WG: one more warp, the last, fills the stages
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 1 : 0);
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
     ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
@@ -159,6 +160,31 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     // number of 64-token segments)
     const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = (a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n) - c0;
     const int nsteps = (nc + G - 1) / G;
+    const int NSt = a.stages;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    // WG: per stage a full barrier (the copies' bytes) and an empty one (a consumer warp's
+    // arrival each), after the staging tiles
+    const uint32_t bars = sbase + NSt * SB + NW * cstate_stage_bytes<K>();
+    if (WG) {
+        if (tid == 0) {
+            for (int st = 0; st < NSt; st++) {
+                mb_init(bars + 16 * st, 1);
+                mb_init(bars + 16 * st + 8, NW);
+            }
+            mb_init_fence();
+        }
+        __syncthreads();
+        if (warp == NW) {   // the producer: step it (chunk c0 + nsteps − 1 − it) into stage it % NSt
+            if (lane == 0)
+                for (int it = 0, st = 0, use = 0; it < nsteps; it++) {
+                    if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
+                    const int c = c0 + nsteps - 1 - it, hc = h * a.NC + cbase + c;
+                    chunk_load_wg<K, true>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, h, (int)(bos + 16 * c));
+                    if (++st == NSt) st = 0, use++;
+                }
+            return;
+        }
+    }
 
     float ds[K / 8][4];
     const float *dS_end = a.mode == RS_SEEDED ? a.seg_dS + (nh * a.nseg + sg) * K * a.V
@@ -167,7 +193,6 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
 
     // step i (from the end) into stage buf: chunks [i·G, i·G + G) of the block, in slots j
     const ValuePiece vpc = value_piece(L, VB);
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
     auto load_step = [&](int buf, int i) {
 #pragma unroll
         for (int j = 0; j < G; j++) {
@@ -177,23 +202,8 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
                               min(16, len_n - 16 * (c0 + c)), vb0);
         }
     };
-    const int NSt = a.stages;
-    // WG: a full-barrier per stage after the staging tiles; its phase flips as the ring wraps
-    const uint32_t bars = sbase + NSt * SB + NW * cstate_stage_bytes<K>();
-    auto load_wg = [&](int buf, int i) {   // step i = chunk c0 + i
-        const int hc = h * a.NC + cbase + c0 + i;
-        chunk_load_wg<K, true>(a.maps, a.gl, L, sbase + buf * SB, bars + 8 * buf, hc, VB, vb0, h, (int)(bos + 16 * (c0 + i)));
-    };
-    int phase = 0;
-    if (WG) {
-        if (tid == 0) {
-            for (int st = 0; st < NSt; st++) mb_init(bars + 8 * st, 1);
-            mb_init_fence();
-            for (int st = 0; st < NSt - 1; st++)
-                if (st < nsteps) load_wg(st, nsteps - 1 - st);
-        }
-        __syncthreads();
-    } else {
+    int phase = 0;   // WG: of this step's full barrier; flips as the stage ring wraps
+    if (!WG) {
         for (int st = 0; st < NSt - 1; st++) {
             if (st < nsteps) load_step(st, nsteps - 1 - st);
             cp_async_commit();
@@ -205,12 +215,9 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         // one block barrier per step: past it, this step's stage has landed for every thread
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill
-        if (WG) {
-            mb_wait(bars + 8 * rd, phase);
+        if (WG) {   // no block barrier: the stage's copies have landed; the producer waits for its release
+            mb_wait(bars + 16 * rd, phase);
             if (rd == NSt - 1) phase ^= 1;
-            wg_fence_proxy();   // this thread's reads of the stage refilled next (generic) before the copies (async)
-            __syncthreads();
-            if (tid == 0 && itn < nsteps) load_wg(wr, nsteps - 1 - itn);
         } else {
             cp_async_wait_n(NSt - 2);
             __syncthreads();
@@ -224,6 +231,9 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         if (WG) {
             rscan_step_wg<K>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
                              warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs));
+            wg_fence_proxy();   // this warp's reads of the stage (generic) before the refill (async)
+            __syncwarp();
+            if (lane == 0) mb_arrive(bars + 16 * rd + 8);
         } else if (G == 1) {
             const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
             const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);
@@ -265,7 +275,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) { rscan_bod
 template <int K>
 __global__ void __launch_bounds__(256, 2) kda_rscan_cst_kernel(RScanArgs a) { rscan_body<K, false, 1, true>(a); }
 template <int K>
-__global__ void __launch_bounds__(256, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
+__global__ void __launch_bounds__(288, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
     rscan_body<K, false, 1, true, true>(a);
 }
 
@@ -1108,13 +1118,15 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
-    // the warpgroup step: per-chunk states, whole warpgroups, an output gradient, and at most
-    // a block per SM (its state, fragments and products take more than 128 registers)
-    const bool wg = a.dSc && !grouped && nw % 4 == 0 && p->d_o && blocks <= kda_num_sms() && kda_scan_wg();
+    // the warpgroup step: per-chunk states, whole warpgroups, an output gradient (a block per
+    // SM: its state, fragments and products take more than 128 registers, but in two waves it
+    // was still faster than two blocks of the warp-level step at once: B8·T2048·H32 0.525 →
+    // 0.508 ms, B4·T4096·H64 1.015 → 0.989; H200, session 28)
+    const bool wg = a.dSc && !grouped && nw % 4 == 0 && p->d_o && kda_scan_wg();
     int sb = (grouped ? KDA_SEG : 1) * (wg ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
     const int fixed = a.dSc ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
-    a.stages = kda_scan_stages(blocks, sb, fixed + (wg ? 1024 + 8 * KDA_STAGES_MAX : 0));
-    size_t smem = (size_t)a.stages * sb + fixed + (wg ? 1024 + 8 * a.stages : 0);   // wg: alignment, mbarriers
+    a.stages = kda_scan_stages(blocks, sb, fixed + (wg ? 1024 + 16 * KDA_STAGES_MAX : 0));
+    size_t smem = (size_t)a.stages * sb + fixed + (wg ? 1024 + 16 * a.stages : 0);   // wg: alignment, mbarriers
     if (wg) {
         cudaError_t e = kda_chunk_maps(&a.maps, p, w, true);
         if (e != cudaSuccess) return e;
@@ -1126,7 +1138,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)(p->N * p->H * a.nseg), p->V / VB);
-    kern<<<grid, 32 * nw, smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw + (wg ? 32 : 0), smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 

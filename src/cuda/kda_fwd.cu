@@ -647,7 +647,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 // output and state update in turn (the update no longer waits on the next chunk's V').
 // WG (KS = 1, G = 1, whole warpgroups): the step's products as warpgroup MMAs (scan_step_wg).
 template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG>
-__global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
+__global__ void __launch_bounds__(WG ? 288 : 256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
     static_assert(!WG || (KS == 1 && G == 1 && !SPLIT), "the warpgroup step holds whole state rows, one chunk a step");
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -655,11 +655,13 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
     unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = blockDim.x >> 5;
+    // WG: one more warp, the last, fills the stages (scan_wg_producer)
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 1 : 0);
     int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
     int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
     ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
     const int NSt = a.stages, SB = G * L.bytes;   // a stage holds G chunks
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
     bf16 *sO = (bf16 *)(smem_raw + NSt * SB);                      // KS = 1: [16G][VB+8]
     float *sOp = (float *)(smem_raw + NSt * SB);                   // KS > 1: [KS][16G][VB+4]
     float *sRed = sOp + KS * 16 * G * (VB + 4);                    // KS > 1: [NW][32][8G]
@@ -670,6 +672,29 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
     // this block's chunks [c0, nc)
     const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n;
     const bool zero_u = a.mode == SCAN_TRANS;
+    // WG: per stage a full barrier (the copies' bytes) and an empty one (a consumer warp's
+    // arrival each), after the block's fixed shared memory
+    const uint32_t bars = sbase + NSt * SB + scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? NW * cstate_stage_bytes<KP>() : 0);
+    if (WG) {
+        if (tid == 0) {
+            for (int st = 0; st < NSt; st++) {
+                mb_init(bars + 16 * st, 1);
+                mb_init(bars + 16 * st + 8, NW);
+            }
+            mb_init_fence();
+        }
+        __syncthreads();
+        if (warp == NW) {   // the producer: chunk c0 + i into stage i % NSt once its last use is done
+            if (lane == 0)
+                for (int i = 0, st = 0, use = 0; c0 + i < nc; i++) {
+                    if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
+                    const int hc = h * a.NC + cbase + c0 + i;
+                    chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0);
+                    if (++st == NSt) st = 0, use++;
+                }
+            return;
+        }
+    }
 
     float s[KP / 8][4];
     if (a.mode == SCAN_TRANS) {   // S = I (the value index runs over K here)
@@ -686,28 +711,14 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
 
     // the step from chunk cs: its (up to) G chunks into stage buf
     const ValuePiece vpc = value_piece(L, VB);
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
     auto load_step = [&](int buf, int cs) {
 #pragma unroll
         for (int j = 0; j < G; j++)
             if (cs + j < nc)
                 scan_load<K>(a, L, vpc, sbase + buf * SB + j * L.bytes, h, cbase + cs + j, vb0, OUT, !zero_u);
     };
-    // WG: a full-barrier per stage, after the block's fixed shared memory; phase flips when
-    // the stage ring wraps
-    const uint32_t bars = sbase + NSt * SB + scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? NW * cstate_stage_bytes<KP>() : 0);
-    int phase = 0;
-    if (WG) {
-        if (tid == 0) {
-            for (int st = 0; st < NSt; st++) mb_init(bars + 8 * st, 1);
-            mb_init_fence();
-            for (int st = 0; st < NSt - 1; st++)
-                if (c0 + st < nc)
-                    chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + st * SB, bars + 8 * st, h * a.NC + cbase + c0 + st, VB,
-                                            vb0, 16 * (h * a.NC + cbase + c0 + st), 0);
-        }
-        __syncthreads();
-    } else {
+    int phase = 0;   // WG: of this step's full barrier; flips as the stage ring wraps
+    if (!WG) {
         for (int st = 0; st < NSt - 1; st++) {
             if (c0 + st * G < nc) load_step(st, c0 + st * G);
             cp_async_commit();
@@ -720,14 +731,9 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
         // and every warp is done with the previous step's stage, which the copies issued next
         // refill (and, KS > 1, with the output partials). A KS = 1 warp writes its own output
         // columns, so no second barrier is needed after the step.
-        if (WG) {
-            mb_wait(bars + 8 * rd, phase);
+        if (WG) {   // no block barrier: the stage's copies have landed; the producer waits for its release
+            mb_wait(bars + 16 * rd, phase);
             if (rd == NSt - 1) phase ^= 1;
-            wg_fence_proxy();   // this thread's reads of the stage refilled next (generic) before the copies (async)
-            __syncthreads();
-            if (tid == 0 && cn < nc)
-                chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + wr * SB, bars + 8 * wr, h * a.NC + cbase + cn, VB, vb0,
-                                        16 * (h * a.NC + cbase + cn), 0);
         } else {
             cp_async_wait_n(NSt - 2);
             __syncthreads();
@@ -740,6 +746,9 @@ __global__ void __launch_bounds__(256, OUT ? 1 : 2) kda_scan_kernel(const __grid
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
         if constexpr (WG) {
             scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c);
+            wg_fence_proxy();   // this warp's reads of the stage (generic) before the refill (async)
+            __syncwarp();
+            if (lane == 0) mb_arrive(bars + 16 * rd + 8);
         } else {
         if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
             frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.NC + cbase + c) * a.V * K + (size_t)v0 * K + kp0, K, lane);
@@ -1193,8 +1202,8 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
     int sb = G * (WG ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
-    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 8 * KDA_STAGES_MAX : 0));
-    size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 8 * a.stages : 0);   // WG: alignment, mbarriers
+    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 16 * KDA_STAGES_MAX : 0));
+    size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 16 * a.stages : 0);   // WG: alignment, mbarriers
     if (WG) {
         cudaError_t e = kda_chunk_maps(&a.maps, p, w, false);
         if (e != cudaSuccess) return e;
@@ -1204,7 +1213,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
     dim3 grid((unsigned)(p->N * p->H * sp.nseg), p->V / VB);
-    kern<<<grid, 32 * nw * KS, smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw * KS + (WG ? 32 : 0), smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
