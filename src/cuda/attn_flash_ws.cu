@@ -121,27 +121,6 @@ __device__ __forceinline__ void fs_bar_arrive(int id) {
     if (id == 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
     else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 }
-// a warpgroup's register budget: the producer gives its registers to the consumers (a CTA of
-// 384 threads starts at 168 each, too few for S, O and two packed P of a 128-key tile)
-template <int N> __device__ __forceinline__ void fs_setmaxnreg_dec() {
-    WG_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N> __device__ __forceinline__ void fs_setmaxnreg_inc() {
-    WG_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-// The CTA's roles: warps 8–11 give their registers to the consumer warps 0–7 and one thread
-// of them (256) runs produce(); true in the consumer warps
-template <class F> __device__ __forceinline__ bool fs_consumer(F produce) {
-    if ((threadIdx.x >> 5) >= 8) {
-        fs_setmaxnreg_dec<24>();
-        if (threadIdx.x == 256) produce();
-        return false;
-    }
-    fs_setmaxnreg_inc<240>();
-    return true;
-}
-
 // The consumer warpgroups' turns to issue products: warpgroup g waits at barrier 1 + g, issues,
 // then lets the other go (1 + (g ^ 1)). The second warpgroup opens the first turn and skips its
 // last hand-over, so each barrier sees exactly as many arrivals as waits (n turns each).
@@ -169,7 +148,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     const int q0 = qb * FS_BM, Tk = P + T;
     const int nkb = min((P + q0 + FS_BM - 1) / BN + 1, (Tk + BN - 1) / BN);
     const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
-    if (!fs_consumer([&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
+    if (!wg_consumer(8, [&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
     const int wg = warp >> 2, w = warp & 3;
     const bool leader = (tid & 127) == 0;
     const int r0 = q0 + 64 * wg + 16 * w;   // the warp's first row
@@ -245,7 +224,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
     const int q0 = qb * FS_BM;
     const int nkb = min((q0 + FS_BM - 1) / BN + 1, (T + BN - 1) / BN);
     const int tid = threadIdx.x, warp = tid >> 5, l = tid & 31;
-    if (!fs_consumer([&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
+    if (!wg_consumer(8, [&] { ring.template produce<DQK, DV, BN>(maps, h, b, q0, nkb); })) return;
     const int wg = warp >> 2, w = warp & 3;
     const bool leader = (tid & 127) == 0;
     const int r0 = q0 + 64 * wg + 16 * w + (l >> 2);   // this thread's rows r0, r0 + 8
@@ -376,7 +355,7 @@ __global__ static void __launch_bounds__(FS_THREADS, 1)
             for (int j = 0; j < C::VS; j++) tma_3d(sO + j * FS_BQ * 128, &maps.o, h * DV + 64 * j, q0, b, full + 8 * s);
         }
     };
-    if (!fs_consumer(produce)) return;
+    if (!wg_consumer(8, produce)) return;
     const int wg = warp >> 2, w = warp & 3, t128 = tid & 127;
     const bool leader = t128 == 0;
     const int kw = k0 + 64 * wg;   // the warpgroup's first key

@@ -147,8 +147,8 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
-    // WG: one more warp, the last, fills the stages
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 1 : 0);
+    // WG: one more warpgroup, the last, gives its registers to the others and fills the stages
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 4 : 0);
     (void)tid;
     int VB = 16 * NW, vb0 = blockIdx.y * VB, v0 = vb0 + 16 * warp;
     ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
@@ -174,16 +174,16 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
             mb_init_fence();
         }
         __syncthreads();
-        if (warp == NW) {   // the producer: step it (chunk c0 + nsteps − 1 − it) into stage it % NSt
-            if (lane == 0)
+        // the producer: step it (chunk c0 + nsteps − 1 − it) into stage it % NSt
+        if (!wg_consumer(NW, [&] {
                 for (int it = 0, st = 0, use = 0; it < nsteps; it++) {
                     if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
                     const int c = c0 + nsteps - 1 - it, hc = h * a.NC + cbase + c;
                     chunk_load_wg<K, true>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, h, (int)(bos + 16 * c));
                     if (++st == NSt) st = 0, use++;
                 }
+            }))
             return;
-        }
     }
 
     float ds[K / 8][4];
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) { rscan_bod
 template <int K>
 __global__ void __launch_bounds__(256, 2) kda_rscan_cst_kernel(RScanArgs a) { rscan_body<K, false, 1, true>(a); }
 template <int K>
-__global__ void __launch_bounds__(288, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
+__global__ void __launch_bounds__(384, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
     rscan_body<K, false, 1, true, true>(a);
 }
 
@@ -1138,7 +1138,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     dim3 grid((unsigned)(p->N * p->H * a.nseg), p->V / VB);
-    kern<<<grid, 32 * nw + (wg ? 32 : 0), smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw + (wg ? 128 : 0), smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 

@@ -647,7 +647,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 // output and state update in turn (the update no longer waits on the next chunk's V').
 // WG (KS = 1, G = 1, whole warpgroups): the step's products as warpgroup MMAs (scan_step_wg).
 template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG>
-__global__ void __launch_bounds__(WG ? 288 : 256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
+__global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
     static_assert(!WG || (KS == 1 && G == 1 && !SPLIT), "the warpgroup step holds whole state rows, one chunk a step");
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -655,8 +655,8 @@ __global__ void __launch_bounds__(WG ? 288 : 256, OUT ? 1 : 2) kda_scan_kernel(c
     unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
     const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
     int n = nhx / a.H, h = nhx % a.H;
-    // WG: one more warp, the last, fills the stages (scan_wg_producer)
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 1 : 0);
+    // WG: one more warpgroup, the last, gives its registers to the others and fills the stages
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 4 : 0);
     int vs = warp / KS, ks = warp % KS, kp0 = ks * KP;
     int VB = 16 * (NW / KS), vb0 = blockIdx.y * VB, v0 = vb0 + 16 * vs;
     ScanStage L = WG ? scan_stage_wg(K, VB) : scan_stage(K, VB);
@@ -684,16 +684,16 @@ __global__ void __launch_bounds__(WG ? 288 : 256, OUT ? 1 : 2) kda_scan_kernel(c
             mb_init_fence();
         }
         __syncthreads();
-        if (warp == NW) {   // the producer: chunk c0 + i into stage i % NSt once its last use is done
-            if (lane == 0)
+        // the producer: chunk c0 + i into stage i % NSt once its last use is done
+        if (!wg_consumer(NW, [&] {
                 for (int i = 0, st = 0, use = 0; c0 + i < nc; i++) {
                     if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
                     const int hc = h * a.NC + cbase + c0 + i;
                     chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0);
                     if (++st == NSt) st = 0, use++;
                 }
+            }))
             return;
-        }
     }
 
     float s[KP / 8][4];
@@ -1213,7 +1213,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
     dim3 grid((unsigned)(p->N * p->H * sp.nseg), p->V / VB);
-    kern<<<grid, 32 * nw * KS + (WG ? 32 : 0), smem, p->stream>>>(a);
+    kern<<<grid, 32 * nw * KS + (WG ? 128 : 0), smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 

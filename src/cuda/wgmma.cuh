@@ -36,6 +36,26 @@ __device__ __forceinline__ uint64_t wb_desc(uint32_t saddr, int lbo, int sbo) {
            (1ull << 62);
 }
 
+// a warpgroup's register budget (setmaxnreg): a producer warpgroup gives its registers to the
+// consumers (a CTA of 384 threads starts at 168 each)
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() {
+    WG_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() {
+    WG_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// The CTA's roles: the warpgroup from warp nc on (the last) gives its registers to the consumer
+// warps 0 .. nc − 1 and its first thread runs produce(); true in the consumer warps
+template <class F> __device__ __forceinline__ bool wg_consumer(int nc, F produce) {
+    if ((int)(threadIdx.x >> 5) >= nc) {
+        wg_setmaxnreg_dec<24>();
+        if ((int)threadIdx.x == 32 * nc) produce();
+        return false;
+    }
+    wg_setmaxnreg_inc<240>();
+    return true;
+}
+
 // the same with the 32-byte swizzle (K-major rows of 16 bf16 — one k16 step —, 8-row atoms of
 // 256 bytes; SBO the step between 8-row groups, 256 when they are packed)
 __device__ __forceinline__ uint64_t wb_desc_sw32(uint32_t saddr, int sbo) {
