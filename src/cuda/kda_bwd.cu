@@ -165,23 +165,10 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     // WG: per stage a full barrier (the copies' bytes) and an empty one (a consumer warp's
     // arrival each), after the staging tiles
     const uint32_t bars = sbase + NSt * SB + NW * cstate_stage_bytes<K>();
-    if (WG) {
-        if (tid == 0) {
-            for (int st = 0; st < NSt; st++) {
-                mb_init(bars + 16 * st, 1);
-                mb_init(bars + 16 * st + 8, NW);
-            }
-            mb_init_fence();
-        }
-        __syncthreads();
-        // the producer: step it (chunk c0 + nsteps − 1 − it) into stage it % NSt
-        if (!wg_consumer(NW, [&] {
-                for (int it = 0, st = 0, use = 0; it < nsteps; it++) {
-                    if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
-                    const int c = c0 + nsteps - 1 - it, hc = h * a.NC + cbase + c;
-                    chunk_load_wg<K, true>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, h, (int)(bos + 16 * c));
-                    if (++st == NSt) st = 0, use++;
-                }
+    if constexpr (WG) {
+        if (!wg_ring_start(bars, NSt, NW, nsteps, [&](int it, int st) {   // chunk c0 + nsteps − 1 − it
+                const int c = c0 + nsteps - 1 - it, hc = h * a.NC + cbase + c;
+                chunk_load_wg<K, true>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, h, (int)(bos + 16 * c));
             }))
             return;
     }
@@ -231,9 +218,7 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         if (WG) {
             rscan_step_wg<K>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
                              warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs));
-            wg_fence_proxy();   // this warp's reads of the stage (generic) before the refill (async)
-            __syncwarp();
-            if (lane == 0) mb_arrive(bars + 16 * rd + 8);
+            wg_ring_release(bars, rd, lane);
         } else if (G == 1) {
             const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
             const bf16 *sK = (const bf16 *)(st + L.oKrT), *sO = (const bf16 *)(st + L.oVal), *sM = (const bf16 *)(st + L.oM);

@@ -675,23 +675,10 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
     // WG: per stage a full barrier (the copies' bytes) and an empty one (a consumer warp's
     // arrival each), after the block's fixed shared memory
     const uint32_t bars = sbase + NSt * SB + scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? NW * cstate_stage_bytes<KP>() : 0);
-    if (WG) {
-        if (tid == 0) {
-            for (int st = 0; st < NSt; st++) {
-                mb_init(bars + 16 * st, 1);
-                mb_init(bars + 16 * st + 8, NW);
-            }
-            mb_init_fence();
-        }
-        __syncthreads();
-        // the producer: chunk c0 + i into stage i % NSt once its last use is done
-        if (!wg_consumer(NW, [&] {
-                for (int i = 0, st = 0, use = 0; c0 + i < nc; i++) {
-                    if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
-                    const int hc = h * a.NC + cbase + c0 + i;
-                    chunk_load_wg<K, false>(a.maps, a.gl, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0);
-                    if (++st == NSt) st = 0, use++;
-                }
+    if constexpr (WG) {
+        if (!wg_ring_start(bars, NSt, NW, nc - c0, [&](int i, int st) {   // chunk c0 + i
+                const int hc = h * a.NC + cbase + c0 + i;
+                chunk_load_wg<K, false>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0);
             }))
             return;
     }
@@ -746,9 +733,7 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
         if constexpr (WG) {
             scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c);
-            wg_fence_proxy();   // this warp's reads of the stage (generic) before the refill (async)
-            __syncwarp();
-            if (lane == 0) mb_arrive(bars + 16 * rd + 8);
+            wg_ring_release(bars, rd, lane);
         } else {
         if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
             frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.NC + cbase + c) * a.V * K + (size_t)v0 * K + kp0, K, lane);
@@ -1171,7 +1156,8 @@ cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool
     if ((e = kda_tma_map2(&m->W, w.W, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
         (e = kda_tma_map2(&m->Qg, w.Qg, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
         (e = kda_tma_map2(&m->KrT, w.KrT, 16, rows * K / 16, 16, (uint32_t)K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
-        (e = kda_tma_map2(&m->M, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess)
+        (e = kda_tma_map2(&m->M, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
+        (e = kda_tma_map2(&m->gl, w.gl, 2 * K, rows / 16, (uint32_t)(2 * K), 1, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess)
         return e;
     if (!dO) return kda_tma_map2(&m->val, w.U, V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B);
     // dO [tokens][H][V]: rows past the last token read as zeros

@@ -25,6 +25,7 @@
 #include "kda_common.cuh"
 #include "mbarrier.cuh"
 #include "tma.cuh"
+#include "wgmma.cuh"
 
 #define KDA_LDK(K) ((K) + 8)   // row stride (elements) of [16][K] bf16 tiles
 #define KDA_LD16 24            // row stride of [·][16] bf16 tiles
@@ -122,18 +123,20 @@ __host__ __device__ inline int scan_stage_wg_tx(int K, int VB) {
     return (K / 64) * 4096 + 32 * K + 1024 + (VB / 64) * 2048 + 4 * K;
 }
 // The tensor maps of those copies (kda_chunk_maps): W, Qg as [H·NC·16][K], KrT as
-// [H·NC·K][16], M as [H·NC·32][16] (hi rows, then lo), and the value tile's source: U as
-// [H·NC·16][V] (the forward), or dO as [tokens][H][V] (the state-gradient scan)
+// [H·NC·K][16], M as [H·NC·32][16] (hi rows, then lo), gl as [H·NC][2K] (its fp32 bytes as
+// bf16 pairs: a tensor copy, not a plain bulk one, whose completion compute-sanitizer's
+// racecheck does not follow), and the value tile's source: U as [H·NC·16][V] (the forward),
+// or dO as [tokens][H][V] (the state-gradient scan)
 struct ChunkMaps {
-    CUtensorMap W, Qg, KrT, M, val;
+    CUtensorMap W, Qg, KrT, M, gl, val;
 };
 cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO);
 // chunk hc (= h·NC + gc) into the stage at st, counted on the mbarrier bar; the value tile's
 // VB/64 boxes at (vc0 + 64·b, vc1) of U, or (vc0 + 64·b, h = vc1, token vc2) of dO (DO). One
 // thread issues it all.
 template <int K, bool DO>
-__device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const float *gl, const ScanStage &L, uint32_t st,
-                                              uint32_t bar, int hc, int VB, int vc0, int vc1, int vc2) {
+__device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const ScanStage &L, uint32_t st, uint32_t bar, int hc,
+                                              int VB, int vc0, int vc1, int vc2) {
     mb_expect_tx(bar, scan_stage_wg_tx(K, VB));
 #pragma unroll
     for (int kb = 0; kb < K / 64; kb++) {
@@ -146,8 +149,38 @@ __device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const float *g
         if (DO) tma_3d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, vc2, bar);
         else tma_2d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, bar);
     }
-    bulk_g2s(st + L.ogl, gl + (size_t)hc * K, 4 * K, bar);
+    tma_2d(st + L.ogl, &m.gl, 0, hc, bar);
 }
+// The warpgroup scans' stage ring: per stage (16 bytes at bars) a full mbarrier (the copies'
+// bytes) and an empty one (each of the nw consumer warps arrives when done with the stage). The
+// CTA's last warpgroup gives its registers to the consumers and one of its threads fills the
+// stages in order: step i into stage i % nst once that stage's previous use is released,
+// load(i, stage) issuing the copies. Returns true in the consumer warps.
+template <class F>
+__device__ __forceinline__ bool wg_ring_start(uint32_t bars, int nst, int nw, int nsteps, F load) {
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < nst; st++) {
+            mb_init(bars + 16 * st, 1);
+            mb_init(bars + 16 * st + 8, nw);
+        }
+        mb_init_fence();
+    }
+    __syncthreads();
+    return wg_consumer(nw, [&] {
+        for (int i = 0, st = 0, use = 0; i < nsteps; i++) {
+            if (use > 0) mb_wait(bars + 16 * st + 8, (use - 1) & 1);
+            load(i, st);
+            if (++st == nst) st = 0, use++;
+        }
+    });
+}
+// a consumer warp done with stage st (its generic reads before the refill's async writes)
+__device__ __forceinline__ void wg_ring_release(uint32_t bars, int st, int lane) {
+    wg_fence_proxy();
+    __syncwarp();
+    if (lane == 0) mb_arrive(bars + 16 * st + 8);
+}
+
 // the ldmatrix.trans address of lane `lane` for the [16 tokens][16 values] tile at local
 // value v0 of a scan_stage_wg value slice (value v, token r: block v/64, row r, 16-byte chunk
 // ((v%64)/8) ^ (r%8)) — the same tile lda_trans_sm / vprime_from read from a padded slice
