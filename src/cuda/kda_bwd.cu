@@ -85,29 +85,16 @@ __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStag
             aO[i] &= (tk < len ? 0xffffu : 0u) | (tk + 1 < len ? 0xffff0000u : 0u);
         }
     }
-    float dv[8];
+    float dvp[2][4];   // dV'ᵀ (C fragments)
     wg_fence();
-    wg_rs<16, 1>(dv, aO, wb_desc_sw32(sst + L.oM, 256), 0);
-    wg_rs<16, 1>(dv, aO, wb_desc_sw32(sst + L.oM + 512, 256), 1);
+    wg_rs<16, 1>(&dvp[0][0], aO, wb_desc_sw32(sst + L.oM, 256), 0);
+    wg_rs<16, 1>(&dvp[0][0], aO, wb_desc_sw32(sst + L.oM + 512, 256), 1);
 #pragma unroll
-    for (int j = 0; j < K / 16; j++) wg_rs<16, 1>(dv, da[j], wb_desc_sw32(sst + L.oKrT + 512 * j, 256), 1);
+    for (int j = 0; j < K / 16; j++) wg_rs<16, 1>(&dvp[0][0], da[j], wb_desc_sw32(sst + L.oKrT + 512 * j, 256), 1);
     wg_commit();
     frag_store_vk_bf16<K>(da, stg, a.dSc + hc * a.V * K + (size_t)vabs * K, K, lane);   // dS' of the chunk
-    {   // dSᵀ Diag(gl) while the products run (they read da, not ds)
-        const float *sgl = (const float *)(st + L.ogl);
-        const int t = lane & 3;
-#pragma unroll
-        for (int nt = 0; nt < K / 8; nt++) {
-            const float2 g = *reinterpret_cast<const float2 *>(sgl + 8 * nt + 2 * t);
-            ds[nt][0] *= g.x; ds[nt][1] *= g.y; ds[nt][2] *= g.x; ds[nt][3] *= g.y;
-        }
-    }
+    state_decay<K>(ds, (const float *)(st + L.ogl), lane);   // while the products run (they read da, not ds)
     wg_wait<0>();
-    float dvp[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dvp[nt][e] = dv[4 * nt + e];
     store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16)
     uint32_t am[4];
     tok_afrag(dvp, am, -1.f);

@@ -581,45 +581,31 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
     uint32_t sa[K / 16][4], unused[4];
 #pragma unroll
     for (int j = 0; j < K / 16; j++) state_afrag<false>(s[2 * j], s[2 * j + 1], sa[j], unused);
-    float po[NPO / 2];
+    float po[NPO / 8][4];   // C fragments: P in po[0..1], Oᵀ's state part in po[2..3]
     const uint64_t dwq = wb_desc(sst + L.oW, 16, 1024);   // + (j/4)·4096 + (j%4)·32 bytes, in 16-byte units
     wg_fence();
 #pragma unroll
-    for (int j = 0; j < K / 16; j++) wg_rs<NPO, 0>(po, sa[j], dwq + (uint64_t)((j >> 2) * 256 + (j & 3) * 2), j > 0);
+    for (int j = 0; j < K / 16; j++) wg_rs<NPO, 0>(&po[0][0], sa[j], dwq + (uint64_t)((j >> 2) * 256 + (j & 3) * 2), j > 0);
     wg_commit();
     if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
         frag_store_vk_bf16<K>(sa, sStg, a.Sc + ((size_t)h * a.NC + gc) * a.V * K + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
-    {   // Sᵀ Diag(gl) while the products run (they read sa, not s)
-        const float *sgl = (const float *)(st + L.ogl);
-        const int t = lane & 3;
-#pragma unroll
-        for (int nt = 0; nt < K / 8; nt++) {
-            const float2 g = *reinterpret_cast<const float2 *>(sgl + 8 * nt + 2 * t);
-            s[nt][0] *= g.x; s[nt][1] *= g.y; s[nt][2] *= g.x; s[nt][3] *= g.y;
-        }
-    }
+    state_decay<K>(s, (const float *)(st + L.ogl), lane);   // while the products run (they read sa, not s)
     // U's tile of the warp's 16 values × 16 tokens by one ldmatrix.trans from the swizzled
     // slice (value v, token r at block v/64, row r, 16-byte chunk ((v%64)/8) ^ (r%8))
     uint32_t u[4];
     ldsm_x4_t(u, wg_val_tile(st + L.oVal, v0, lane));
     wg_wait<0>();
     float vp[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const uint32_t w = u[2 * nt + (e >> 1)];
-            vp[nt][e] = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16)) - po[4 * nt + e];
-        }
+    vprime_from_u(po, u, vp);
     uint32_t av[4];
     tok_afrag(vp, av, 1.f);
     if (CKPT == SCAN_CSTATES)   // the chunk's V' (bf16) for the backward
         store_tok_tile(vp, sStg, a.Vp + ((size_t)h * a.NC + gc) * 16 * a.V, a.V, VB * blockIdx.y + v0, lane);
-    float om[8];   // V'ᵀ Mᵀ
+    float om[2][4];   // V'ᵀ Mᵀ
     wg_fence();
     if (OUT) {
-        wg_rs<16, 0>(om, av, wb_desc_sw32(sst + L.oM, 256), 0);
-        wg_rs<16, 0>(om, av, wb_desc_sw32(sst + L.oM + 512, 256), 1);
+        wg_rs<16, 0>(&om[0][0], av, wb_desc_sw32(sst + L.oM, 256), 0);
+        wg_rs<16, 0>(&om[0][0], av, wb_desc_sw32(sst + L.oM + 512, 256), 1);
         wg_commit();
     }
     wg_rs<K, 0>(&s[0][0], av, wb_desc_sw32(sst + L.oKrT, 256), 1);
@@ -630,7 +616,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) o[nt][e] = po[8 + 4 * nt + e] + om[4 * nt + e];
+            for (int e = 0; e < 4; e++) o[nt][e] = po[2 + nt][e] + om[nt][e];
         store_acc_rows<2>(sO, VB + 8, v0, o, lane);
     }
     wg_wait<0>();

@@ -254,17 +254,10 @@ __device__ __forceinline__ void state_times_tiles(const float (*s)[4], const bf1
     }
 }
 
-// vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
-// column vl0 + g (+8) of sU [16][ldu]); zero_u: U = 0 (the two-level scan's transitions). U is
-// read either way (then discarded by a select, never multiplied: the tile may hold garbage),
-// so the loads stay free to issue ahead of the product — a pointer test in their place made
-// the one-warp-per-slice scan 28% slower (H200, B1·T8192·H96, session 8)
-__device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
-                                            float vp[2][4], bool zero_u = false) {
-    // U's tile [16 tokens][16 values] by one ldmatrix.trans: word 2·nt + h holds tokens
-    // 8nt + 2t, +1 of value vl0 + 8h + g, i.e. elements e = 2h, 2h + 1 of n-tile nt
-    uint32_t u[4];
-    ldsm_x4_t(u, sU + (8 * (lane >> 4) + (lane & 7)) * ldu + vl0 + 8 * ((lane >> 3) & 1));
+// vp from U's tile already loaded by one ldmatrix.trans: word 2·nt + h holds tokens 8nt + 2t,
+// +1 of value vl0 + 8h + g, i.e. elements e = 2h, 2h + 1 of n-tile nt
+__device__ __forceinline__ void vprime_from_u(const float p[2][4], const uint32_t u[4], float vp[2][4],
+                                              bool zero_u = false) {
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -273,6 +266,17 @@ __device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU,
             const float uv = __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
             vp[nt][e] = (zero_u ? 0.f : uv) - p[nt][e];
         }
+}
+// vp = V'ᵀ tile = Uᵀ − p for p = Sᵀ Wᵀ (C fragments): rows = the warp's value rows (local
+// column vl0 + g (+8) of sU [16][ldu]); zero_u: U = 0 (the two-level scan's transitions). U is
+// read either way (then discarded by a select, never multiplied: the tile may hold garbage),
+// so the loads stay free to issue ahead of the product — a pointer test in their place made
+// the one-warp-per-slice scan 28% slower (H200, B1·T8192·H96, session 8)
+__device__ __forceinline__ void vprime_from(const float p[2][4], const bf16 *sU, int ldu, int vl0, int lane,
+                                            float vp[2][4], bool zero_u = false) {
+    uint32_t u[4];   // U's tile [16 tokens][16 values]
+    ldsm_x4_t(u, sU + (8 * (lane >> 4) + (lane & 7)) * ldu + vl0 + 8 * ((lane >> 3) & 1));
+    vprime_from_u(p, u, vp, zero_u);
 }
 
 template <int K, bool SPLIT>
@@ -309,6 +313,17 @@ __device__ __forceinline__ void scan_out(const float (*s)[4], const bf16 *sQg, c
     for (int nt = 0; nt < 2; nt++) {
         mma16816(o[nt], av, bh + 2 * nt);
         mma16816(o[nt], av, bl + 2 * nt);
+    }
+}
+
+// Sᵀ ← Sᵀ Diag(gl) on its own (the warpgroup steps, whose update product then adds into s)
+template <int K>
+__device__ __forceinline__ void state_decay(float (*s)[4], const float *sgl, int lane) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < K / 8; nt++) {
+        const float2 g = *reinterpret_cast<const float2 *>(sgl + 8 * nt + 2 * t);
+        s[nt][0] *= g.x; s[nt][1] *= g.y; s[nt][2] *= g.x; s[nt][3] *= g.y;
     }
 }
 

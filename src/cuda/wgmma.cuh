@@ -36,6 +36,12 @@ __device__ __forceinline__ uint64_t wb_desc(uint32_t saddr, int lbo, int sbo) {
            (1ull << 62);
 }
 
+// the same with the 32-byte swizzle (K-major rows of 16 bf16 — one k16 step —, 8-row atoms of
+// 256 bytes; SBO the step between 8-row groups, 256 when they are packed)
+__device__ __forceinline__ uint64_t wb_desc_sw32(uint32_t saddr, int sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(sbo >> 4) << 32) | (3ull << 62);
+}
+
 // a warpgroup's register budget (setmaxnreg): a producer warpgroup gives its registers to the
 // consumers (a CTA of 384 threads starts at 168 each)
 template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() {
@@ -54,12 +60,6 @@ template <class F> __device__ __forceinline__ bool wg_consumer(int nc, F produce
     }
     wg_setmaxnreg_inc<240>();
     return true;
-}
-
-// the same with the 32-byte swizzle (K-major rows of 16 bf16 — one k16 step —, 8-row atoms of
-// 256 bytes; SBO the step between 8-row groups, 256 when they are packed)
-__device__ __forceinline__ uint64_t wb_desc_sw32(uint32_t saddr, int sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(sbo >> 4) << 32) | (3ull << 62);
 }
 
 // ---- cp.async tile copies into those layouts (every thread of the CTA takes part) ----
