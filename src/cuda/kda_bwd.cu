@@ -10,11 +10,12 @@
 //
 // Kernels (after a recomputation of the forward's prep kernel and of its scan with the
 // states the backward needs — or none when the forward kept them, params.saved). By default
-// (KWs::cstates) the scan keeps every chunk's bf16 state and V':
-// 1. kda_rscan_cst_kernel: per (sequence, head, value slice), serial over chunks backwards:
-//    every chunk's dS' and dV' (= dU), dS0.
-// 2. kda_bwd_vprod_kernel: per (chunk, head): the products that contract over the value
-//    dimension (dQg, dW, dKr, dgl, dM) from those, chunk-parallel.
+// (KWs::cstates) the scan keeps bf16 states (every other chunk's: CSlots) and every V':
+// 1. kda_rscan_wg_kernel / kda_rscan_cst_kernel: per (sequence, head, value slice), serial
+//    over chunks backwards: dS' (every other chunk's) and every dV' (= dU), dS0.
+// 2. kda_bwd_vpair_kernel: per (pair of chunks, head): the products that contract over the
+//    value dimension (dQg, dW, dKr, dgl, dM) from those, chunk-parallel (kda_bwd_vprod_kernel
+//    per chunk under KDA_VPAIRS=0, when the scans keep every chunk's states).
 // Otherwise (KDA_CSTATES=0, KDA_SPLIT, 64-token steps) the scan keeps fp32 checkpoints every
 // 64 tokens:
 // 1. kda_rscan_kernel: the same scan writing dS checkpoints at every 64-token segment end.
@@ -51,6 +52,7 @@ struct RScanArgs {
     const float *gl, *dS_out;
     float *dS0, *dckpt;
     bf16 *dSc, *dU;   // per-chunk dS'ᵀ and dV' instead of dckpt (KWs::cstates)
+    CSlots cs;        // which chunks keep their dS' in dSc, and where
     // the two-level scan (the forward's segments, kda_fwd.cu): block (n, h, σ) of nseg runs
     // chunks [σ·segc, (σ+1)·segc) backwards. mode: RS_PLAIN (nseg 1), RS_LOCAL (from dS = 0,
     // the segment's dS at its start to seg_out), RS_SEEDED (from seg_dS[σ]; dS0 from σ = 0)
@@ -70,7 +72,7 @@ enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
 template <int K>
 __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStage &L, float (*ds)[4], uint32_t sst,
                                               const unsigned char *st, bf16 *stg, int warp, int lane, int VB, size_t hc,
-                                              int len) {
+                                              int len, bf16 *dst) {
     const int v0 = 16 * warp, vabs = VB * blockIdx.y + v0;
     uint32_t da[K / 16][4], unused[4];
 #pragma unroll
@@ -92,7 +94,7 @@ __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStag
 #pragma unroll
     for (int j = 0; j < K / 16; j++) wg_rs<16, 1>(&dvp[0][0], da[j], wb_desc_sw32(sst + L.oKrT + 512 * j, 256), 1);
     wg_commit();
-    frag_store_vk_bf16<K>(da, stg, a.dSc + hc * a.V * K + (size_t)vabs * K, K, lane);   // dS' of the chunk
+    if (dst) frag_store_vk_bf16<K>(da, stg, dst + (size_t)vabs * K, K, lane);   // dS' of the chunk, where kept
     state_decay<K>(ds, (const float *)(st + L.ogl), lane);   // while the products run (they read da, not ds)
     wg_wait<0>();
     store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16)
@@ -202,9 +204,12 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         const int cs = c0 + i * G, nsub = min(G, nc - i * G), clast = cs + nsub - 1;
         if (!CST && a.dckpt && (clast == nc_n - 1 || clast % KDA_SEG == KDA_SEG - 1))
             frag_store_vk<K>(ds, a.dckpt + ((size_t)h * a.NS + a.sq.seg0(n) + clast / KDA_SEG) * a.V * K, v0, lane);
+        // the chunk's dS' tile (CSlots), where it is kept
+        bf16 *dst = CST && a.dSc && a.cs.keep_dstate(cbase + cs, cs, nc_n)
+                        ? a.dSc + ((size_t)h * a.cs.n + a.cs.dstate_slot(cbase + cs, n)) * a.V * K : NULL;
         if (WG) {
             rscan_step_wg<K>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
-                             warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs));
+                             warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs), dst);
             wg_ring_release(bars, rd, lane);
         } else if (G == 1) {
             const bf16 *sW = (const bf16 *)(st + L.oW), *sQ = (const bf16 *)(st + L.oQg);
@@ -214,7 +219,7 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
             uint32_t aO[4];
             const size_t hc = (size_t)h * a.NC + cbase + cs;
             bf16 *stg = (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2);
-            if (CST) frag_store_vk_bf16<K>(ds, stg, a.dSc + hc * a.V * K + (size_t)v0 * K, K, lane);   // dS' of the chunk
+            if (CST && dst) frag_store_vk_bf16<K>(ds, stg, dst + (size_t)v0 * K, K, lane);   // dS' of the chunk
             rscan_dvp<K, SPLIT>(ds, sO, VB + 8, 16 * warp, sM, sK, lane, dvp, aO);
             if (CST) store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, v0, lane);   // dU = dV' (bf16)
             rscan_update<K>(ds, dvp, aO, sQ, sW, sgl, lane);
@@ -553,6 +558,239 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
     // dQg = dO S, dW = −dV' S, dKr = V' dS'ᵀ, dgl = diag(S dS'ᵀ) over this warp's 16 channels
     vprod_group<K, true>(a, hc, 16 * warp, sO, sdV, sVp, ldv, sS, sD, LK, lane);
     if (warp >= K / 16 - 2) vprod_dm(a, hc, warp - (K / 16 - 2), sO, sVp, ldv, lane);   // dM, a tile each
+}
+
+// 2''. per pair of chunks (the default: CSlots, kda_common.cuh). With a = 2p and b = 2p + 1
+// chunks of one sequence, S_a the state entering a and G = dS'_b the gradient leaving b (the
+// scans keep only those), one step of the recurrence gives the other two,
+//   S_b = Diag(gl_a) S_a + Kr_aᵀ V'_a,   dS'_a = Diag(gl_b) G + Qg_bᵀ dO_b − W_bᵀ dV'_b,
+// so with X = [dO_a; dV'_a; dO_b; dV'_b] S_aᵀ (4 × [16][K]), Y = [V'_a; V'_b] Gᵀ (2 × [16][K]),
+// Z = diag(S_a Gᵀ) and the 16 × 16 A1 = dO_b V'_aᵀ, A2 = dV'_b V'_aᵀ:
+//   dQg_a = X0,  dW_a = −X1,  dQg_b = X2 Diag(gl_a) + A1 Kr_a,  dW_b = −(X3 Diag(gl_a) + A2 Kr_a),
+//   dKr_b = Y1,  dKr_a = Y0 Diag(gl_b) + A1ᵀ Qg_b − A2ᵀ W_b,
+//   dgl_b = gl_a ⊙ Z + colsum(Kr_a ⊙ Y0),  dgl_a = gl_b ⊙ Z + colsum(Qg_b ⊙ X2 − W_b ⊙ X3),
+// and dM_c = dO_c V'_cᵀ. A pair reads one S and one dS' where the per-chunk kernel read two of
+// each, and the scans write half as many. The contractions over V run as in vprod_group (a warp
+// per 16 key channels, the same fragments and order for X0, X1, Y1); the 16 × 16 corrections on
+// tensor cores with A1, A2 as bf16 hi + lo (their other operands are the scans' bf16 tiles).
+// A chunk whose partner lies in another sequence is a unit of its own: b's operands zero and
+// gl_b = 1 make the same formulas its per-chunk products.
+struct VPairSmem {
+    int oS, oD, oT, TB, oKr, oQg, oW, ogl, oA, bytes;
+};
+// S_a, dS'_b [V][K+8]; dO, dV', V' of a, then of b [16][V+8] (TB bytes each); KrT_a
+// [K][KDA_LD16]; Qg_b, W_b [16][K+8]; gl_a, gl_b [K] fp32; A1, A2 [16][17] fp32
+__host__ __device__ inline VPairSmem vpair_smem(int K, int V) {
+    VPairSmem s;
+    int off = 0;
+    s.oS = off; off += V * (K + 8) * 2;
+    s.oD = off; off += V * (K + 8) * 2;
+    s.TB = 16 * (V + 8) * 2;
+    s.oT = off; off += 6 * s.TB;
+    s.oKr = off; off += K * KDA_LD16 * 2;
+    s.oQg = off; off += 16 * (K + 8) * 2;
+    s.oW = off; off += 16 * (K + 8) * 2;
+    s.ogl = off; off += 2 * K * 4;
+    s.oA = off; off += 2 * 16 * 17 * 4;
+    s.bytes = off;
+    return s;
+}
+// a [16][16] C-fragment tile (rows g, g + 8; columns 8·h2 + 2t, + 1) to the fp32 rows X[r·ld ..]
+__device__ __forceinline__ void store_c16(float *X, int ld, const float (*f)[4], int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        *reinterpret_cast<float2 *>(X + g * ld + 8 * h2 + 2 * t) = make_float2(f[h2][0], f[h2][1]);
+        *reinterpret_cast<float2 *>(X + (g + 8) * ld + 8 * h2 + 2 * t) = make_float2(f[h2][2], f[h2][3]);
+    }
+}
+
+template <int K>
+__global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
+                                                                 const bf16 *dSc, CSlots cs) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int LK = K + 8, PK = K / 8, NW = K / 16;
+    const int h = blockIdx.x % a.H, pr = blockIdx.x / a.H;
+    int nx, cx, lx, ny, cy, ly;
+    long long tx, ty;
+    if (!a.sq.chunk(2 * pr, nx, cx, tx, lx)) return;
+    const bool hy = a.sq.chunk(2 * pr + 1, ny, cy, ty, ly), pair = hy && ny == nx;
+    (void)cx; (void)cy;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nthr = 2 * K, g = lane >> 2, t = lane & 3;
+    const int V = a.V, ldv = V + 8, vsh = __ffs(V / 8) - 1, n0 = 16 * warp;
+    const VPairSmem L = vpair_smem(K, V);
+    bf16 *sS = (bf16 *)(smem_raw + L.oS), *sD = (bf16 *)(smem_raw + L.oD), *sKr = (bf16 *)(smem_raw + L.oKr);
+    bf16 *sQg = (bf16 *)(smem_raw + L.oQg), *sW = (bf16 *)(smem_raw + L.oW);
+    // token tile i of chunk j (0: a, 1: b): 0 dO, 1 dV', 2 V'; gl of chunk j; A1 (j = 0), A2
+    auto tile = [&](int j, int i) { return (bf16 *)(smem_raw + L.oT + (3 * j + i) * L.TB); };
+    auto sgl = [&](int j) { return (float *)(smem_raw + L.ogl) + j * K; };
+    auto sA = [&](int j) { return (float *)(smem_raw + L.oA) + j * 16 * 17; };
+    // units: the pair (2p, 2p + 1), or each of the two chunks alone
+    for (int u = 0; u < (pair || !hy ? 1 : 2); u++) {
+        const int ga = 2 * pr + u, na = u ? ny : nx, la = u ? ly : lx, nb = pair ? 2 : 1, lb = pair ? ly : 0;
+        const long long ta = u ? ty : tx;
+        const size_t hA = (size_t)h * a.NC + ga;
+        if (u) __syncthreads();   // the first unit is done with shared memory
+        {
+            const bf16 *gS = Sc + ((size_t)h * cs.n + cs.state_slot(ga, na)) * V * K;
+            const bf16 *gD = dSc + ((size_t)h * cs.n + cs.dstate_slot(ga + nb - 1, na)) * V * K;
+            for (int e = tid; e < V * PK; e += nthr) {   // piece e: row e / PK, column 8·(e % PK)
+                const int off = (e / PK) * LK + 8 * (e % PK);
+                cp_async16(sS + off, gS + 8 * e);
+                cp_async16(sD + off, gD + 8 * e);
+            }
+            for (int e = tid; e < 2 * V; e += nthr) {   // 16 rows of V/8 pieces; b's zero when alone
+                const int r = e >> vsh, pc = e & (V / 8 - 1), off = r * ldv + 8 * pc;
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const bool in = j < nb, ok = a.d_o && r < (j ? lb : la);
+                    const size_t hc = hA + j;
+                    cp_async16(tile(j, 0) + off, ok ? a.d_o + ((size_t)((j ? ty : ta) + r) * a.H + h) * V + 8 * pc : Vp, ok ? 16 : 0);
+                    cp_async16(tile(j, 1) + off, in ? a.dU + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
+                    cp_async16(tile(j, 2) + off, in ? Vp + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
+                }
+            }
+            for (int e = tid; e < 2 * K; e += nthr) {   // KrT_a [K][16]; Qg_b, W_b [16][K]
+                cp_async16(sKr + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hA * 16 * K + 8 * e);
+                const int off = (e / PK) * LK + 8 * (e % PK);
+                cp_async16(sQg + off, pair ? a.Qg + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
+                cp_async16(sW + off, pair ? a.W + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
+            }
+            for (int e = tid; e < K / 4; e += nthr) {
+                cp_async16(sgl(0) + 4 * e, a.gl + hA * K + 4 * e);
+                if (pair) cp_async16(sgl(1) + 4 * e, a.gl + (hA + 1) * K + 4 * e);
+            }
+            if (!pair)
+                for (int e = tid; e < K; e += nthr) sgl(1)[e] = 1.f;
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+        // A1 = dO_b V'_aᵀ and A2 = dV'_b V'_aᵀ to shared memory, and dM of both chunks: six jobs
+        for (int job = warp; job < 6; job += NW) {
+            if (job < 2) {
+                float acc[2][4] = {};
+                for (int j = 0; j < V / 16; j++) {
+                    uint32_t fa[4], b[4];
+                    lda_row_sm(fa, tile(1, job), ldv, 16 * j, lane);
+                    ldb_nk2_sm(b, tile(0, 2), ldv, 0, 16 * j, lane);
+                    mma16816(acc[0], fa, b);
+                    mma16816(acc[1], fa, b + 2);
+                }
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sA(job)[(g + 8 * (e >> 1)) * 17 + 8 * h2 + 2 * t + (e & 1)] = acc[h2][e];
+            } else if ((job - 2) / 2 < nb) {
+                vprod_dm(a, hA + (job - 2) / 2, job & 1, tile((job - 2) / 2, 0), tile((job - 2) / 2, 2), ldv, lane);
+            }
+        }
+        // the contractions over V for this warp's 16 channels n0 ..
+        float x[4][2][4] = {}, y[2][2][4] = {}, z[2][4] = {};
+        for (int j = 0; j < V / 16; j++) {
+            uint32_t fa[4], bS[4], bD[4], fS[4];
+            ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
+            ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
+            lda_trans_sm(fS, sS, LK, n0, 16 * j, lane);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                lda_row_sm(fa, tile(i >> 1, i & 1), ldv, 16 * j, lane);
+                mma16816(x[i][0], fa, bS);
+                mma16816(x[i][1], fa, bS + 2);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                lda_row_sm(fa, tile(i, 2), ldv, 16 * j, lane);
+                mma16816(y[i][0], fa, bD);
+                mma16816(y[i][1], fa, bD + 2);
+            }
+            mma16816(z[0], fS, bD);
+            mma16816(z[1], fS, bD + 2);
+        }
+        // what needs no correction goes out first (fewer live registers below)
+        {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) x[1][h2][e] = -x[1][h2][e];
+            store_c16(a.dQg + hA * 16 * K + n0, K, x[0], lane);
+            store_c16(a.dWg + hA * 16 * K + n0, K, x[1], lane);
+            if (pair) store_c16(a.dKr + (hA + 1) * 16 * K + n0, K, y[1], lane);
+        }
+        __syncthreads();   // A1, A2 are in shared memory
+        // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
+        float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
+        {
+            uint32_t ah[4], al[4], bh[4], bl[4], b[4];
+            ldb_nk2_sm(b, sKr, KDA_LD16, n0, 0, lane);
+            lda_f32_16(ah, al, sA(0), 17, false, lane);
+            lda_f32_16(bh, bl, sA(1), 17, false, lane);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                mma16816(q1[h2], ah, b + 2 * h2); mma16816(q1[h2], al, b + 2 * h2);
+                mma16816(w1[h2], bh, b + 2 * h2); mma16816(w1[h2], bl, b + 2 * h2);
+            }
+            uint32_t bq[4], bw[4];
+            ldb_kn2_sm(bq, sQg, LK, n0, 0, lane);
+            ldb_kn2_sm(bw, sW, LK, n0, 0, lane);
+            lda_f32_16(ah, al, sA(0), 17, true, lane);
+            lda_f32_16(bh, bl, sA(1), 17, true, lane);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                mma16816(k1[h2], ah, bq + 2 * h2); mma16816(k1[h2], al, bq + 2 * h2);
+                mma16816(k2[h2], bh, bw + 2 * h2); mma16816(k2[h2], bl, bw + 2 * h2);
+            }
+        }
+        // combine in place: x[2] dQg_b, x[3] dW_b, y[0] dKr_a;
+        // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
+        float csa[2][2] = {}, csb[2][2] = {};
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e >> 1), cl = n0 + 8 * h2 + 2 * t + (e & 1);
+                const float gla = sgl(0)[cl], glb = sgl(1)[cl];
+                csa[h2][e & 1] += bf(sQg[r * LK + cl]) * x[2][h2][e] - bf(sW[r * LK + cl]) * x[3][h2][e];
+                csb[h2][e & 1] += bf(sKr[cl * KDA_LD16 + r]) * y[0][h2][e];
+                x[2][h2][e] = x[2][h2][e] * gla + q1[h2][e];
+                x[3][h2][e] = -(x[3][h2][e] * gla + w1[h2][e]);
+                y[0][h2][e] = y[0][h2][e] * glb + k1[h2][e] - k2[h2][e];
+            }
+#pragma unroll
+        for (int m = 4; m < 32; m <<= 1)
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    csa[h2][e] += __shfl_xor_sync(0xffffffffu, csa[h2][e], m);
+                    csb[h2][e] += __shfl_xor_sync(0xffffffffu, csb[h2][e], m);
+                }
+        // Z's diagonal: row n0 + 8·h2 + c = column n0 + 8·h2 + c sits in lane g = c, t = c >> 1,
+        // element 2·h2 + (c & 1) (selected, not indexed: a run-time index puts z in local memory)
+        float zd[2][2];
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const float zs = (g & 1) ? z[h2][2 * h2 + 1] : z[h2][2 * h2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) zd[h2][e] = __shfl_sync(0xffffffffu, zs, 4 * (2 * t + e) + t);
+        }
+        store_c16(a.dKr + hA * 16 * K + n0, K, y[0], lane);
+        if (pair) {
+            store_c16(a.dQg + (hA + 1) * 16 * K + n0, K, x[2], lane);
+            store_c16(a.dWg + (hA + 1) * 16 * K + n0, K, x[3], lane);
+        }
+        for (int j = 0; j < nb; j++) {
+            const size_t hc = hA + j;
+            if (g == 0)
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int cl = n0 + 8 * h2 + 2 * t + e;
+                        a.dgl[hc * K + cl] = j ? sgl(0)[cl] * zd[h2][e] + csb[h2][e] : sgl(1)[cl] * zd[h2][e] + csa[h2][e];
+                    }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1085,6 +1323,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     a.W = grouped ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
     a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = w.dU;
+    a.cs = w.cs;
     a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
@@ -1152,6 +1391,16 @@ static cudaError_t launch_vprod(const kda_params *p, const KWs &w) {
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.d_o = p->d_o;
     a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
+    if (w.cs.ps) {   // per pair of chunks
+        a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.gl = w.gl;
+        const size_t smem = vpair_smem(K, p->V).bytes;
+        cudaError_t e = cudaFuncSetAttribute(kda_bwd_vpair_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        long long blocks = (long long)w.cs.ps * p->H;
+        if (blocks == 0) return cudaSuccess;
+        kda_bwd_vpair_kernel<K><<<(unsigned)blocks, 2 * K, smem, p->stream>>>(a, w.Sc, w.Vp, w.dSc, w.cs);
+        return cudaGetLastError();
+    }
     const size_t smem = vprod_smem_bytes<K>(p->V);
     cudaError_t e = cudaFuncSetAttribute(kda_bwd_vprod_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;

@@ -404,6 +404,22 @@ struct KSeq {
 // state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
 // backward: dQg, dWg, dKr [H][NC][16][K] fp32, dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
 //   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.
+// The backward's value products run per pair of global chunks (2p, 2p + 1) by default
+// (kda_bwd_vpair_kernel): from the state entering the first and the state gradient leaving the
+// second, the other two follow through one step of the recurrence, so the scans keep half the
+// states: S entering an even chunk or a sequence's first, dS' leaving an odd chunk or a
+// sequence's last (a chunk whose partner lies in another sequence is a unit of its own).
+// Slots per head: ps = ceil(NC / 2) pair slots and one per sequence for those exceptions.
+// ps = 0 (KDA_VPAIRS=0): every chunk keeps both, slot = gc (kda_bwd_vprod_kernel).
+struct CSlots {
+    int ps, n;   // pair slots (0: per chunk), slots per head
+    __host__ __device__ bool keep_state(int gc, int c) const { return ps == 0 || !(gc & 1) || c == 0; }
+    __host__ __device__ bool keep_dstate(int gc, int c, int nc_n) const { return ps == 0 || (gc & 1) || c == nc_n - 1; }
+    // the slots of chunk gc (of sequence seq) where it keeps them
+    __host__ __device__ int state_slot(int gc, int seq) const { return ps == 0 ? gc : (gc & 1) ? ps + seq : gc >> 1; }
+    __host__ __device__ int dstate_slot(int gc, int seq) const { return ps == 0 ? gc : (gc & 1) ? gc >> 1 : ps + seq; }
+};
+
 struct KWs {
     int NC, NS;                        // chunk and segment slots (upper bounds when packed)
     int *coff, *soff;
@@ -418,8 +434,9 @@ struct KWs {
     // fp32 checkpoints every 64 tokens, and their state-gradient twins, so the backward's
     // value-contracting products run chunk-parallel (kda_bwd.cu); 0 under KDA_SPLIT or 64-token steps
     int cstates;
-    bf16 *Sc, *Vp;      // cstates: Sᵀ entering each chunk [H][NC][V][K], V' [H][NC][16][V]
-    bf16 *dSc;          // cstates: dS'ᵀ (the gradient of the state leaving each chunk) [H][NC][V][K]
+    CSlots cs;          // cstates: which chunks keep a state and where (below)
+    bf16 *Sc, *Vp;      // cstates: Sᵀ entering a chunk [H][cs.n][V][K], V' [H][NC][16][V]
+    bf16 *dSc;          // cstates: dS'ᵀ (the gradient of the state leaving a chunk) [H][cs.n][V][K]
     size_t bytes;       // of ws (everything, or what is not in p->ws_fwd)
     size_t fwd_bytes;   // of the forward's part (coff … ckpt)
 };
@@ -442,6 +459,8 @@ int kda_scan_group(const kda_params *p);
 // the scans keep every chunk's state (KWs::cstates): 1 unless KDA_SPLIT, 64-token steps or
 // KDA_CSTATES=0 (kda_fwd.cu)
 int kda_chunk_states(const kda_params *p);
+// the value products per pair of chunks (CSlots): 1 unless KDA_VPAIRS=0 (kda_fwd.cu)
+int kda_vpairs(void);
 // W~, U~ of every 64-token group from the prep kernel's W, U, KrT, gl (kda_merge.cu)
 cudaError_t kda_launch_merge(const kda_params *p, const KWs &w);
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =

@@ -68,8 +68,13 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     TAKE(gl, float, H * NC * K);
     w.group = kda_scan_group(p);
     w.cstates = kda_chunk_states(p);
+    if (w.cstates) {
+        w.cs.ps = kda_vpairs() ? (w.NC + 1) / 2 : 0;
+        w.cs.n = w.cs.ps ? w.cs.ps + p->N : w.NC;
+    }
+    const size_t NSC = w.cs.n;
     if (w.cstates && (p->save || backward)) {
-        TAKE(Sc, bf16, H * NC * V * K);
+        TAKE(Sc, bf16, H * NSC * V * K);
         TAKE(Vp, bf16, H * NC * 16 * V);
     } else if (p->save || backward) {
         TAKE(ckpt, float, H * NS * V * K);
@@ -96,7 +101,7 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
         off = 0;
     }
     if (backward) {
-        if (w.cstates) TAKE(dSc, bf16, H * NC * V * K);
+        if (w.cstates) TAKE(dSc, bf16, H * NSC * V * K);
         else TAKE(dckpt, float, H * NS * V * K);
         TAKE(dQg, float, H * NC * 16 * K);
         TAKE(dWg, float, H * NC * 16 * K);
@@ -518,6 +523,7 @@ struct ScanArgs {
     bf16 *o;
     float *S_out, *ckpt;
     bf16 *Sc, *Vp;   // per-chunk states instead of ckpt (KWs::cstates)
+    CSlots cs;       // which chunks keep their state in Sc, and where
     // the two-level scan (fixed-length batches): block (n, h, σ) of nseg runs chunks
     // [σ·segc, (σ+1)·segc) of its sequence. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
     // final state to seg_out), SCAN_TRANS (U = 0 from S = I, V = K: the segment's transition
@@ -575,7 +581,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 template <int K, bool OUT, int CKPT>
 __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage &L, float (*s)[4], uint32_t sst,
                                              const unsigned char *st, bf16 *sO, bf16 *sStg, int warp, int lane, int VB,
-                                             int h, int gc) {
+                                             int h, int gc, int slot) {
     constexpr int NPO = OUT ? 32 : 16;   // P (tokens 0–15), then Oᵀ's state part
     const int v0 = 16 * warp;            // local value row of the warp
     uint32_t sa[K / 16][4], unused[4];
@@ -587,8 +593,8 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 #pragma unroll
     for (int j = 0; j < K / 16; j++) wg_rs<NPO, 0>(&po[0][0], sa[j], dwq + (uint64_t)((j >> 2) * 256 + (j & 3) * 2), j > 0);
     wg_commit();
-    if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
-        frag_store_vk_bf16<K>(sa, sStg, a.Sc + ((size_t)h * a.NC + gc) * a.V * K + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
+    if (CKPT == SCAN_CSTATES && slot >= 0)   // the state entering the chunk (bf16) for the backward
+        frag_store_vk_bf16<K>(sa, sStg, a.Sc + ((size_t)h * a.cs.n + slot) * a.V * K + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
     state_decay<K>(s, (const float *)(st + L.ogl), lane);   // while the products run (they read sa, not s)
     // U's tile of the warp's 16 values × 16 tokens by one ldmatrix.trans from the swizzled
     // slice (value v, token r at block v/64, row r, 16-byte chunk ((v%64)/8) ^ (r%8))
@@ -717,12 +723,14 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
         const int nsub = min(G, nc - c);
         if (CKPT == SCAN_CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
+        // the state entering chunk c kept for the backward (CSlots): its slot, or −1
+        const int slot = CKPT == SCAN_CSTATES && a.cs.keep_state(cbase + c, c) ? a.cs.state_slot(cbase + c, n) : -1;
         if constexpr (WG) {
-            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c);
+            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c, slot);
             wg_ring_release(bars, rd, lane);
         } else {
-        if (CKPT == SCAN_CSTATES)   // the state entering the chunk (bf16) for the backward
-            frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.NC + cbase + c) * a.V * K + (size_t)v0 * K + kp0, K, lane);
+        if (CKPT == SCAN_CSTATES && slot >= 0)   // the state entering the chunk (bf16) for the backward
+            frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.cs.n + slot) * a.V * K + (size_t)v0 * K + kp0, K, lane);
         // V' of the step's chunks (a chunk past the sequence's end computes garbage, unused)
         float vp[G][2][4];
         {
@@ -1089,6 +1097,7 @@ int kda_scan_group(const kda_params *p) {
 int kda_chunk_states(const kda_params *p) {
     return !scan_split() && kda_scan_group(p) == 1 && env_int("KDA_CSTATES", 1) != 0;
 }
+int kda_vpairs(void) { return env_int("KDA_VPAIRS", 1) != 0; }
 
 template <int K, int V, int MODE>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
@@ -1169,7 +1178,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = G > 1 ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = G > 1 ? w.Ut : w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
-    a.Sc = w.Sc; a.Vp = w.Vp;
+    a.Sc = w.Sc; a.Vp = w.Vp; a.cs = w.cs;
     int VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
