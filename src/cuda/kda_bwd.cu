@@ -634,11 +634,16 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
         {
             const bf16 *gS = Sc + ((size_t)h * cs.n + cs.state_slot(ga, na)) * V * K;
             const bf16 *gD = dSc + ((size_t)h * cs.n + cs.dstate_slot(ga + nb - 1, na)) * V * K;
-            for (int e = tid; e < V * PK; e += nthr) {   // piece e: row e / PK, column 8·(e % PK)
-                const int off = (e / PK) * LK + 8 * (e % PK);
-                cp_async16(sS + off, gS + 8 * e);
-                cp_async16(sD + off, gD + 8 * e);
-            }
+            // S_a and dS'_b by halves of their value rows, in two copy groups (the second is
+            // committed last): the products over the first half run while the second lands
+            auto copy_states = [&](int hf) {
+                for (int e = tid + hf * (V / 2) * PK; e < (hf + 1) * (V / 2) * PK; e += nthr) {   // row e / PK, column 8·(e % PK)
+                    const int off = (e / PK) * LK + 8 * (e % PK);
+                    cp_async16(sS + off, gS + 8 * e);
+                    cp_async16(sD + off, gD + 8 * e);
+                }
+            };
+            copy_states(0);
             for (int e = tid; e < 2 * V; e += nthr) {   // 16 rows of V/8 pieces; b's zero when alone
                 const int r = e >> vsh, pc = e & (V / 8 - 1), off = r * ldv + 8 * pc;
 #pragma unroll
@@ -663,7 +668,9 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
             if (!pair)
                 for (int e = tid; e < K; e += nthr) sgl(1)[e] = 1.f;
             cp_async_commit();
-            cp_async_wait<0>();
+            copy_states(1);
+            cp_async_commit();
+            cp_async_wait<1>();
             __syncthreads();
         }
         // A1 = dO_b V'_aᵀ and A2 = dV'_b V'_aᵀ to shared memory, and dM of both chunks: six jobs
@@ -688,6 +695,10 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
         // the contractions over V for this warp's 16 channels n0 ..
         float x[4][2][4] = {}, y[2][2][4] = {}, z[2][4] = {};
         for (int j = 0; j < V / 16; j++) {
+            if (j == V / 32) {   // the states' second half
+                cp_async_wait<0>();
+                __syncthreads();
+            }
             uint32_t fa[4], bS[4], bD[4], fS[4];
             ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
             ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
