@@ -595,6 +595,17 @@ __host__ __device__ inline VPairSmem vpair_smem(int K, int V) {
     s.bytes = off;
     return s;
 }
+// acc (two 8-column tiles) += X·B for a 16 × 16 fp32 X in shared memory (row stride 17; trans:
+// Xᵀ) as bf16 hi + lo, B's two n-tiles in b (as ldb_nk2_sm / ldb_kn2_sm give them)
+__device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool trans, const uint32_t b[4], int lane) {
+    uint32_t ah[4], al[4];
+    lda_f32_16(ah, al, X, 17, trans, lane);
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        mma16816(acc[h2], ah, b + 2 * h2);
+        mma16816(acc[h2], al, b + 2 * h2);
+    }
+}
 // a [16][16] C-fragment tile (rows g, g + 8; columns 8·h2 + 2t, + 1) to the fp32 rows X[r·ld ..]
 __device__ __forceinline__ void store_c16(float *X, int ld, const float (*f)[4], int lane) {
     const int g = lane >> 2, t = lane & 3;
@@ -732,25 +743,14 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
         // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
         float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
         {
-            uint32_t ah[4], al[4], bh[4], bl[4], b[4];
+            uint32_t b[4];
             ldb_nk2_sm(b, sKr, KDA_LD16, n0, 0, lane);
-            lda_f32_16(ah, al, sA(0), 17, false, lane);
-            lda_f32_16(bh, bl, sA(1), 17, false, lane);
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                mma16816(q1[h2], ah, b + 2 * h2); mma16816(q1[h2], al, b + 2 * h2);
-                mma16816(w1[h2], bh, b + 2 * h2); mma16816(w1[h2], bl, b + 2 * h2);
-            }
-            uint32_t bq[4], bw[4];
-            ldb_kn2_sm(bq, sQg, LK, n0, 0, lane);
-            ldb_kn2_sm(bw, sW, LK, n0, 0, lane);
-            lda_f32_16(ah, al, sA(0), 17, true, lane);
-            lda_f32_16(bh, bl, sA(1), 17, true, lane);
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++) {
-                mma16816(k1[h2], ah, bq + 2 * h2); mma16816(k1[h2], al, bq + 2 * h2);
-                mma16816(k2[h2], bh, bw + 2 * h2); mma16816(k2[h2], bl, bw + 2 * h2);
-            }
+            mma_f32x16(q1, sA(0), false, b, lane);
+            mma_f32x16(w1, sA(1), false, b, lane);
+            ldb_kn2_sm(b, sQg, LK, n0, 0, lane);
+            mma_f32x16(k1, sA(0), true, b, lane);
+            ldb_kn2_sm(b, sW, LK, n0, 0, lane);
+            mma_f32x16(k2, sA(1), true, b, lane);
         }
         // combine in place: x[2] dQg_b, x[3] dW_b, y[0] dKr_a;
         // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
