@@ -606,13 +606,15 @@ __device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool
         mma16816(acc[h2], al, b + 2 * h2);
     }
 }
-// a [16][16] C-fragment tile (rows g, g + 8; columns 8·h2 + 2t, + 1) to the fp32 rows X[r·ld ..]
-__device__ __forceinline__ void store_c16(float *X, int ld, const float (*f)[4], int lane) {
+
+// sgn times a [16][16] C-fragment tile (rows g, g + 8; columns 8·h2 + 2t, + 1) to the fp32
+// rows X[r·ld ..]
+__device__ __forceinline__ void store_c16(float *X, int ld, const float (*f)[4], int lane, float sgn = 1.f) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++) {
-        *reinterpret_cast<float2 *>(X + g * ld + 8 * h2 + 2 * t) = make_float2(f[h2][0], f[h2][1]);
-        *reinterpret_cast<float2 *>(X + (g + 8) * ld + 8 * h2 + 2 * t) = make_float2(f[h2][2], f[h2][3]);
+        *reinterpret_cast<float2 *>(X + g * ld + 8 * h2 + 2 * t) = make_float2(sgn * f[h2][0], sgn * f[h2][1]);
+        *reinterpret_cast<float2 *>(X + (g + 8) * ld + 8 * h2 + 2 * t) = make_float2(sgn * f[h2][2], sgn * f[h2][3]);
     }
 }
 
@@ -730,15 +732,9 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
             mma16816(z[1], fS, bD + 2);
         }
         // what needs no correction goes out first (fewer live registers below)
-        {
-#pragma unroll
-            for (int h2 = 0; h2 < 2; h2++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) x[1][h2][e] = -x[1][h2][e];
-            store_c16(a.dQg + hA * 16 * K + n0, K, x[0], lane);
-            store_c16(a.dWg + hA * 16 * K + n0, K, x[1], lane);
-            if (pair) store_c16(a.dKr + (hA + 1) * 16 * K + n0, K, y[1], lane);
-        }
+        store_c16(a.dQg + hA * 16 * K + n0, K, x[0], lane);
+        store_c16(a.dWg + hA * 16 * K + n0, K, x[1], lane, -1.f);
+        if (pair) store_c16(a.dKr + (hA + 1) * 16 * K + n0, K, y[1], lane);
         __syncthreads();   // A1, A2 are in shared memory
         // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
         float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
@@ -752,7 +748,7 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
             ldb_kn2_sm(b, sW, LK, n0, 0, lane);
             mma_f32x16(k2, sA(1), true, b, lane);
         }
-        // combine in place: x[2] dQg_b, x[3] dW_b, y[0] dKr_a;
+        // combine in place: x[2] dQg_b, x[3] −dW_b, y[0] dKr_a;
         // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
         float csa[2][2] = {}, csb[2][2] = {};
 #pragma unroll
@@ -764,7 +760,7 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
                 csa[h2][e & 1] += bf(sQg[r * LK + cl]) * x[2][h2][e] - bf(sW[r * LK + cl]) * x[3][h2][e];
                 csb[h2][e & 1] += bf(sKr[cl * KDA_LD16 + r]) * y[0][h2][e];
                 x[2][h2][e] = x[2][h2][e] * gla + q1[h2][e];
-                x[3][h2][e] = -(x[3][h2][e] * gla + w1[h2][e]);
+                x[3][h2][e] = x[3][h2][e] * gla + w1[h2][e];
                 y[0][h2][e] = y[0][h2][e] * glb + k1[h2][e] - k2[h2][e];
             }
 #pragma unroll
@@ -788,7 +784,7 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
         store_c16(a.dKr + hA * 16 * K + n0, K, y[0], lane);
         if (pair) {
             store_c16(a.dQg + (hA + 1) * 16 * K + n0, K, x[2], lane);
-            store_c16(a.dWg + (hA + 1) * 16 * K + n0, K, x[3], lane);
+            store_c16(a.dWg + (hA + 1) * 16 * K + n0, K, x[3], lane, -1.f);
         }
         for (int j = 0; j < nb; j++) {
             const size_t hc = hA + j;

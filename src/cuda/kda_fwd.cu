@@ -581,7 +581,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 template <int K, bool OUT, int CKPT>
 __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage &L, float (*s)[4], uint32_t sst,
                                              const unsigned char *st, bf16 *sO, bf16 *sStg, int warp, int lane, int VB,
-                                             int h, int gc, int slot) {
+                                             int h, int gc, bf16 *sdst) {
     constexpr int NPO = OUT ? 32 : 16;   // P (tokens 0–15), then Oᵀ's state part
     const int v0 = 16 * warp;            // local value row of the warp
     uint32_t sa[K / 16][4], unused[4];
@@ -593,8 +593,8 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 #pragma unroll
     for (int j = 0; j < K / 16; j++) wg_rs<NPO, 0>(&po[0][0], sa[j], dwq + (uint64_t)((j >> 2) * 256 + (j & 3) * 2), j > 0);
     wg_commit();
-    if (CKPT == SCAN_CSTATES && slot >= 0)   // the state entering the chunk (bf16) for the backward
-        frag_store_vk_bf16<K>(sa, sStg, a.Sc + ((size_t)h * a.cs.n + slot) * a.V * K + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
+    if (CKPT == SCAN_CSTATES && sdst)   // the state entering the chunk (bf16) for the backward
+        frag_store_vk_bf16<K>(sa, sStg, sdst + (size_t)(16 * warp + VB * blockIdx.y) * K, K, lane);
     state_decay<K>(s, (const float *)(st + L.ogl), lane);   // while the products run (they read sa, not s)
     // U's tile of the warp's 16 values × 16 tokens by one ldmatrix.trans from the swizzled
     // slice (value v, token r at block v/64, row r, 16-byte chunk ((v%64)/8) ^ (r%8))
@@ -723,14 +723,15 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
         const int nsub = min(G, nc - c);
         if (CKPT == SCAN_CKPT && (c % KDA_SEG) == 0)
             frag_store_vk<KP>(s, a.ckpt + ((size_t)h * a.NS + a.sq.seg0(n) + c / KDA_SEG) * a.V * K + kp0, v0, lane, K);
-        // the state entering chunk c kept for the backward (CSlots): its slot, or −1
-        const int slot = CKPT == SCAN_CSTATES && a.cs.keep_state(cbase + c, c) ? a.cs.state_slot(cbase + c, n) : -1;
+        // the tile of the state entering chunk c, where it is kept for the backward (CSlots)
+        bf16 *sdst = CKPT == SCAN_CSTATES && a.cs.keep_state(cbase + c, c)
+                         ? a.Sc + ((size_t)h * a.cs.n + a.cs.state_slot(cbase + c, n)) * a.V * K : NULL;
         if constexpr (WG) {
-            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c, slot);
+            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c, sdst);
             wg_ring_release(bars, rd, lane);
         } else {
-        if (CKPT == SCAN_CSTATES && slot >= 0)   // the state entering the chunk (bf16) for the backward
-            frag_store_vk_bf16<KP>(s, sStg, a.Sc + ((size_t)h * a.cs.n + slot) * a.V * K + (size_t)v0 * K + kp0, K, lane);
+        if (CKPT == SCAN_CSTATES && sdst)   // the state entering the chunk (bf16) for the backward
+            frag_store_vk_bf16<KP>(s, sStg, sdst + (size_t)v0 * K + kp0, K, lane);
         // V' of the step's chunks (a chunk past the sequence's end computes garbage, unused)
         float vp[G][2][4];
         {
