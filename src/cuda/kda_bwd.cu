@@ -30,7 +30,6 @@
 //    (deterministic, no atomics).
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
-#include "kda_tree.cuh"
 #include "wgmma_ops.cuh"
 #include <stdlib.h>
 #include <string.h>
@@ -810,6 +809,7 @@ struct BwdArgs {
     const bf16 *q, *k, *v, *f, *beta;
     const float *A_log, *dt_bias;
     const float *dQg, *dWg, *dKr, *dgl, *dM;
+    const float *Lx;   // the prep kernel's solve (KDA_LX a chunk-head: INV, raw L, β, rq, rk)
     const bf16 *dU;
     bf16 *dq, *dk, *dv, *df, *dbeta;
     float *pA, *pdb;
@@ -819,13 +819,14 @@ template <int K, int V>
 struct BwdSmem {
     static constexpr int LD = (K > V ? K : V) + 8;   // row stride of the fp32 [16][·] arrays
     // bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 = scale·q̂⊙2^{G−c0} (Qd); exact:
-    // F0 and F1 hold two tree levels of k̂ (kda_tree.cuh), F2 = k̂⊙2^G; F3 = dW. In place
+    // F2 = k̂⊙2^G; F3 = dW. In place
     // afterwards: F0 ← P·Ki, F1 ← dM·Ki, F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last,
     // row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
     float F0[16][LD], F1[16][LD], F2[16][LD], F3[16][LD];
     bf16 v[16][V + 8], dU[16][V + 8];
-    float Lraw[16][17], L[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
+    float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
     float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
+    float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
     // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
     float dQg[16][K], dKr[16][K], dgl[K], dMraw[256];
@@ -894,7 +895,6 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     if (!a.sq.chunk(gc, n, c, t0, len)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     size_t hc = (size_t)h * a.NC + gc;
-    constexpr int CPL = K / 32, RPW = 16 / (BWD_THREADS / 32);
     const float c0 = a.c0, p2c0 = ex2f_(a.c0);
 
     // every global load first, by 16-byte cp.async: the chunk's rows of q, k (staged in F0) and f
@@ -922,51 +922,27 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             const int i = tid + it * BWD_THREADS;
             cp_async16(&S.dU[i / (V / 8)][(i % (V / 8)) * 8], a.dU + hc * 16 * V + 8 * i);
         }
-        for (int i = tid; i < K / 4 + 64; i += BWD_THREADS) {
+        for (int i = tid; i < K / 4 + 64 + KDA_LX / 4; i += BWD_THREADS) {
             if (i < K / 4) cp_async16(S.dgl + 4 * i, a.dgl + hc * K + 4 * i);
-            else cp_async16(S.dMraw + 4 * (i - K / 4), a.dM + hc * 256 + 4 * (i - K / 4));
+            else if (i < K / 4 + 64) cp_async16(S.dMraw + 4 * (i - K / 4), a.dM + hc * 256 + 4 * (i - K / 4));
+            else cp_async16(S.lx + 4 * (i - K / 4 - 64), a.Lx + hc * KDA_LX + 4 * (i - K / 4 - 64));
         }
         cp_async_commit();
     }
-    float rbl[RPW];
-    chunk_beta_rows<RPW, BWD_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
     const float A_log_h = a.A_log[h], dtb = tid < K ? a.dt_bias[(size_t)h * K + tid] : 0.f;
     cp_async_wait_all_loads();
     __syncthreads();
     const int cch = tid;
     float fr[16], qx[16], kx[16];
     if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
-    uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        int r = warp + i * (BWD_THREADS / 32);
-        ld_bf16x<CPL>(rqx[i], stq + r * K + lane * CPL, true);
-        ld_bf16x<CPL>(rkx[i], stk + r * K + lane * CPL, true);
-    }
-    for (int e = tid; e < 16 * 17; e += BWD_THREADS) {
-        (&S.Lraw[0][0])[e] = 0.f;
-        (&S.L[0][0])[e] = 0.f;
-        (&S.P[0][0])[e] = 0.f;
-    }
+    // the prep kernel's INV, raw L, β and the rows' reciprocal norms (the same values it used)
+    kda_lx_unpack(S.lx, S.INV, S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
+    for (int e = tid; e < 16 * 17; e += BWD_THREADS) (&S.P[0][0])[e] = 0.f;
     for (int e = tid; e < 256; e += BWD_THREADS) {
         int i = e >> 4, j = e & 15;
         S.dM[i][j] = j <= i ? S.dMraw[e] : 0.f;
     }
-    static_assert(RPW == 4, "four rows a warp");
-    chunk_row_rnorms<CPL>(rqx, rkx, warp, lane, S.rq, S.rk);
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            int r = warp + i * (BWD_THREADS / 32);
-            S.beta[r] = r < len ? sigmoidf_(rbl[i]) : 0.f;
-        }
-    }
     __syncthreads();
-
-    // exact: the tree levels of k̂ (two at a time) over F0 and F1
-    typedef TreeLevel<K, false> KTree;
-    static_assert(2 * sizeof(KTree) <= 2 * sizeof(S.F0), "two k̂ tree levels fit in F0 and F1");
-    KTree *tree = reinterpret_cast<KTree *>(&S.F0[0][0]);
 
     // per channel: the gate sum and the normalised rows (kept in registers), factors
     float Gs[16], qn[16], kn[16];
@@ -990,87 +966,42 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
                 S.F2[r][cch] = a.scale * qn[r] * Fd;
             }
         }
-        if constexpr (EXACT) {
-            tree_store<K, 3>(tree[0], cch, Gs, kn, kn);
-            tree_store<K, 2>(tree[1], cch, Gs, kn, kn);
-        }
     }
     __syncthreads();
 
-    // L (strict lower, raw and ×β) and dINV = dU Vbᵀ + dW Kbᵀ = (dU vᵀ) Diag(β) + dW (K̂⊙e^G)ᵀ Diag(β)
-    auto put_l = [&](int i, int j, float l, bool) {
-        S.Lraw[i][j] = l;
-        S.L[i][j] = S.beta[i] * l;
-    };
-    if constexpr (EXACT) {   // tree levels 8, 4 here, 2, 1 after the barrier
-        if (warp < 2) tree_mma<K>(tree[warp], 3 - warp, lane, put_l);
-    } else if (warp < 2) {
-        float acc[4] = {};
-#pragma unroll
-        for (int j = 0; j < K / 16; j++) {
-            uint32_t ah[4], al[4], bh[2], bl[2];
-            lda_f32_split(ah, al, &S.F0[0][0], LD, 16 * j, lane);
-            ldb_f32_split(bh, bl, &S.F1[0][0], LD, 8 * warp, 16 * j, lane);
-            mma3(acc, ah, al, bh, bl);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int row = g + 8 * (e >> 1), col = 8 * warp + 2 * t + (e & 1);
-            if (col < row) {
-                S.Lraw[row][col] = acc[e];
-                S.L[row][col] = S.beta[row] * acc[e];
-            }
-        }
-    }
-    if (warp >= 2) {
-        int nt = warp - 2;
+    // dINV = dU Vbᵀ + dW Kbᵀ = (dU vᵀ + dW (K̂⊙e^G)ᵀ) Diag(β): warp w takes the 8-column tile
+    // w & 1 over half w >> 1 of both contractions (K and V); the halves meet in shared memory
+    {
+        const int nt = warp & 1, hf = warp >> 1;
         float aw[4] = {}, au[4] = {};
 #pragma unroll
-        for (int j = 0; j < K / 16; j++) {
+        for (int j = hf * K / 32; j < (hf + 1) * K / 32; j++) {
             uint32_t ah[4], al[4], bh[2], bl[2];
             lda_f32_split(ah, al, &S.F3[0][0], LD, 16 * j, lane);
             ldb_f32_split(bh, bl, EXACT ? &S.F2[0][0] : &S.F0[0][0], LD, 8 * nt, 16 * j, lane);
             mma3(aw, ah, al, bh, bl);
         }
 #pragma unroll
-        for (int j = 0; j < V / 16; j++) {
+        for (int j = hf * V / 32; j < (hf + 1) * V / 32; j++) {
             uint32_t af[4], b[2];
             lda_row(af, &S.dU[0][0], V + 8, 16 * j, lane);
             ldb_nk(b, &S.v[0][0], V + 8, 8 * nt, 16 * j, lane);
             mma16816(au, af, b);
         }
-        float sw = EXACT ? 1.f : p2c0;   // bounded: K̂⊙e^G = Kd·2^{c0}
+        const float sw = EXACT ? 1.f : p2c0;   // bounded: K̂⊙e^G = Kd·2^{c0}
+        float part[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
-            S.dINV[row][col] = S.beta[col] * fmaf(aw[e], sw, au[e]);
-        }
-    }
-    __syncthreads();
-    if constexpr (EXACT) {
-        if (cch < K) {
-            tree_store<K, 1>(tree[0], cch, Gs, kn, kn);
-            tree_store<K, 0>(tree[1], cch, Gs, kn, kn);
+            part[e] = fmaf(aw[e], sw, au[e]);
+            if (hf) S.X[g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] = part[e];
         }
         __syncthreads();
-        if (warp < 2) tree_mma<K>(tree[warp], 1 - warp, lane, put_l);
-        __syncthreads();
-    }
-    if (tid < 16) {
-        int cc = tid;
-        float x[16];
+        if (!hf)
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float p0 = i == cc ? 1.f : 0.f, p1 = 0.f;
-#pragma unroll
-            for (int j = 0; j < i; j++) {
-                if (j & 1) p1 = fmaf(-S.L[i][j], x[j], p1);
-                else p0 = fmaf(-S.L[i][j], x[j], p0);
+            for (int e = 0; e < 4; e++) {
+                const int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
+                S.dINV[row][col] = S.beta[col] * (part[e] + S.X[row][col]);
             }
-            x[i] = p0 + p1;
-        }
-#pragma unroll
-        for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
     }
     __syncthreads();
     for (int e = tid; e < 256; e += BWD_THREADS) {   // X = dINV · INVᵀ
@@ -1425,7 +1356,7 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
     a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
-    a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
+    a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU; a.Lx = w.Lx;
     a.dq = p->dq; a.dk = p->dk; a.dv = p->dv; a.df = p->df; a.dbeta = p->dbeta;
     a.pA = w.pA; a.pdb = w.pdb;
     size_t smem = sizeof(BwdSmem<K, V>);

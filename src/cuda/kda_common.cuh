@@ -21,6 +21,12 @@
 typedef __nv_bfloat16 bf16;
 
 #define KDA_C 16          // chunk length (tokens) of every chunked kernel
+// The prep kernel's solve kept for the backward, per chunk and head (fp32, 16-byte multiple):
+// [16][16] with INV = (I + L)^{-1} below the diagonal (its unit diagonal implied), the raw
+// Σ_ch k̂_i,ch k̂_j,ch e^{G_i,ch − G_j,ch} (i > j, before β) mirrored above it at [j][i], β on the
+// diagonal; then rq[16], rk[16] (the rows' reciprocal norms). Saves the backward chunk kernel the
+// norms, the L products and the serial forward substitution.
+#define KDA_LX (16 * 16 + 32)
 #define KDA_SEG 4         // chunks per backward checkpoint segment (64 tokens)
 #define KDA_STAGES_MAX 8  // cp.async pipeline depth of the scan kernels: 3..8, chosen at launch
 #define KDA_LOG2E 1.4426950408889634f
@@ -420,11 +426,31 @@ struct CSlots {
     __host__ __device__ int dstate_slot(int gc, int seq) const { return ps == 0 ? gc : (gc & 1) ? gc >> 1 : ps + seq; }
 };
 
+// the solve kept for the backward (KDA_LX floats at lx, shared memory) unpacked by nthr threads
+// from thread tid: INV unit lower triangular, Lraw strict lower (zero elsewhere), β, rq, rk
+__device__ __forceinline__ void kda_lx_unpack(const float *lx, float (*INV)[17], float (*Lraw)[17], float *beta,
+                                              float *rq, float *rk, int tid, int nthr) {
+    for (int e = tid; e < 256; e += nthr) {
+        const int r = e >> 4, c = e & 15;
+        const float ti = lx[e], tl = lx[16 * c + r];   // both loaded, then selected (no divergence)
+        INV[r][c] = r > c ? ti : r == c ? 1.f : 0.f;
+        Lraw[r][c] = r > c ? tl : 0.f;
+    }
+    if (tid < 16) {
+        beta[tid] = lx[17 * tid];
+        rq[tid] = lx[256 + tid];
+        rk[tid] = lx[272 + tid];
+    }
+}
+
 struct KWs {
     int NC, NS;                        // chunk and segment slots (upper bounds when packed)
     int *coff, *soff;
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
+    // save / backward: what the prep kernel solved that the backward chunk kernel reuses,
+    // KDA_LX fp32 a chunk-head
+    float *Lx;
     int nseg, segc;                    // the scans' time segments per sequence (1: one serial pass), chunks each
     float *segL, *segA, *segS0;        // nseg > 1: per segment local state, transition, initial state
     int group;                         // chunks per step of the scans: 1, or KDA_SEG (64-token steps)

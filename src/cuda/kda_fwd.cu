@@ -79,6 +79,7 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     } else if (p->save || backward) {
         TAKE(ckpt, float, H * NS * V * K);
     }
+    if (p->save || backward) TAKE(Lx, float, H * NC * KDA_LX);
     // the two-level scan's per-segment states: scratch of the forward scan (and of the
     // backward's recompute), in the forward's part so that a forward needs only ws_fwd
     w.nseg = kda_scan_segs(p);
@@ -195,6 +196,7 @@ struct PrepArgs {
     const float *A_log, *dt_bias;
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl;
+    float *Lx;   // NULL, or the solve kept for the backward (KDA_LX a chunk-head)
 };
 
 // 16-byte half h of row c of a [K][16] bf16 factor tile: the halves of rows c with bit 2 set
@@ -402,14 +404,22 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         for (int e = 0; e < 4; e++) {
             int row = g + 8 * (e >> 1), col = 8 * nt + 2 * t + (e & 1);
             float val = acc[e] + acc2[e];
-            if (warp < 2) S.L[row][col] = col < row ? S.beta[row] * val : 0.f;
-            else S.Mm[row][col] = col <= row ? val : 0.f;
+            if (warp < 2) {
+                S.L[row][col] = col < row ? S.beta[row] * val : 0.f;
+                if (a.Lx && col < row) a.Lx[hc * KDA_LX + 16 * col + row] = val;   // raw, mirrored (KDA_LX)
+            } else {
+                S.Mm[row][col] = col <= row ? val : 0.f;
+            }
         }
     } else {
         // the tree levels 8, 4, then 2, 1 (kda_tree.cuh), a warp each; the diagonal of M apart
         auto put = [&](int i, int j, float val, bool isq) {
-            if (isq) S.Mm[i][j] = val;
-            else S.L[i][j] = S.beta[i] * val;
+            if (isq) {
+                S.Mm[i][j] = val;
+            } else {   // i > j
+                S.L[i][j] = S.beta[i] * val;
+                if (a.Lx) a.Lx[hc * KDA_LX + 16 * j + i] = val;   // raw, mirrored (KDA_LX)
+            }
         };
         if (warp < 2) tree_mma<K>(S.u.tree[warp], 3 - warp, lane, put);
         if (tid < 16) S.Mm[tid][tid] = S.qk[tid];
@@ -442,6 +452,15 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         }
 #pragma unroll
         for (int i = 0; i < 16; i++) S.INV[i][cc] = x[i];
+        if (a.Lx)   // INV's column cc below the diagonal (KDA_LX; stores only: no loads on this serial path)
+#pragma unroll
+            for (int r = 1; r < 16; r++)
+                if (r > cc) a.Lx[hc * KDA_LX + 16 * r + cc] = x[r];
+    } else if (tid >= 32 && tid < 48 && a.Lx) {   // β and the rows' reciprocal norms (warp 1 is idle)
+        const int i = tid - 32;
+        a.Lx[hc * KDA_LX + 17 * i] = S.beta[i];
+        a.Lx[hc * KDA_LX + 256 + i] = S.rq[i];
+        a.Lx[hc * KDA_LX + 272 + i] = S.rk[i];
     }
     // M as bf16 hi [16][16] then lo [16][16]
     if (tid >= 64) {   // four elements a thread (warps 2, 3 while INV runs on warp 0)
@@ -1108,7 +1127,7 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
     a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
-    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl;
+    a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = w.U; a.M = w.M; a.gl = w.gl; a.Lx = w.Lx;
     size_t smem = sizeof(PrepSmem<K, V>);
     cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
