@@ -22,7 +22,8 @@
 // 2. kda_bwd_seg_kernel: per (64-token segment, head), all values: recomputes the four
 //    chunk states from the checkpoint, the four dS from the dS checkpoint, and writes the
 //    same products and dU.
-// 3. kda_bwd_chunk_kernel: per (chunk, head): recomputes the prep quantities and applies
+// 3. kda_bwd_chunk_kernel: per (chunk, head): takes INV, the raw L, β and the rows' norms
+//    from the prep kernel (KWs::Lx), recomputes the gate sums and factors, and applies
 //    the chunk-local chain rule: the 16×16·16×K products on tensor cores (fp32 operands as
 //    bf16 hi + lo), the rest elementwise with one thread per key channel. The unbounded gate
 //    (or exact = 1) takes the diagonal-block terms per position with exact decays instead.
@@ -806,7 +807,7 @@ struct BwdArgs {
     KSeq sq;
     int H, NC;
     float lb, scale, c0;
-    const bf16 *q, *k, *v, *f, *beta;
+    const bf16 *q, *k, *v, *f;   // β comes with the prep kernel's solve (Lx)
     const float *A_log, *dt_bias;
     const float *dQg, *dWg, *dKr, *dgl, *dM;
     const float *Lx;   // the prep kernel's solve (KDA_LX a chunk-head: INV, raw L, β, rq, rk)
@@ -1354,7 +1355,7 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     a.sq = kda_seq(p, w);
     a.H = p->H; a.NC = w.NC;
     a.lb = p->lb; a.scale = p->scale; a.c0 = 7.5f * p->lb * KDA_LOG2E;
-    a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f; a.beta = p->beta;
+    a.q = p->q; a.k = p->k; a.v = p->v; a.f = p->f;
     a.A_log = p->A_log; a.dt_bias = p->dt_bias;
     a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU; a.Lx = w.Lx;
     a.dq = p->dq; a.dk = p->dk; a.dv = p->dv; a.df = p->df; a.dbeta = p->dbeta;
