@@ -816,14 +816,28 @@ struct BwdArgs {
     float *pA, *pdb;
 };
 
+// quarter q (16 bytes) of the 64-byte row c of a [K][16]-float tile F: the quarters of row c
+// XOR-swizzled by c's bits 1–2, so 8 consecutive rows' same quarter (ldmatrix's 8 rows, or a
+// quarter of the warp storing or loading a row each) fall in 8 distinct bank groups
+__device__ __forceinline__ uint4 *bwd_quarter(const float (*F)[16], int c, int q) {
+    return reinterpret_cast<uint4 *>(const_cast<float *>(&F[c][4 * (q ^ ((c >> 1) & 3))]));
+}
+// token r of row c, as bwd_quarter places it
+__device__ __forceinline__ float *bwd_at(float (*F)[16], int c, int r) {
+    return reinterpret_cast<float *>(bwd_quarter(F, c, r >> 2)) + (r & 3);
+}
+
 template <int K, int V>
 struct BwdSmem {
-    static constexpr int LD = (K > V ? K : V) + 8;   // row stride of the fp32 [16][·] arrays
-    // bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 = scale·q̂⊙2^{G−c0} (Qd); exact:
-    // F2 = k̂⊙2^G; F3 = dW. In place
-    // afterwards: F0 ← P·Ki, F1 ← dM·Ki, F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last,
-    // row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂, F2: dβ)
-    float F0[16][LD], F1[16][LD], F2[16][LD], F3[16][LD];
+    // per key channel c a 64-byte row (bwd_quarter), first as an operand of the products — the
+    // channel's 16 tokens as bf16 hi, then lo, split once by the channel's thread (each product
+    // warp split its fp32 operands itself before: ~30% of the kernel's instructions, ncu
+    // session 31) — then in place the channel's 16 fp32 results, which its thread reads back
+    // by 16-byte loads. Bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 =
+    // scale·q̂⊙2^{G−c0} (Qd); exact: F2 = k̂⊙2^G; F3 = dW. Results: F0 ← P·Ki, F1 ← dM·Ki,
+    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, the row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂,
+    // F2: dβ). Before any of that F0, F1 stage the chunk's rows of q, k, f and F3 the rows of dW
+    float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
     float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
@@ -832,6 +846,31 @@ struct BwdSmem {
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
     float dQg[16][K], dKr[16][K], dgl[K], dMraw[256];
 };
+
+// channel c's 16 tokens x as bf16 hi + lo into its row of F (bwd_quarter): quarters 0, 1 hi,
+// 2, 3 lo (the same values lda_f32_split and ldb_f32kn_split made from fp32)
+__device__ __forceinline__ void bwd_split_row(float (*F)[16], int c, const float (&x)[16]) {
+    uint32_t hi[8], lo[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) split_bf16(x[2 * i], x[2 * i + 1], hi[i], lo[i]);
+    *bwd_quarter(F, c, 0) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *bwd_quarter(F, c, 1) = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+    *bwd_quarter(F, c, 2) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    *bwd_quarter(F, c, 3) = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+}
+// B fragments (hi, lo) of the [k = token][n = channel] operand for channels n0 .. n0 + 7 from
+// their split rows, by one ldmatrix: b[0..1] hi, b[2..3] lo
+__device__ __forceinline__ void bwd_ldb_split(uint32_t b[4], const float (*F)[16], int n0, int lane) {
+    ldsm_x4(b, reinterpret_cast<const bf16 *>(bwd_quarter(F, n0 + (lane & 7), lane >> 3)));
+}
+// channel c's 16 fp32 values (a row of results) into x, by four 16-byte loads
+__device__ __forceinline__ void bwd_row(float (&x)[16], const float (*F)[16], int c) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 v = *reinterpret_cast<const float4 *>(bwd_quarter(F, c, q));
+        x[4 * q] = v.x; x[4 * q + 1] = v.y; x[4 * q + 2] = v.z; x[4 * q + 3] = v.w;
+    }
+}
 
 // the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
 // for the pairs (i, j) of a block with anchor a, e^{G_i − G_j} = R_i·C_j with R_i = e^{G_i − G_a}
@@ -883,13 +922,12 @@ __device__ __forceinline__ void pair_level(const float (&P)[16][17], const float
 }
 
 template <int K, int V, int MODE>
-__global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_bwd_chunk_kernel(BwdArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     typedef BwdSmem<K, V> Sm;
     Sm &S = *reinterpret_cast<Sm *>(smem_raw);
-    constexpr int LD = Sm::LD;
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
     int n, c, len;
     long long t0;
@@ -900,7 +938,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
 
     // every global load first, by 16-byte cp.async: the chunk's rows of q, k (staged in F0) and f
     // (in F1), read from there by channel and by row before F0 and F1 are written; v and dU
-    // straight into their tiles; dW into F3 (rows past the end zero-filled, dU whole)
+    // straight into their tiles; dW's rows into F3 (rows past the end zero-filled, dU whole)
     bf16 *stq = reinterpret_cast<bf16 *>(&S.F0[0][0]), *stk = stq + 16 * K, *stf = reinterpret_cast<bf16 *>(&S.F1[0][0]);
     static_assert(2 * 16 * K * sizeof(bf16) <= sizeof(S.F0), "q and k rows fit in F0");
     {
@@ -912,7 +950,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
 #pragma unroll
         for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
             const int i = tid + it * BWD_THREADS;
-            cp_async16(&S.F3[i / (K / 4)][(i % (K / 4)) * 4], a.dWg + cK + 4 * i);
+            cp_async16(&S.F3[0][0] + 4 * i, a.dWg + cK + 4 * i);
             cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + cK + 4 * i);
             cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + cK + 4 * i);
         }
@@ -934,8 +972,12 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     cp_async_wait_all_loads();
     __syncthreads();
     const int cch = tid;
-    float fr[16], qx[16], kx[16];
-    if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
+    float fr[16], qx[16], kx[16], dwc[16];   // dwc: the channel's dW (its row of F3 is written below)
+    if (cch < K) {
+        chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
+#pragma unroll
+        for (int r = 0; r < 16; r++) dwc[r] = (&S.F3[0][0])[r * K + cch];
+    }
     // the prep kernel's INV, raw L, β and the rows' reciprocal norms (the same values it used)
     kda_lx_unpack(S.lx, S.INV, S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
     for (int e = tid; e < 16 * 17; e += BWD_THREADS) (&S.P[0][0])[e] = 0.f;
@@ -951,6 +993,10 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
     if (cch < K) {
         db = dtb;
         float G = 0.f;
+        constexpr int NF = EXACT ? 1 : 3;   // the factor rows this thread splits: F2, or F0, F1, F2
+        float fx[NF][2];                    // a row pair's factors ...
+        uint32_t fh[NF][4], fl[NF][4];      // ... split, four row pairs at a time
+        float(*const Fo[3])[16] = {EXACT ? S.F2 : S.F0, S.F1, S.F2};
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             const float gv = chunk_gate_row<GATE>(a.lb, eA, fr[r] + db, r, len);   // as the prep kernel
@@ -959,14 +1005,26 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             qn[r] = qx[r] * S.rq[r];
             kn[r] = kx[r] * S.rk[r];
             if constexpr (EXACT) {
-                S.F2[r][cch] = kn[r] * ex2f_(G);
+                fx[0][r & 1] = kn[r] * ex2f_(G);
             } else {
                 float Fd = ex2f_(G - c0);
-                S.F0[r][cch] = kn[r] * Fd;
-                S.F1[r][cch] = kn[r] * ex2f_(c0 - G);
-                S.F2[r][cch] = a.scale * qn[r] * Fd;
+                fx[0][r & 1] = kn[r] * Fd;
+                fx[1][r & 1] = kn[r] * ex2f_(c0 - G);
+                fx[2][r & 1] = a.scale * qn[r] * Fd;
+            }
+            if (r & 1) {
+#pragma unroll
+                for (int i = 0; i < NF; i++) split_bf16(fx[i][0], fx[i][1], fh[i][(r >> 1) & 3], fl[i][(r >> 1) & 3]);
+            }
+            if ((r & 7) == 7) {   // rows r − 7 .. r: quarter r / 8 (hi) and 2 + r / 8 (lo) of row cch
+#pragma unroll
+                for (int i = 0; i < NF; i++) {
+                    *bwd_quarter(Fo[i], cch, r >> 3) = make_uint4(fh[i][0], fh[i][1], fh[i][2], fh[i][3]);
+                    *bwd_quarter(Fo[i], cch, 2 + (r >> 3)) = make_uint4(fl[i][0], fl[i][1], fl[i][2], fl[i][3]);
+                }
             }
         }
+        bwd_split_row(S.F3, cch, dwc);
     }
     __syncthreads();
 
@@ -977,10 +1035,14 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         float aw[4] = {}, au[4] = {};
 #pragma unroll
         for (int j = hf * K / 32; j < (hf + 1) * K / 32; j++) {
-            uint32_t ah[4], al[4], bh[2], bl[2];
-            lda_f32_split(ah, al, &S.F3[0][0], LD, 16 * j, lane);
-            ldb_f32_split(bh, bl, EXACT ? &S.F2[0][0] : &S.F0[0][0], LD, 8 * nt, 16 * j, lane);
-            mma3(aw, ah, al, bh, bl);
+            // A = dW (tokens × channels 16j ..) and B = Kdᵀ (channels 16j .. × the tokens of
+            // n-tile nt), hi and lo, from the channels' split rows by ldmatrix.trans
+            uint32_t ah[4], al[4], b[4];
+            const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
+            ldsm_x4_t(ah, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, ra, (lane >> 3) & 1)));
+            ldsm_x4_t(al, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, ra, 2 + ((lane >> 3) & 1))));
+            ldsm_x4_t(b, reinterpret_cast<const bf16 *>(bwd_quarter(EXACT ? S.F2 : S.F0, rb, nt + 2 * (lane >> 4))));
+            mma3(aw, ah, al, b, b + 2);
         }
 #pragma unroll
         for (int j = hf * V / 32; j < (hf + 1) * V / 32; j++) {
@@ -1044,30 +1106,30 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
         for (int nt = warp; nt < K / 8; nt += BWD_THREADS / 32) {
             int n0 = 8 * nt;
-            uint32_t wh[2], wl[2];
-            ldb_f32kn_split(wh, wl, &S.F3[0][0], LD, n0, lane);
+            uint32_t w[4];   // hi, lo
+            bwd_ldb_split(w, S.F3, n0, lane);
             float dkb[4] = {};
-            mma3(dkb, iTh, iTl, wh, wl);
+            mma3(dkb, iTh, iTl, w, w + 2);
             float r1[4] = {}, r2[4] = {}, r3[4] = {};
             if constexpr (!EXACT) {
-                uint32_t kih[2], kil[2], kdh[2], kdl[2], qdh[2], qdl[2];
-                ldb_f32kn_split(kih, kil, &S.F1[0][0], LD, n0, lane);
-                ldb_f32kn_split(kdh, kdl, &S.F0[0][0], LD, n0, lane);
-                ldb_f32kn_split(qdh, qdl, &S.F2[0][0], LD, n0, lane);
-                mma3(r1, pH, pL, kih, kil);
-                mma3(r2, mH, mL, kih, kil);
-                mma3(r3, pTh, pTl, kdh, kdl);
-                mma3(r3, mTh, mTl, qdh, qdl);
+                uint32_t ki[4], kd[4], qd[4];
+                bwd_ldb_split(ki, S.F1, n0, lane);
+                bwd_ldb_split(kd, S.F0, n0, lane);
+                bwd_ldb_split(qd, S.F2, n0, lane);
+                mma3(r1, pH, pL, ki, ki + 2);
+                mma3(r2, mH, mL, ki, ki + 2);
+                mma3(r3, pTh, pTl, kd, kd + 2);
+                mma3(r3, mTh, mTl, qd, qd + 2);
             }
-            __syncwarp();   // every lane's operand loads of this tile precede the in-place stores
+            __syncwarp();   // every lane's operand loads of these rows precede the in-place stores
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int row = g + 8 * (e >> 1), col = n0 + 2 * t + (e & 1);
-                S.F3[row][col] = dkb[e];
+                int tok = g + 8 * (e >> 1), ch = n0 + 2 * t + (e & 1);
+                *bwd_at(S.F3, ch, tok) = dkb[e];
                 if constexpr (!EXACT) {
-                    S.F0[row][col] = r1[e];
-                    S.F1[row][col] = r2[e];
-                    S.F2[row][col] = r3[e];
+                    *bwd_at(S.F0, ch, tok) = r1[e];
+                    *bwd_at(S.F1, ch, tok) = r2[e];
+                    *bwd_at(S.F2, ch, tok) = r3[e];
                 }
             }
         }
@@ -1118,7 +1180,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             float E = ex2f_(Gs[j]), ER = ex2f_(G15 - Gs[j]);
-            float qs = a.scale * qn[j], dKb = S.F3[j][cch];
+            float qs = a.scale * qn[j], dKb = *bwd_at(S.F3, cch, j);
             dKbv[j] = dKb;
             dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
             dqs[j] = E * dQgr[j];
@@ -1126,7 +1188,7 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
             sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
             if constexpr (!EXACT) {
                 float Fd = ex2f_(Gs[j] - c0), Fi = ex2f_(c0 - Gs[j]);
-                float r1 = S.F0[j][cch], r2 = S.F1[j][cch], r3 = S.F2[j][cch];
+                float r1 = *bwd_at(S.F0, cch, j), r2 = *bwd_at(S.F1, cch, j), r3 = *bwd_at(S.F2, cch, j);
                 dqs[j] = fmaf(Fd, r2, dqs[j]);
                 dkn[j] = fmaf(Fd, r1, fmaf(Fi, r3, dkn[j]));
                 dG[j] += kn[j] * Fd * r1 + qs * Fd * r2 - kn[j] * Fi * r3;
@@ -1171,37 +1233,55 @@ __global__ void __launch_bounds__(BWD_THREADS) kda_bwd_chunk_kernel(BwdArgs a) {
         }
         a.pdb[hc * K + cch] = ddb;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {   // own column only: no other thread reads or writes it
-            dqn[j] = a.scale * dqs[j];
-            S.F0[j][cch] = qn[j] * dqn[j];
-            S.F1[j][cch] = kn[j] * dkn[j];
-            S.F2[j][cch] = kn[j] * ex2f_(Gs[j]) * dKbv[j];
+        for (int q = 0; q < 4; q++) {   // own row only: no other thread reads or writes it
+            float tq[4], tk[4], tb[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = 4 * q + i;
+                dqn[j] = a.scale * dqs[j];
+                tq[i] = qn[j] * dqn[j];
+                tk[i] = kn[j] * dkn[j];
+                tb[i] = kn[j] * ex2f_(Gs[j]) * dKbv[j];
+            }
+            *reinterpret_cast<float4 *>(bwd_quarter(S.F0, cch, q)) = make_float4(tq[0], tq[1], tq[2], tq[3]);
+            *reinterpret_cast<float4 *>(bwd_quarter(S.F1, cch, q)) = make_float4(tk[0], tk[1], tk[2], tk[3]);
+            *reinterpret_cast<float4 *>(bwd_quarter(S.F2, cch, q)) = make_float4(tb[0], tb[1], tb[2], tb[3]);
         }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dAp += __shfl_xor_sync(0xffffffffu, dAp, o);
     if (lane == 0) S.dA[warp] = dAp;
     __syncthreads();
-    for (int r = warp; r < 16; r += BWD_THREADS / 32) {
-        float sb = 0.f, sq = 0.f, sk = 0.f;
+    {   // the row sums over channels: warp w takes rows 4w .. 4w + 3 (quarter w of every row)
+        static_assert(BWD_THREADS == 128, "a row quarter per warp");
+        float sb[4] = {}, sq[4] = {}, sk[4] = {};
         for (int x = lane; x < K; x += 32) {
-            sb += S.F2[r][x];
-            sq += S.F0[r][x];
-            sk += S.F1[r][x];
+            const float4 b4 = *reinterpret_cast<const float4 *>(bwd_quarter(S.F2, x, warp));
+            const float4 q4 = *reinterpret_cast<const float4 *>(bwd_quarter(S.F0, x, warp));
+            const float4 k4 = *reinterpret_cast<const float4 *>(bwd_quarter(S.F1, x, warp));
+            sb[0] += b4.x; sb[1] += b4.y; sb[2] += b4.z; sb[3] += b4.w;
+            sq[0] += q4.x; sq[1] += q4.y; sq[2] += q4.z; sq[3] += q4.w;
+            sk[0] += k4.x; sk[1] += k4.y; sk[2] += k4.z; sk[3] += k4.w;
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sb += __shfl_xor_sync(0xffffffffu, sb, o);
-            sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                sb[i] += __shfl_xor_sync(0xffffffffu, sb[i], o);
+                sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
+                sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], o);
+            }
         if (lane == 0) {
-            S.qdot[r] = sq;
-            S.kdot[r] = sk;
-            if (r < len) {
-                float b = S.beta[r];
-                float dbeta = S.dbL[r] + sb + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
-                a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16(dbeta * b * (1.f - b));
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int r = 4 * warp + i;
+                S.qdot[r] = sq[i];
+                S.kdot[r] = sk[i];
+                if (r < len) {
+                    float b = S.beta[r];
+                    float dbeta = S.dbL[r] + sb[i] + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
+                    a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16(dbeta * b * (1.f - b));
+                }
             }
         }
     }
