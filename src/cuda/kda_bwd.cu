@@ -1176,22 +1176,32 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             dQgr[j] = S.dQg[j][cch];
             dKrr[j] = S.dKr[j][cch];
         }
-        float dKbv[16];
+        float dKbv[16];   // E·dKb (bounded) or dKb (exact)
+        // bounded: 2^{G15−c0}, for 2^{G15−G} = 2^{G15−c0}·2^{c0−G} (G > 16·lb·log2 e ≥ c0 − 61
+        // with lb ≥ −5, so every factor here is a normal float and the products stay ≤ 1)
+        const float Fd15 = EXACT ? 0.f : ex2f_(G15 - c0);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            float E = ex2f_(Gs[j]), ER = ex2f_(G15 - Gs[j]);
-            float qs = a.scale * qn[j], dKb = *bwd_at(S.F3, cch, j);
-            dKbv[j] = dKb;
-            dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
-            dqs[j] = E * dQgr[j];
-            dG[j] = qs * E * dQgr[j] + S.beta[j] * kn[j] * E * dKb - kn[j] * ER * dKrr[j];
-            sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
+            const float qs = a.scale * qn[j], dKb = *bwd_at(S.F3, cch, j);
             if constexpr (!EXACT) {
-                float Fd = ex2f_(Gs[j] - c0), Fi = ex2f_(c0 - Gs[j]);
-                float r1 = *bwd_at(S.F0, cch, j), r2 = *bwd_at(S.F1, cch, j), r3 = *bwd_at(S.F2, cch, j);
-                dqs[j] = fmaf(Fd, r2, dqs[j]);
-                dkn[j] = fmaf(Fd, r1, fmaf(Fi, r3, dkn[j]));
-                dG[j] += kn[j] * Fd * r1 + qs * Fd * r2 - kn[j] * Fi * r3;
+                // two exponentials a row: E = 2^G = Fd·2^{c0}, ER = 2^{G15−G} = Fd15·Fi. With
+                // u = β E dKb + Fd r1 and s = ER dKr + Fi r3: dk̂ = u + s, dq̂s = E dQg + Fd r2,
+                // dG = qs·dq̂s + k̂ (u − s)
+                const float x = Gs[j] - c0, Fd = ex2f_(x), Fi = ex2f_(-x), E = Fd * p2c0, ER = Fd15 * Fi;
+                const float r1 = *bwd_at(S.F0, cch, j), r2 = *bwd_at(S.F1, cch, j), r3 = *bwd_at(S.F2, cch, j);
+                const float ak = ER * dKrr[j], s = fmaf(Fi, r3, ak), u = fmaf(S.beta[j] * E, dKb, Fd * r1);
+                dkn[j] = u + s;
+                dqs[j] = fmaf(Fd, r2, E * dQgr[j]);
+                dG[j] = fmaf(qs, dqs[j], kn[j] * (u - s));
+                sumKr = fmaf(kn[j], ak, sumKr);
+                dKbv[j] = E * dKb;
+            } else {
+                const float E = ex2f_(Gs[j]), ER = ex2f_(G15 - Gs[j]);
+                dKbv[j] = dKb;
+                dkn[j] = fmaf(S.beta[j] * E, dKb, ER * dKrr[j]);
+                dqs[j] = E * dQgr[j];
+                dG[j] = qs * E * dQgr[j] + S.beta[j] * kn[j] * E * dKb - kn[j] * ER * dKrr[j];
+                sumKr = fmaf(kn[j] * ER, dKrr[j], sumKr);
             }
         }
         dG[15] += gl * dglc + sumKr;
@@ -1241,7 +1251,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                 dqn[j] = a.scale * dqs[j];
                 tq[i] = qn[j] * dqn[j];
                 tk[i] = kn[j] * dkn[j];
-                tb[i] = kn[j] * ex2f_(Gs[j]) * dKbv[j];
+                tb[i] = EXACT ? kn[j] * ex2f_(Gs[j]) * dKbv[j] : kn[j] * dKbv[j];
             }
             *reinterpret_cast<float4 *>(bwd_quarter(S.F0, cch, q)) = make_float4(tq[0], tq[1], tq[2], tq[3]);
             *reinterpret_cast<float4 *>(bwd_quarter(S.F1, cch, q)) = make_float4(tk[0], tk[1], tk[2], tk[3]);
