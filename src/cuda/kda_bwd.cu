@@ -840,7 +840,8 @@ struct BwdSmem {
     float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
-    float rq[16], rk[16], beta[16], dbL[16], qdot[16], kdot[16], dA[4], dbv[4][16];
+    alignas(16) float rq[16], rk[16], qdot[16], kdot[16];   // read four rows at a time at the end
+    float beta[16], dbL[16], dA[4], dbv[4][16];
     float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
     // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
@@ -1273,23 +1274,36 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             sq[0] += q4.x; sq[1] += q4.y; sq[2] += q4.z; sq[3] += q4.w;
             sk[0] += k4.x; sk[1] += k4.y; sk[2] += k4.z; sk[3] += k4.w;
         }
+        // the twelve sums over the warp by a reduce-scatter: xor 16 and 8 halve the values a
+        // lane keeps (12 → 6 → 3), xor 4, 2, 1 finish them as a butterfly. Each level adds the
+        // butterfly's pairs (the lane's own value first), so the sums are its bits; 18 shuffles
+        // instead of 60. Lane 8·m ends with values 3m .. 3m + 2 of v = [sb | sq | sk]
+        float v[12];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
+        for (int i = 0; i < 4; i++) { v[i] = sb[i]; v[4 + i] = sq[i]; v[8 + i] = sk[i]; }
+        const bool b4 = lane & 16, b3 = lane & 8;
+        float w6[6], w3[3];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                sb[i] += __shfl_xor_sync(0xffffffffu, sb[i], o);
-                sq[i] += __shfl_xor_sync(0xffffffffu, sq[i], o);
-                sk[i] += __shfl_xor_sync(0xffffffffu, sk[i], o);
-            }
-        if (lane == 0) {
+        for (int i = 0; i < 6; i++)
+            w6[i] = (b4 ? v[6 + i] : v[i]) + __shfl_xor_sync(0xffffffffu, b4 ? v[i] : v[6 + i], 16);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = 4 * warp + i;
-                S.qdot[r] = sq[i];
-                S.kdot[r] = sk[i];
-                if (r < len) {
+        for (int i = 0; i < 3; i++)
+            w3[i] = (b3 ? w6[3 + i] : w6[i]) + __shfl_xor_sync(0xffffffffu, b3 ? w6[i] : w6[3 + i], 8);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1)
+#pragma unroll
+            for (int i = 0; i < 3; i++) w3[i] += __shfl_xor_sync(0xffffffffu, w3[i], o);
+        if ((lane & 7) == 0) {
+#pragma unroll
+            for (int i = 0; i < 3; i++) {
+                const int e = 3 * (lane >> 3) + i, r = 4 * warp + (e & 3);
+                if (e >= 8) {
+                    S.kdot[r] = w3[i];
+                } else if (e >= 4) {
+                    S.qdot[r] = w3[i];
+                } else if (r < len) {
                     float b = S.beta[r];
-                    float dbeta = S.dbL[r] + sb[i] + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
+                    float dbeta = S.dbL[r] + w3[i] + ((S.dbv[0][r] + S.dbv[1][r]) + (S.dbv[2][r] + S.dbv[3][r]));
                     a.dbeta[(size_t)(t0 + r) * a.H + h] = __float2bfloat16(dbeta * b * (1.f - b));
                 }
             }
@@ -1300,11 +1314,19 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     if (cch < K) {
         const size_t rowK = (size_t)a.H * K;
         size_t idx = ((size_t)t0 * a.H + h) * K + cch;
+        float4 rq4, qd4, rk4, kd4;   // rows j .. j + 3 of the per-row factors (16-byte loads)
 #pragma unroll
         for (int j = 0; j < 16; j++, idx += rowK) {
+            if ((j & 3) == 0) {
+                rq4 = *reinterpret_cast<const float4 *>(&S.rq[j]);
+                qd4 = *reinterpret_cast<const float4 *>(&S.qdot[j]);
+                rk4 = *reinterpret_cast<const float4 *>(&S.rk[j]);
+                kd4 = *reinterpret_cast<const float4 *>(&S.kdot[j]);
+            }
+            auto el = [&](const float4 &x) { return (j & 3) == 0 ? x.x : (j & 3) == 1 ? x.y : (j & 3) == 2 ? x.z : x.w; };
             if (j < len) {
-                a.dq[idx] = __float2bfloat16(S.rq[j] * (dqn[j] - qn[j] * S.qdot[j]));
-                a.dk[idx] = __float2bfloat16(S.rk[j] * (dkn[j] - kn[j] * S.kdot[j]));
+                a.dq[idx] = __float2bfloat16(el(rq4) * (dqn[j] - qn[j] * el(qd4)));
+                a.dk[idx] = __float2bfloat16(el(rk4) * (dkn[j] - kn[j] * el(kd4)));
             }
         }
     }
