@@ -831,8 +831,8 @@ template <int K, int V>
 struct BwdSmem {
     // per key channel c a 64-byte row (bwd_quarter), first as an operand of the products — the
     // channel's 16 tokens as bf16 hi, then lo, split once by the channel's thread (each product
-    // warp split its fp32 operands itself before: ~30% of the kernel's instructions, ncu
-    // session 31) — then in place the channel's 16 fp32 results, which its thread reads back
+    // warp split its fp32 operands itself before: with their scalar loads ~15% of the kernel's
+    // instructions, ncu session 31) — then in place the channel's 16 fp32 results, which its thread reads back
     // by 16-byte loads. Bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 =
     // scale·q̂⊙2^{G−c0} (Qd); exact: F2 = k̂⊙2^G; F3 = dW. Results: F0 ← P·Ki, F1 ← dM·Ki,
     // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, the row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂,
@@ -863,14 +863,6 @@ __device__ __forceinline__ void bwd_split_row(float (*F)[16], int c, const float
 // their split rows, by one ldmatrix: b[0..1] hi, b[2..3] lo
 __device__ __forceinline__ void bwd_ldb_split(uint32_t b[4], const float (*F)[16], int n0, int lane) {
     ldsm_x4(b, reinterpret_cast<const bf16 *>(bwd_quarter(F, n0 + (lane & 7), lane >> 3)));
-}
-// channel c's 16 fp32 values (a row of results) into x, by four 16-byte loads
-__device__ __forceinline__ void bwd_row(float (&x)[16], const float (*F)[16], int c) {
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float4 v = *reinterpret_cast<const float4 *>(bwd_quarter(F, c, q));
-        x[4 * q] = v.x; x[4 * q + 1] = v.y; x[4 * q + 2] = v.z; x[4 * q + 3] = v.w;
-    }
 }
 
 // the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
