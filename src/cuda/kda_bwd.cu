@@ -840,14 +840,18 @@ struct BwdSmem {
     float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
-    alignas(16) float rq[16], rk[16], qdot[16], kdot[16];   // read four rows at a time at the end
-    float beta[16], dbL[16], dA[4], dbv[4][16];
+    alignas(16) float rq[16], rk[16], qdot[16], kdot[16], beta[16];   // read four rows at a time
+    float dbL[16], dA[4], dbv[4][16];
     float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
     // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
     float dQg[16][K], dKr[16][K], dgl[K], dMraw[256];
 };
 
+// element r % 4 of x (r a compile-time index after unrolling: no local memory)
+__device__ __forceinline__ float f4_at(const float4 &x, int r) {
+    return (r & 3) == 0 ? x.x : (r & 3) == 1 ? x.y : (r & 3) == 2 ? x.z : x.w;
+}
 // channel c's 16 tokens x as bf16 hi + lo into its row of F (bwd_quarter): quarters 0, 1 hi,
 // 2, 3 lo (the same values lda_f32_split and ldb_f32kn_split made from fp32)
 __device__ __forceinline__ void bwd_split_row(float (*F)[16], int c, const float (&x)[16]) {
@@ -990,13 +994,18 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         float fx[NF][2];                    // a row pair's factors ...
         uint32_t fh[NF][4], fl[NF][4];      // ... split, four row pairs at a time
         float(*const Fo[3])[16] = {EXACT ? S.F2 : S.F0, S.F1, S.F2};
+        float4 rq4, rk4;   // rows r .. r + 3 of the reciprocal norms
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             const float gv = chunk_gate_row<GATE>(a.lb, eA, fr[r] + db, r, len);   // as the prep kernel
             G = fmaf(gv, KDA_LOG2E, G);
             Gs[r] = G;
-            qn[r] = qx[r] * S.rq[r];
-            kn[r] = kx[r] * S.rk[r];
+            if ((r & 3) == 0) {
+                rq4 = *reinterpret_cast<const float4 *>(&S.rq[r]);
+                rk4 = *reinterpret_cast<const float4 *>(&S.rk[r]);
+            }
+            qn[r] = qx[r] * f4_at(rq4, r);
+            kn[r] = kx[r] * f4_at(rk4, r);
             if constexpr (EXACT) {
                 fx[0][r & 1] = kn[r] * ex2f_(G);
             } else {
@@ -1060,23 +1069,36 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             }
     }
     __syncthreads();
-    for (int e = tid; e < 256; e += BWD_THREADS) {   // X = dINV · INVᵀ
-        int i = e >> 4, j = e & 15;
-        float x = 0.f;
+    static_assert(BWD_THREADS == 128, "two rows a thread below, a row quarter per warp in the row sums");
+    // X = dINV · INVᵀ, then dL = −INVᵀ X (strict lower), P = β_row dL: a thread per column j
+    // and the rows i0, i0 + 8, which share the column's loads
+    const int i0 = tid >> 4, jc = tid & 15;
+    {
+        float x0 = 0.f, x1 = 0.f;
 #pragma unroll
-        for (int m = 0; m < 16; m++) x = fmaf(S.dINV[i][m], S.INV[j][m], x);
-        S.X[i][j] = x;
+        for (int m = 0; m < 16; m++) {
+            const float iv = S.INV[jc][m];
+            x0 = fmaf(S.dINV[i0][m], iv, x0);
+            x1 = fmaf(S.dINV[i0 + 8][m], iv, x1);
+        }
+        S.X[i0][jc] = x0;
+        S.X[i0 + 8][jc] = x1;
     }
     __syncthreads();
-    for (int e = tid; e < 256; e += BWD_THREADS) {   // dL = −INVᵀ X (strict lower); P = β_row dL
-        int i = e >> 4, j = e & 15;
-        float dl = 0.f;
-        if (i > j) {
+    {
+        float d0 = 0.f, d1 = 0.f;
 #pragma unroll
-            for (int m = 0; m < 16; m++) dl = fmaf(-S.INV[m][i], S.X[m][j], dl);
-            S.P[i][j] = S.beta[i] * dl;
+        for (int m = 0; m < 16; m++) {
+            const float xv = S.X[m][jc];
+            d0 = fmaf(-S.INV[m][i0], xv, d0);
+            d1 = fmaf(-S.INV[m][i0 + 8], xv, d1);
         }
-        S.dINV[i][j] = dl * S.Lraw[i][j];   // dβ from L, summed per row below
+        d0 = i0 > jc ? d0 : 0.f;
+        d1 = i0 + 8 > jc ? d1 : 0.f;
+        if (i0 > jc) S.P[i0][jc] = S.beta[i0] * d0;
+        if (i0 + 8 > jc) S.P[i0 + 8][jc] = S.beta[i0 + 8] * d1;
+        S.dINV[i0][jc] = d0 * S.Lraw[i0][jc];   // dβ from L, summed per row below
+        S.dINV[i0 + 8][jc] = d1 * S.Lraw[i0 + 8][jc];
     }
     __syncthreads();
     if (tid < 16) {
@@ -1173,6 +1195,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         // bounded: 2^{G15−c0}, for 2^{G15−G} = 2^{G15−c0}·2^{c0−G} (G > 16·lb·log2 e ≥ c0 − 61
         // with lb ≥ −5, so every factor here is a normal float and the products stay ≤ 1)
         const float Fd15 = EXACT ? 0.f : ex2f_(G15 - c0);
+        float4 b4;   // β of rows j .. j + 3
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const float qs = a.scale * qn[j], dKb = *bwd_at(S.F3, cch, j);
@@ -1182,7 +1205,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                 // dG = qs·dq̂s + k̂ (u − s)
                 const float x = Gs[j] - c0, Fd = ex2f_(x), Fi = ex2f_(-x), E = Fd * p2c0, ER = Fd15 * Fi;
                 const float r1 = *bwd_at(S.F0, cch, j), r2 = *bwd_at(S.F1, cch, j), r3 = *bwd_at(S.F2, cch, j);
-                const float ak = ER * dKrr[j], s = fmaf(Fi, r3, ak), u = fmaf(S.beta[j] * E, dKb, Fd * r1);
+                if ((j & 3) == 0) b4 = *reinterpret_cast<const float4 *>(&S.beta[j]);
+                const float ak = ER * dKrr[j], s = fmaf(Fi, r3, ak), u = fmaf(f4_at(b4, j) * E, dKb, Fd * r1);
                 dkn[j] = u + s;
                 dqs[j] = fmaf(Fd, r2, E * dQgr[j]);
                 dG[j] = fmaf(qs, dqs[j], kn[j] * (u - s));
@@ -1256,7 +1280,6 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     if (lane == 0) S.dA[warp] = dAp;
     __syncthreads();
     {   // the row sums over channels: warp w takes rows 4w .. 4w + 3 (quarter w of every row)
-        static_assert(BWD_THREADS == 128, "a row quarter per warp");
         float sb[4] = {}, sq[4] = {}, sk[4] = {};
         for (int x = lane; x < K; x += 32) {
             const float4 b4 = *reinterpret_cast<const float4 *>(bwd_quarter(S.F2, x, warp));
@@ -1315,10 +1338,9 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                 rk4 = *reinterpret_cast<const float4 *>(&S.rk[j]);
                 kd4 = *reinterpret_cast<const float4 *>(&S.kdot[j]);
             }
-            auto el = [&](const float4 &x) { return (j & 3) == 0 ? x.x : (j & 3) == 1 ? x.y : (j & 3) == 2 ? x.z : x.w; };
             if (j < len) {
-                a.dq[idx] = __float2bfloat16(el(rq4) * (dqn[j] - qn[j] * el(qd4)));
-                a.dk[idx] = __float2bfloat16(el(rk4) * (dkn[j] - kn[j] * el(kd4)));
+                a.dq[idx] = __float2bfloat16(f4_at(rq4, j) * (dqn[j] - qn[j] * f4_at(qd4, j)));
+                a.dk[idx] = __float2bfloat16(f4_at(rk4, j) * (dkn[j] - kn[j] * f4_at(kd4, j)));
             }
         }
     }
