@@ -300,22 +300,31 @@ __device__ __forceinline__ unsigned char *seg_fbuf(unsigned char *smem, const Se
     return i == 0 ? smem + L.oF : smem + L.odS + (i - 1) * L.FB;
 }
 
+// sgn times a [16 tokens][16 channels] C-fragment tile (tokens g, g + 8; channels n0 + 8·h2 + 2t,
+// + 1) to the channel rows X[c·16 + token] of a chunk's [K][16] fp32 gradient (dQg, dWg, dKr:
+// the backward chunk kernel reads a channel's row by 16-byte loads)
+__device__ __forceinline__ void store_rows16(float *X, int n0, const float (*f)[4], int lane, float sgn = 1.f) {
+    float *p = X + (n0 + 2 * (lane & 3)) * 16 + (lane >> 2);
+#pragma unroll
+    for (int h2 = 0; h2 < 2; h2++) {
+        p[128 * h2] = sgn * f[h2][0];
+        p[128 * h2 + 16] = sgn * f[h2][1];
+        p[128 * h2 + 8] = sgn * f[h2][2];
+        p[128 * h2 + 24] = sgn * f[h2][3];
+    }
+}
 // the value products' outputs for channels n0 .. n0 + 15 of chunk slot hc: dQg = aq, dWg = −aw,
-// dKr = ak (fp32 [16][K] rows), dgl = the diagonal of ag = S·dS'ᵀ over the group (C fragments:
+// dKr = ak (store_rows16), dgl = the diagonal of ag = S·dS'ᵀ over the group (C fragments:
 // rows n0 + g (+8), columns n0 + 8·h2 + 2t (+1))
 template <int K>
 __device__ __forceinline__ void vprod_store_group(const SegArgs &a, size_t hc, int n0, int lane, const float (*aq)[4],
                                                   const float (*aw)[4], const float (*ak)[4], const float (*ag)[4]) {
     const int g = lane >> 2, t = lane & 3;
+    store_rows16(a.dQg + hc * 16 * K, n0, aq, lane);
+    store_rows16(a.dWg + hc * 16 * K, n0, aw, lane, -1.f);
+    store_rows16(a.dKr + hc * 16 * K, n0, ak, lane);
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++) {
-        size_t o0 = hc * 16 * K + (size_t)g * K + n0 + 8 * h2 + 2 * t, o1 = o0 + 8 * K;
-        *reinterpret_cast<float2 *>(a.dQg + o0) = make_float2(aq[h2][0], aq[h2][1]);
-        *reinterpret_cast<float2 *>(a.dQg + o1) = make_float2(aq[h2][2], aq[h2][3]);
-        *reinterpret_cast<float2 *>(a.dWg + o0) = make_float2(-aw[h2][0], -aw[h2][1]);
-        *reinterpret_cast<float2 *>(a.dWg + o1) = make_float2(-aw[h2][2], -aw[h2][3]);
-        *reinterpret_cast<float2 *>(a.dKr + o0) = make_float2(ak[h2][0], ak[h2][1]);
-        *reinterpret_cast<float2 *>(a.dKr + o1) = make_float2(ak[h2][2], ak[h2][3]);
         // the diagonal is row 8·h2 + g = column 8·h2 + 2t + (e & 1), i.e. e = 2·h2 + (g & 1),
         // g >> 1 == t (selected, not indexed by g & 1: a run-time index put ag in local memory)
         if ((g >> 1) == t) a.dgl[hc * K + n0 + 8 * h2 + g] = (g & 1) ? ag[h2][2 * h2 + 1] : ag[h2][2 * h2];
@@ -607,16 +616,6 @@ __device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool
     }
 }
 
-// sgn times a [16][16] C-fragment tile (rows g, g + 8; columns 8·h2 + 2t, + 1) to the fp32
-// rows X[r·ld ..]
-__device__ __forceinline__ void store_c16(float *X, int ld, const float (*f)[4], int lane, float sgn = 1.f) {
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) {
-        *reinterpret_cast<float2 *>(X + g * ld + 8 * h2 + 2 * t) = make_float2(sgn * f[h2][0], sgn * f[h2][1]);
-        *reinterpret_cast<float2 *>(X + (g + 8) * ld + 8 * h2 + 2 * t) = make_float2(sgn * f[h2][2], sgn * f[h2][3]);
-    }
-}
 
 template <int K>
 __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
@@ -732,9 +731,9 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
             mma16816(z[1], fS, bD + 2);
         }
         // what needs no correction goes out first (fewer live registers below)
-        store_c16(a.dQg + hA * 16 * K + n0, K, x[0], lane);
-        store_c16(a.dWg + hA * 16 * K + n0, K, x[1], lane, -1.f);
-        if (pair) store_c16(a.dKr + (hA + 1) * 16 * K + n0, K, y[1], lane);
+        store_rows16(a.dQg + hA * 16 * K, n0, x[0], lane);
+        store_rows16(a.dWg + hA * 16 * K, n0, x[1], lane, -1.f);
+        if (pair) store_rows16(a.dKr + (hA + 1) * 16 * K, n0, y[1], lane);
         __syncthreads();   // A1, A2 are in shared memory
         // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
         float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
@@ -781,10 +780,10 @@ __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, cons
 #pragma unroll
             for (int e = 0; e < 2; e++) zd[h2][e] = __shfl_sync(0xffffffffu, zs, 4 * (2 * t + e) + t);
         }
-        store_c16(a.dKr + hA * 16 * K + n0, K, y[0], lane);
+        store_rows16(a.dKr + hA * 16 * K, n0, y[0], lane);
         if (pair) {
-            store_c16(a.dQg + (hA + 1) * 16 * K + n0, K, x[2], lane);
-            store_c16(a.dWg + (hA + 1) * 16 * K + n0, K, x[3], lane, -1.f);
+            store_rows16(a.dQg + (hA + 1) * 16 * K, n0, x[2], lane);
+            store_rows16(a.dWg + (hA + 1) * 16 * K, n0, x[3], lane, -1.f);
         }
         for (int j = 0; j < nb; j++) {
             const size_t hc = hA + j;
@@ -845,9 +844,17 @@ struct BwdSmem {
     float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
     // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
-    float dQg[16][K], dKr[16][K], dgl[K], dMraw[256];
+    float dQg[K][16], dKr[K][16], dgl[K], dMraw[256];   // dQg, dKr: channel rows (bwd_quarter)
 };
 
+// channel c's row of F (bwd_quarter) as 16 fp32 values, by four 16-byte loads
+__device__ __forceinline__ void bwd_row(float (&x)[16], const float (*F)[16], int c) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 v = *reinterpret_cast<const float4 *>(bwd_quarter(F, c, q));
+        x[4 * q] = v.x; x[4 * q + 1] = v.y; x[4 * q + 2] = v.z; x[4 * q + 3] = v.w;
+    }
+}
 // element r % 4 of x (r a compile-time index after unrolling: no local memory)
 __device__ __forceinline__ float f4_at(const float4 &x, int r) {
     return (r & 3) == 0 ? x.x : (r & 3) == 1 ? x.y : (r & 3) == 2 ? x.z : x.w;
@@ -935,7 +942,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
 
     // every global load first, by 16-byte cp.async: the chunk's rows of q, k (staged in F0) and f
     // (in F1), read from there by channel and by row before F0 and F1 are written; v and dU
-    // straight into their tiles; dW's rows into F3 (rows past the end zero-filled, dU whole)
+    // straight into their tiles; dW's channel rows into F3 (rows past the end zero-filled, dU whole)
     bf16 *stq = reinterpret_cast<bf16 *>(&S.F0[0][0]), *stk = stq + 16 * K, *stf = reinterpret_cast<bf16 *>(&S.F1[0][0]);
     static_assert(2 * 16 * K * sizeof(bf16) <= sizeof(S.F0), "q and k rows fit in F0");
     {
@@ -947,9 +954,10 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
 #pragma unroll
         for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
             const int i = tid + it * BWD_THREADS;
-            cp_async16(&S.F3[0][0] + 4 * i, a.dWg + cK + 4 * i);
-            cp_async16(&S.dQg[0][0] + 4 * i, a.dQg + cK + 4 * i);
-            cp_async16(&S.dKr[0][0] + 4 * i, a.dKr + cK + 4 * i);
+            // piece i: quarter i % 4 of channel i / 4's row (the rows as the kernels above wrote them)
+            cp_async16(bwd_quarter(S.F3, i >> 2, i & 3), a.dWg + cK + 4 * i);
+            cp_async16(bwd_quarter(S.dQg, i >> 2, i & 3), a.dQg + cK + 4 * i);
+            cp_async16(bwd_quarter(S.dKr, i >> 2, i & 3), a.dKr + cK + 4 * i);
         }
         chunk_rows_async<V, BWD_THREADS, 1>({&S.v[0][0]}, V + 8, {a.v}, row0, rs, len, tid);
         static_assert((2 * V) % BWD_THREADS == 0, "whole passes");
@@ -972,8 +980,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     float fr[16], qx[16], kx[16], dwc[16];   // dwc: the channel's dW (its row of F3 is written below)
     if (cch < K) {
         chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
-#pragma unroll
-        for (int r = 0; r < 16; r++) dwc[r] = (&S.F3[0][0])[r * K + cch];
+        bwd_row(dwc, S.F3, cch);
     }
     // the prep kernel's INV, raw L, β and the rows' reciprocal norms (the same values it used)
     kda_lx_unpack(S.lx, S.INV, S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
@@ -1186,11 +1193,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     if (cch < K) {
         float G15 = Gs[15], gl = ex2f_(G15), dG[16], dqs[16], sumKr = 0.f;
         float dQgr[16], dKrr[16], dglc = S.dgl[cch];
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            dQgr[j] = S.dQg[j][cch];
-            dKrr[j] = S.dKr[j][cch];
-        }
+        bwd_row(dQgr, S.dQg, cch);
+        bwd_row(dKrr, S.dKr, cch);
         float dKbv[16];   // E·dKb (bounded) or dKb (exact)
         // bounded: 2^{G15−c0}, for 2^{G15−G} = 2^{G15−c0}·2^{c0−G} (G > 16·lb·log2 e ≥ c0 − 61
         // with lb ≥ −5, so every factor here is a normal float and the products stay ≤ 1)

@@ -408,7 +408,7 @@ struct KSeq {
 //   M [H][NC][2][16][16] bf16 (hi, lo), gl [H][NC][K] fp32;
 // the opt-in 64-token scan steps (group > 1): Wt, Ut (W~, U~ of kda_merge.cu) in W's and U's layout;
 // state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
-// backward: dQg, dWg, dKr [H][NC][16][K] fp32, dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
+// backward: dQg, dWg, dKr [H][NC][K][16] fp32 (a row of 16 tokens per key channel), dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
 //   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.
 // The backward's value products run per pair of global chunks (2p, 2p + 1) by default
 // (kda_bwd_vpair_kernel): from the state entering the first and the state gradient leaving the
