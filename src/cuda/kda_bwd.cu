@@ -859,8 +859,8 @@ __device__ __forceinline__ void bwd_row(float (&x)[16], const float (*F)[16], in
 __device__ __forceinline__ float f4_at(const float4 &x, int r) {
     return (r & 3) == 0 ? x.x : (r & 3) == 1 ? x.y : (r & 3) == 2 ? x.z : x.w;
 }
-// channel c's 16 tokens x as bf16 hi + lo into its row of F (bwd_quarter): quarters 0, 1 hi,
-// 2, 3 lo (the same values lda_f32_split and ldb_f32kn_split made from fp32)
+// channel c's 16 tokens x as bf16 hi + lo (split_bf16) into its row of F (bwd_quarter):
+// quarters 0, 1 hi, 2, 3 lo
 __device__ __forceinline__ void bwd_split_row(float (*F)[16], int c, const float (&x)[16]) {
     uint32_t hi[8], lo[8];
 #pragma unroll

@@ -147,28 +147,6 @@ __device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uin
     mma16816(c, ah, bl);
     mma16816(c, al, bh);
 }
-// A fragment (hi and lo) from a row-major fp32 tile X[16][ld], k offset k0
-__device__ __forceinline__ void lda_f32_split(uint32_t ah[4], uint32_t al[4], const float *X, int ld, int k0, int lane) {
-    int g = lane >> 2, t = lane & 3;
-    float2 x0 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t);
-    float2 x1 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t);
-    float2 x2 = *reinterpret_cast<const float2 *>(X + g * ld + k0 + 2 * t + 8);
-    float2 x3 = *reinterpret_cast<const float2 *>(X + (g + 8) * ld + k0 + 2 * t + 8);
-    split_bf16(x0.x, x0.y, ah[0], al[0]);
-    split_bf16(x1.x, x1.y, ah[1], al[1]);
-    split_bf16(x2.x, x2.y, ah[2], al[2]);
-    split_bf16(x3.x, x3.y, ah[3], al[3]);
-}
-// B fragment (hi and lo) from an fp32 tile Bt[n][ld] (k contiguous), n offset n0, k offset k0
-__device__ __forceinline__ void ldb_f32_split(uint32_t bh[2], uint32_t bl[2], const float *Bt, int ld, int n0, int k0,
-                                              int lane) {
-    int g = lane >> 2, t = lane & 3;
-    float2 x0 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t);
-    float2 x1 = *reinterpret_cast<const float2 *>(Bt + (n0 + g) * ld + k0 + 2 * t + 8);
-    split_bf16(x0.x, x0.y, bh[0], bl[0]);
-    split_bf16(x1.x, x1.y, bh[1], bl[1]);
-}
-
 // A fragment (hi, lo) of a 16×16 fp32 tile X (row stride ld, any alignment); trans: A = Xᵀ
 __device__ __forceinline__ void lda_f32_16(uint32_t ah[4], uint32_t al[4], const float *X, int ld, bool trans, int lane) {
     int g = lane >> 2, t = lane & 3;
@@ -177,13 +155,6 @@ __device__ __forceinline__ void lda_f32_16(uint32_t ah[4], uint32_t al[4], const
     split_bf16(at(g + 8, 2 * t), at(g + 8, 2 * t + 1), ah[1], al[1]);
     split_bf16(at(g, 2 * t + 8), at(g, 2 * t + 9), ah[2], al[2]);
     split_bf16(at(g + 8, 2 * t + 8), at(g + 8, 2 * t + 9), ah[3], al[3]);
-}
-// B fragment (hi, lo) from a row-major fp32 tile X[k][n] (n contiguous, row stride ld), n offset n0
-__device__ __forceinline__ void ldb_f32kn_split(uint32_t bh[2], uint32_t bl[2], const float *X, int ld, int n0, int lane) {
-    int g = lane >> 2, t = lane & 3;
-    const float *p = X + 2 * t * ld + n0 + g;
-    split_bf16(p[0], p[ld], bh[0], bl[0]);
-    split_bf16(p[8 * ld], p[9 * ld], bh[1], bl[1]);
 }
 
 // ---- cp.async (16 bytes; src_bytes = 0 fills zeros) ----

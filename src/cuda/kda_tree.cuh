@@ -21,11 +21,9 @@
 #define LM_CUDA_KDA_TREE_CUH
 #include "kda_common.cuh"
 
-// one level's operands; rows are compact indices (tree_compact). Q = false: the k̂ rows only
-// (the backward's k̂ᵢ·k̂ⱼ alone)
-template <int K, bool Q = true> struct TreeLevel {
-    static constexpr int AR = Q ? 16 : 8;
-    bf16 Ah[AR][K + 8], Al[AR][K + 8];   // rows 0–7: k̂ ⊙ R of the upper rows; 8–15: q̂s ⊙ R
+// one level's operands; rows are compact indices (tree_compact)
+template <int K> struct TreeLevel {
+    bf16 Ah[16][K + 8], Al[16][K + 8];   // rows 0–7: k̂ ⊙ R of the upper rows; 8–15: q̂s ⊙ R
     bf16 Bh[8][K + 8], Bl[8][K + 8];     // k̂ ⊙ C of the lower rows
 };
 
@@ -42,8 +40,8 @@ __device__ __forceinline__ void st_split(bf16 &hi, bf16 &lo, float x) {
 
 // channel c's operands of level 2^B from its 16 rows held in registers: G (log2 cumulative
 // gate), k̂ and q̂s (the query as the product wants it, e.g. scale·q̂). One exp2 per row.
-template <int K, int B, bool Q>
-__device__ __forceinline__ void tree_store(TreeLevel<K, Q> &T, int c, const float (&G)[16], const float (&kn)[16],
+template <int K, int B>
+__device__ __forceinline__ void tree_store(TreeLevel<K> &T, int c, const float (&G)[16], const float (&kn)[16],
                                            const float (&qs)[16]) {
     constexpr int s = 1 << B;
 #pragma unroll
@@ -52,7 +50,7 @@ __device__ __forceinline__ void tree_store(TreeLevel<K, Q> &T, int c, const floa
         if (r & s) {
             float R = ex2f_(G[r] - G[(r & ~s) | (s - 1)]);
             st_split(T.Ah[cr][c], T.Al[cr][c], kn[r] * R);
-            if constexpr (Q) st_split(T.Ah[8 + cr][c], T.Al[8 + cr][c], qs[r] * R);
+            st_split(T.Ah[8 + cr][c], T.Al[8 + cr][c], qs[r] * R);
         } else {
             float C = ex2f_(G[r | (s - 1)] - G[r]);
             st_split(T.Bh[cr][c], T.Bl[cr][c], kn[r] * C);
@@ -62,30 +60,21 @@ __device__ __forceinline__ void tree_store(TreeLevel<K, Q> &T, int c, const floa
 
 // one warp: level 2^b's product; put(i, j, value, is_q) for each pair of the level this lane
 // holds (is_q: the q̂s row's product, else the k̂ row's)
-template <int K, bool Q, typename Put>
-__device__ __forceinline__ void tree_mma(const TreeLevel<K, Q> &T, int b, int lane, Put put) {
+template <int K, typename Put>
+__device__ __forceinline__ void tree_mma(const TreeLevel<K> &T, int b, int lane, Put put) {
     float acc[4] = {};
 #pragma unroll
     for (int j = 0; j < K / 16; j++) {
         uint32_t ah[4], al[4], bh[2], bl[2];
-        if constexpr (Q) {
-            lda_row(ah, &T.Ah[0][0], K + 8, 16 * j, lane);
-            lda_row(al, &T.Al[0][0], K + 8, 16 * j, lane);
-        } else {   // A rows 8–15 are zero
-            const int g = lane >> 2, t = lane & 3;
-            ah[0] = ld_u32(&T.Ah[g][16 * j + 2 * t]);
-            ah[2] = ld_u32(&T.Ah[g][16 * j + 2 * t + 8]);
-            al[0] = ld_u32(&T.Al[g][16 * j + 2 * t]);
-            al[2] = ld_u32(&T.Al[g][16 * j + 2 * t + 8]);
-            ah[1] = ah[3] = al[1] = al[3] = 0u;
-        }
+        lda_row(ah, &T.Ah[0][0], K + 8, 16 * j, lane);
+        lda_row(al, &T.Al[0][0], K + 8, 16 * j, lane);
         ldb_nk(bh, &T.Bh[0][0], K + 8, 0, 16 * j, lane);
         ldb_nk(bl, &T.Bl[0][0], K + 8, 0, 16 * j, lane);
         mma3(acc, ah, al, bh, bl);
     }
     const int g = lane >> 2, t = lane & 3;   // C rows g (k̂ part) and g + 8 (q̂s part): upper row g
 #pragma unroll
-    for (int e = 0; e < (Q ? 4 : 2); e++) {
+    for (int e = 0; e < 4; e++) {
         int v = 2 * t + (e & 1);
         if ((g >> b) == (v >> b)) put(tree_row(g, b, 1), tree_row(v, b, 0), acc[e], e >= 2);
     }
