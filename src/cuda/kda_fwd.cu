@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #define PREP_THREADS 128
+#define PREP_GRID_Y 32768   // the prep grid's chunks per y row (gridDim.y ≤ 65535; 1M tokens are 65536 chunks)
 
 // ---------------------------------------------------------------------------------------
 // workspace
@@ -231,10 +232,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
-    int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
+    // (head, chunk) from a 2-D grid in the same order as h + H·gc (no division by H before the
+    // block's first copies can be issued)
+    const int h = blockIdx.x, gc = blockIdx.y + PREP_GRID_Y * blockIdx.z;
     int n, c, len;
     long long t0;
-    if (!a.sq.chunk(gc, n, c, t0, len)) return;
+    if (gc >= a.NC || !a.sq.chunk(gc, n, c, t0, len)) return;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, RPW = 16 / (PREP_THREADS / 32);
@@ -384,20 +387,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
         float acc[4] = {}, acc2[4] = {};
 #pragma unroll
         for (int j = 0; j < K / 16; j++) {
-            // A = X (rows × channels) from Xᵀ; B = A2ᵀ (channels × rows), both n-tiles per load
-            uint32_t ah[4], al[4], bh[4], bl[4];
+            // A = X (rows × channels) from Xᵀ; B = A2ᵀ (channels × rows): this warp's n-tile of
+            // A2 hi (lanes 0–15) and lo (lanes 16–31) by one ldmatrix, b[0..1] hi, b[2..3] lo
+            // (both n-tiles of each and a select of one cost a load and four selects more)
+            uint32_t ah[4], al[4], b[4];
             const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
             ldsm_x4_t(ah, (const bf16 *)prep_fac_row(Xh, ra, (lane >> 3) & 1));
             ldsm_x4_t(al, (const bf16 *)prep_fac_row(Xl, ra, (lane >> 3) & 1));
-            ldsm_x4_t(bh, (const bf16 *)prep_fac_row(S.u.fac.T[4], rb, lane >> 4));
-            ldsm_x4_t(bl, (const bf16 *)prep_fac_row(S.u.fac.T[5], rb, lane >> 4));
-            // this warp's n-tile, picked by selects (an index by the run-time nt would put the
-            // fragments in local memory)
-            const uint32_t bhn[2] = {nt ? bh[2] : bh[0], nt ? bh[3] : bh[1]};
-            const uint32_t bln[2] = {nt ? bl[2] : bl[0], nt ? bl[3] : bl[1]};
-            mma16816(acc, ah, bhn);
-            mma16816(acc2, ah, bln);
-            mma16816(acc2, al, bhn);
+            ldsm_x4_t(b, (const bf16 *)prep_fac_row(S.u.fac.T[lane < 16 ? 4 : 5], rb, nt));
+            mma16816(acc, ah, b);
+            mma16816(acc2, ah, b + 2);
+            mma16816(acc2, al, b);
         }
         int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -513,21 +513,32 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     }
     __syncthreads();
     {
-        uint4 *gQ = reinterpret_cast<uint4 *>(a.Qg + hc * 16 * K);
-        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
-            int r = i / (K / 8), pc = i % (K / 8);
-            gQ[i] = *reinterpret_cast<const uint4 *>(&S.u.out.Qg[r][pc * 8]);
+        // fixed passes of 16-byte pieces (a run-time loop over tid cost ~23 instructions a piece:
+        // ncu, session 32); all loads first, then the stores
+        static_assert((16 * K / 8) % PREP_THREADS == 0 && (16 * V / 8) % PREP_THREADS == 0, "whole passes");
+        constexpr int PK = 16 * K / 8 / PREP_THREADS, PV = 16 * V / 8 / PREP_THREADS;
+        const unsigned ut = threadIdx.x;
+        uint4 xq[PK], xw[PK], xu[PV];
+#pragma unroll
+        for (int ps = 0; ps < PK; ps++) {
+            const unsigned i = ut + ps * PREP_THREADS, r = i / (K / 8), pc = i % (K / 8);
+            xq[ps] = *reinterpret_cast<const uint4 *>(&S.u.out.Qg[r][pc * 8]);
+            xw[ps] = *reinterpret_cast<const uint4 *>(&S.u.out.W[r][pc * 8]);
         }
-        uint4 *gW = reinterpret_cast<uint4 *>(a.W + hc * 16 * K);
-        for (int i = tid; i < 16 * K / 8; i += PREP_THREADS) {
-            int r = i / (K / 8), pc = i % (K / 8);
-            gW[i] = *reinterpret_cast<const uint4 *>(&S.u.out.W[r][pc * 8]);
+#pragma unroll
+        for (int ps = 0; ps < PV; ps++) {
+            const unsigned i = ut + ps * PREP_THREADS, r = i / (V / 8), pc = i % (V / 8);
+            xu[ps] = *reinterpret_cast<const uint4 *>(&S.u.out.U[r][pc * 8]);
         }
-        uint4 *gU = reinterpret_cast<uint4 *>(a.U + hc * 16 * V);
-        for (int i = tid; i < 16 * V / 8; i += PREP_THREADS) {
-            int r = i / (V / 8), pc = i % (V / 8);
-            gU[i] = *reinterpret_cast<const uint4 *>(&S.u.out.U[r][pc * 8]);
+        uint4 *gQ = reinterpret_cast<uint4 *>(a.Qg + hc * 16 * K) + ut, *gW = reinterpret_cast<uint4 *>(a.W + hc * 16 * K) + ut;
+        uint4 *gU = reinterpret_cast<uint4 *>(a.U + hc * 16 * V) + ut;
+#pragma unroll
+        for (int ps = 0; ps < PK; ps++) {
+            gQ[ps * PREP_THREADS] = xq[ps];
+            gW[ps * PREP_THREADS] = xw[ps];
         }
+#pragma unroll
+        for (int ps = 0; ps < PV; ps++) gU[ps * PREP_THREADS] = xu[ps];
     }
 }
 
@@ -1131,9 +1142,10 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     size_t smem = sizeof(PrepSmem<K, V>);
     cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    long long blocks = (long long)w.NC * p->H;
-    if (blocks == 0) return cudaSuccess;
-    kda_prep_kernel<K, V, MODE><<<(unsigned)blocks, PREP_THREADS, smem, p->stream>>>(a);
+    if ((long long)w.NC * p->H == 0) return cudaSuccess;
+    const dim3 grid((unsigned)p->H, (unsigned)(w.NC < PREP_GRID_Y ? w.NC : PREP_GRID_Y),
+                    (unsigned)((w.NC + PREP_GRID_Y - 1) / PREP_GRID_Y));
+    kda_prep_kernel<K, V, MODE><<<grid, PREP_THREADS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }
 
