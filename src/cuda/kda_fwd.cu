@@ -198,6 +198,9 @@ struct PrepArgs {
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl;
     float *Lx;   // NULL, or the solve kept for the backward (KDA_LX a chunk-head)
+    // q, k, f ([tokens][H][K]) and v ([tokens][H][V]) for the input copies: boxes of one head's
+    // 16 rows (prep_input_map)
+    CUtensorMap mq, mk, mf, mv;
 };
 
 // 16-byte half h of row c of a [K][16] bf16 factor tile: the halves of rows c with bit 2 set
@@ -213,7 +216,8 @@ struct PrepSmem {
     bf16 KeT[K][KDA_LD16];                 // k̂⊙e^G, transposed: B of W = (INV·Diag β)·(K̂⊙e^G)
     float L[16][17], Mm[16][17], INV[16][17];
     float rq[16], rk[16], beta[16], qk[16];   // qk: the exact path's diagonal of M
-    union {
+    uint64_t bar;   // the input copies' mbarrier
+    alignas(128) union {   // 128: the input copies' destination
         // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} as bf16 hi + lo,
         // split once by the channel's thread (T[2i] hi, T[2i+1] lo of Ai), transposed [channel]
         // [token] for ldmatrix (prep_fac_row: the 16-byte halves swizzled, no padding). Each
@@ -221,16 +225,16 @@ struct PrepSmem {
         // 20% of the kernel's instructions (ncu, session 26)
         struct { bf16 T[6][K][16]; } fac;
         TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
-        struct { bf16 q[16][K], k[16][K], f[16][K], v[16][V]; } in;   // the chunk's rows, first
+        struct { bf16 q[16][K], k[16][K], f[16][K], v[16][V]; } in;   // the chunk's rows, first (TMA)
         struct { bf16 W[16][K + 8], U[16][V + 8], Qg[16][K + 8]; } out;   // output staging, after L and M
     } u;
 };
 
 template <int K, int V, int MODE>
-__global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
+__global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    extern __shared__ __align__(128) unsigned char smem_raw[];
     PrepSmem<K, V> &S = *reinterpret_cast<PrepSmem<K, V> *>(smem_raw);
     // (head, chunk) from a 2-D grid in the same order as h + H·gc (no division by H before the
     // block's first copies can be issued)
@@ -242,19 +246,47 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(PrepArgs a) {
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, RPW = 16 / (PREP_THREADS / 32);
 
-    // the chunk's rows of q, k, f, v into shared memory by 16-byte copies (rows past the end
-    // zero-filled), read from there by channel and by row: one copy per 16 bytes instead of a
-    // 2-byte load per element with its own 64-bit address
-    {
-        const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;   // row r at (row0 + r·H)·K
-        chunk_qkf_async<K, PREP_THREADS>(S.u.in.q, S.u.in.k, S.u.in.f, a.q, a.k, a.f, row0, rs,
-                                         len, tid);
-        chunk_rows_async<V, PREP_THREADS, 1>({&S.u.in.v[0][0]}, V, {a.v}, row0, rs, len, tid);
-        cp_async_commit();
+    // the chunk's rows of q, k, f, v into shared memory by four bulk tensor copies (a box of one
+    // head's 16 rows each, issued by one thread), read from there by channel and by row. 16-byte
+    // cp.async copies before: their address arithmetic, and their shared-memory writes (two
+    // wavefronts per 128 bytes) were 14% of the kernel's wavefronts with L1 75% busy (ncu, session
+    // 32). Rows past the sequence's end come from the next sequence (zeros past the last token)
+    // and are zeroed below
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&S.bar);
+    if (tid == 0) {
+        mb_init(bar, 1);
+        mb_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mb_expect_tx(bar, 16 * (3 * K + V) * (int)sizeof(bf16));
+        const int tk = (int)t0;
+        tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.q[0][0]), &a.mq, 0, h, tk, bar);
+        tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.k[0][0]), &a.mk, 0, h, tk, bar);
+        tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.f[0][0]), &a.mf, 0, h, tk, bar);
+        tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.v[0][0]), &a.mv, 0, h, tk, bar);
     }
     float rbl[RPW];
     chunk_beta_rows<RPW, PREP_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
-    cp_async_wait<0>();
+    mb_wait(bar, 0);
+    if (len < 16) {   // a sequence's last chunk: its rows past the end as zeros
+        static_assert((16 * K / 8) % PREP_THREADS == 0 && (16 * V / 8) % PREP_THREADS == 0, "whole passes");
+        const unsigned ut = threadIdx.x;
+#pragma unroll
+        for (int ps = 0; ps < 16 * K / 8 / PREP_THREADS; ps++) {
+            const unsigned i = ut + ps * PREP_THREADS, r = i / (K / 8), pc = i % (K / 8);
+            if ((int)r >= len) {
+                *reinterpret_cast<uint4 *>(&S.u.in.q[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(&S.u.in.k[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(&S.u.in.f[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int ps = 0; ps < 16 * V / 8 / PREP_THREADS; ps++) {
+            const unsigned i = ut + ps * PREP_THREADS, r = i / (V / 8), pc = i % (V / 8);
+            if ((int)r >= len) *reinterpret_cast<uint4 *>(&S.u.in.v[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
     __syncthreads();
     const int cch = tid;
     // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
@@ -1130,6 +1162,18 @@ int kda_chunk_states(const kda_params *p) {
 }
 int kda_vpairs(void) { return env_int("KDA_VPAIRS", 1) != 0; }
 
+// the prep kernel's input maps: q, k, f [tokens][H][K] and v [tokens][H][V], boxes of one head's
+// 16 rows, no swizzle (rows past the last token read as zeros)
+static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
+                               const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle sw);
+static cudaError_t prep_input_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W) {
+    const uint64_t tokens = p->cu_seqlens ? (uint64_t)p->T : (uint64_t)p->N * p->T;
+    const cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)p->H, tokens},
+                     strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)p->H * W * 2};
+    const cuuint32_t box[3] = {(cuuint32_t)W, 1, 16};
+    return kda_tma_map(m, x, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 template <int K, int V, int MODE>
 static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     PrepArgs a;
@@ -1143,6 +1187,9 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     cudaError_t e = cudaFuncSetAttribute(kda_prep_kernel<K, V, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)w.NC * p->H == 0) return cudaSuccess;
+    if ((e = prep_input_map(&a.mq, p->q, p, K)) != cudaSuccess || (e = prep_input_map(&a.mk, p->k, p, K)) != cudaSuccess ||
+        (e = prep_input_map(&a.mf, p->f, p, K)) != cudaSuccess || (e = prep_input_map(&a.mv, p->v, p, V)) != cudaSuccess)
+        return e;
     const dim3 grid((unsigned)p->H, (unsigned)(w.NC < PREP_GRID_Y ? w.NC : PREP_GRID_Y),
                     (unsigned)((w.NC + PREP_GRID_Y - 1) / PREP_GRID_Y));
     kda_prep_kernel<K, V, MODE><<<grid, PREP_THREADS, smem, p->stream>>>(a);
