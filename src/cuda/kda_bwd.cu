@@ -264,7 +264,8 @@ struct SegArgs {
     int H, V, NC, NS;
     const bf16 *W, *Qg, *KrT, *U, *M, *d_o;
     const float *gl, *ckpt, *dckpt;
-    float *dQg, *dWg, *dKr, *dgl, *dM;
+    bf16 *dQg, *dWg, *dKr;   // [K][16] channel rows a chunk-head (store_rows16)
+    float *dgl, *dM;
     bf16 *dU;
 };
 
@@ -301,16 +302,24 @@ __device__ __forceinline__ unsigned char *seg_fbuf(unsigned char *smem, const Se
 }
 
 // sgn times a [16 tokens][16 channels] C-fragment tile (tokens g, g + 8; channels n0 + 8·h2 + 2t,
-// + 1) to the channel rows X[c·16 + token] of a chunk's [K][16] fp32 gradient (dQg, dWg, dKr:
-// the backward chunk kernel reads a channel's row by 16-byte loads)
-__device__ __forceinline__ void store_rows16(float *X, int n0, const float (*f)[4], int lane, float sgn = 1.f) {
-    float *p = X + (n0 + 2 * (lane & 3)) * 16 + (lane >> 2);
+// + 1), rounded to bf16, to the channel rows X[c·16 + token] of a chunk's [K][16] gradient (dQg,
+// dWg, dKr: the backward chunk kernel reads a channel's 32-byte row by two 16-byte loads). Lanes g
+// and g ^ 1 swap a channel's values so that each stores its channel's token pairs as 4-byte words:
+// even g channel c, tokens g, g + 1 (and + 8); odd g channel c + 1, tokens g − 1, g (and + 8).
+// bf16, not fp32: these three are most of the value products' writes and the chunk kernel's reads
+// (24 → 12 KB a chunk-head); the error they add is measured in docs/cuda_kda.md
+__device__ __forceinline__ void store_rows16(bf16 *X, int n0, const float (*f)[4], int lane, float sgn = 1.f) {
+    const int g = lane >> 2, t = lane & 3;
+    const bool odd = g & 1;
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++) {
-        p[128 * h2] = sgn * f[h2][0];
-        p[128 * h2 + 16] = sgn * f[h2][1];
-        p[128 * h2 + 8] = sgn * f[h2][2];
-        p[128 * h2 + 24] = sgn * f[h2][3];
+        const float s0 = odd ? f[h2][0] : f[h2][1], s1 = odd ? f[h2][2] : f[h2][3];
+        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 4), r1 = __shfl_xor_sync(0xffffffffu, s1, 4);
+        const float a0 = odd ? r0 : f[h2][0], b0 = odd ? f[h2][1] : r0;   // tokens (g & ~1), + 1
+        const float a1 = odd ? r1 : f[h2][2], b1 = odd ? f[h2][3] : r1;   // the same + 8
+        __nv_bfloat162 *row = reinterpret_cast<__nv_bfloat162 *>(X + (n0 + 8 * h2 + 2 * t + (odd ? 1 : 0)) * 16);
+        row[g >> 1] = __floats2bfloat162_rn(sgn * a0, sgn * b0);
+        row[(g >> 1) + 4] = __floats2bfloat162_rn(sgn * a1, sgn * b1);
     }
 }
 // the value products' outputs for channels n0 .. n0 + 15 of chunk slot hc: dQg = aq, dWg = −aw,
@@ -808,7 +817,8 @@ struct BwdArgs {
     float lb, scale, c0;
     const bf16 *q, *k, *v, *f;   // β comes with the prep kernel's solve (Lx)
     const float *A_log, *dt_bias;
-    const float *dQg, *dWg, *dKr, *dgl, *dM;
+    const bf16 *dQg, *dWg, *dKr;   // [K][16] channel rows a chunk-head (store_rows16)
+    const float *dgl, *dM;
     const float *Lx;   // the prep kernel's solve (KDA_LX a chunk-head: INV, raw L, β, rq, rk)
     const bf16 *dU;
     bf16 *dq, *dk, *dv, *df, *dbeta;
@@ -835,7 +845,9 @@ struct BwdSmem {
     // by 16-byte loads. Bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 =
     // scale·q̂⊙2^{G−c0} (Qd); exact: F2 = k̂⊙2^G; F3 = dW. Results: F0 ← P·Ki, F1 ← dM·Ki,
     // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, the row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂,
-    // F2: dβ). Before any of that F0, F1 stage the chunk's rows of q, k, f and F3 the rows of dW
+    // F2: dβ). Before any of that F0, F1 stage the chunk's rows of q, k, f; dW comes in bf16 (the
+    // value products' rows) straight into F3's hi quarters (it has no lo part: the products
+    // that read it skip the lo terms)
     float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
@@ -844,31 +856,32 @@ struct BwdSmem {
     float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
     // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
-    float dQg[K][16], dKr[K][16], dgl[K], dMraw[256];   // dQg, dKr: channel rows (bwd_quarter)
+    bf16 dQg[K][16], dKr[K][16];   // bf16 channel rows (bwd_half)
+    float dgl[K], dMraw[256];
 };
 
-// channel c's row of F (bwd_quarter) as 16 fp32 values, by four 16-byte loads
-__device__ __forceinline__ void bwd_row(float (&x)[16], const float (*F)[16], int c) {
+// half q (16 bytes: tokens 8q .. 8q + 7) of the 32-byte bf16 row c of a [K][16] tile: the halves
+// of row c swapped by c's bit 2, so a quarter-warp loading a row each (channels c .. c + 7) hits 8
+// distinct bank groups
+__device__ __forceinline__ uint4 *bwd_half(const bf16 (*F)[16], int c, int q) {
+    return reinterpret_cast<uint4 *>(const_cast<bf16 *>(&F[c][8 * (q ^ ((c >> 2) & 1))]));
+}
+// channel c's bf16 row (bwd_half) as 16 fp32 values, by two 16-byte loads
+__device__ __forceinline__ void bwd_row_bf16(float (&x)[16], const bf16 (*F)[16], int c) {
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float4 v = *reinterpret_cast<const float4 *>(bwd_quarter(F, c, q));
-        x[4 * q] = v.x; x[4 * q + 1] = v.y; x[4 * q + 2] = v.z; x[4 * q + 3] = v.w;
+    for (int q = 0; q < 2; q++) {
+        const uint4 v = *bwd_half(F, c, q);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[8 * q + 2 * i] = __uint_as_float(w[i] << 16);
+            x[8 * q + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
     }
 }
 // element r % 4 of x (r a compile-time index after unrolling: no local memory)
 __device__ __forceinline__ float f4_at(const float4 &x, int r) {
     return (r & 3) == 0 ? x.x : (r & 3) == 1 ? x.y : (r & 3) == 2 ? x.z : x.w;
-}
-// channel c's 16 tokens x as bf16 hi + lo (split_bf16) into its row of F (bwd_quarter):
-// quarters 0, 1 hi, 2, 3 lo
-__device__ __forceinline__ void bwd_split_row(float (*F)[16], int c, const float (&x)[16]) {
-    uint32_t hi[8], lo[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) split_bf16(x[2 * i], x[2 * i + 1], hi[i], lo[i]);
-    *bwd_quarter(F, c, 0) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    *bwd_quarter(F, c, 1) = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-    *bwd_quarter(F, c, 2) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    *bwd_quarter(F, c, 3) = make_uint4(lo[4], lo[5], lo[6], lo[7]);
 }
 // B fragments (hi, lo) of the [k = token][n = channel] operand for channels n0 .. n0 + 7 from
 // their split rows, by one ldmatrix: b[0..1] hi, b[2..3] lo
@@ -949,15 +962,16 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
         chunk_qkf_async<K, BWD_THREADS>(stq, stk, stf, a.q, a.k, a.f, row0, rs, len, tid);
         // fixed trip counts, a thread's pieces at constant strides (as chunk_qkf_async)
-        static_assert((16 * K / 4) % BWD_THREADS == 0, "whole passes");
+        static_assert((2 * K) % BWD_THREADS == 0, "whole passes");
         const size_t cK = hc * 16 * K;
 #pragma unroll
-        for (int it = 0; it < 16 * K / 4 / BWD_THREADS; it++) {
+        for (int it = 0; it < 2 * K / BWD_THREADS; it++) {
             const int i = tid + it * BWD_THREADS;
-            // piece i: quarter i % 4 of channel i / 4's row (the rows as the kernels above wrote them)
-            cp_async16(bwd_quarter(S.F3, i >> 2, i & 3), a.dWg + cK + 4 * i);
-            cp_async16(bwd_quarter(S.dQg, i >> 2, i & 3), a.dQg + cK + 4 * i);
-            cp_async16(bwd_quarter(S.dKr, i >> 2, i & 3), a.dKr + cK + 4 * i);
+            // piece i: half i % 2 (tokens 8·(i % 2) ..) of channel i / 2's bf16 row; dW's is the hi
+            // quarter of its row in F3 (bf16 already: no lo part)
+            cp_async16(bwd_quarter(S.F3, i >> 1, i & 1), a.dWg + cK + 8 * i);
+            cp_async16(bwd_half(S.dQg, i >> 1, i & 1), a.dQg + cK + 8 * i);
+            cp_async16(bwd_half(S.dKr, i >> 1, i & 1), a.dKr + cK + 8 * i);
         }
         chunk_rows_async<V, BWD_THREADS, 1>({&S.v[0][0]}, V + 8, {a.v}, row0, rs, len, tid);
         static_assert((2 * V) % BWD_THREADS == 0, "whole passes");
@@ -977,11 +991,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     cp_async_wait_all_loads();
     __syncthreads();
     const int cch = tid;
-    float fr[16], qx[16], kx[16], dwc[16];   // dwc: the channel's dW (its row of F3 is written below)
-    if (cch < K) {
-        chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
-        bwd_row(dwc, S.F3, cch);
-    }
+    float fr[16], qx[16], kx[16];
+    if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
     // the prep kernel's INV, raw L, β and the rows' reciprocal norms (the same values it used)
     kda_lx_unpack(S.lx, S.INV, S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
     for (int e = tid; e < 16 * 17; e += BWD_THREADS) (&S.P[0][0])[e] = 0.f;
@@ -1033,7 +1044,6 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                 }
             }
         }
-        bwd_split_row(S.F3, cch, dwc);
     }
     __syncthreads();
 
@@ -1044,14 +1054,14 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         float aw[4] = {}, au[4] = {};
 #pragma unroll
         for (int j = hf * K / 32; j < (hf + 1) * K / 32; j++) {
-            // A = dW (tokens × channels 16j ..) and B = Kdᵀ (channels 16j .. × the tokens of
-            // n-tile nt), hi and lo, from the channels' split rows by ldmatrix.trans
-            uint32_t ah[4], al[4], b[4];
+            // A = dW (tokens × channels 16j .., bf16: no lo part) and B = Kdᵀ (channels 16j .. ×
+            // the tokens of n-tile nt, hi and lo) from the channels' rows by ldmatrix.trans
+            uint32_t ah[4], b[4];
             const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
             ldsm_x4_t(ah, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, ra, (lane >> 3) & 1)));
-            ldsm_x4_t(al, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, ra, 2 + ((lane >> 3) & 1))));
             ldsm_x4_t(b, reinterpret_cast<const bf16 *>(bwd_quarter(EXACT ? S.F2 : S.F0, rb, nt + 2 * (lane >> 4))));
-            mma3(aw, ah, al, b, b + 2);
+            mma16816(aw, ah, b);
+            mma16816(aw, ah, b + 2);
         }
 #pragma unroll
         for (int j = hf * V / 32; j < (hf + 1) * V / 32; j++) {
@@ -1128,10 +1138,11 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         }
         for (int nt = warp; nt < K / 8; nt += BWD_THREADS / 32) {
             int n0 = 8 * nt;
-            uint32_t w[4];   // hi, lo
-            bwd_ldb_split(w, S.F3, n0, lane);
+            uint32_t w[2];   // dW is bf16 (no lo part): its rows' hi quarters
+            ldsm_x2(w, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, n0 + (lane & 7), (lane >> 3) & 1)));
             float dkb[4] = {};
-            mma3(dkb, iTh, iTl, w, w + 2);
+            mma16816(dkb, iTh, w);
+            mma16816(dkb, iTl, w);
             float r1[4] = {}, r2[4] = {}, r3[4] = {};
             if constexpr (!EXACT) {
                 uint32_t ki[4], kd[4], qd[4];
@@ -1193,8 +1204,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     if (cch < K) {
         float G15 = Gs[15], gl = ex2f_(G15), dG[16], dqs[16], sumKr = 0.f;
         float dQgr[16], dKrr[16], dglc = S.dgl[cch];
-        bwd_row(dQgr, S.dQg, cch);
-        bwd_row(dKrr, S.dKr, cch);
+        bwd_row_bf16(dQgr, S.dQg, cch);
+        bwd_row_bf16(dKrr, S.dKr, cch);
         float dKbv[16];   // E·dKb (bounded) or dKb (exact)
         // bounded: 2^{G15−c0}, for 2^{G15−G} = 2^{G15−c0}·2^{c0−G} (G > 16·lb·log2 e ≥ c0 − 61
         // with lb ≥ −5, so every factor here is a normal float and the products stay ≤ 1)

@@ -379,7 +379,7 @@ struct KSeq {
 //   M [H][NC][2][16][16] bf16 (hi, lo), gl [H][NC][K] fp32;
 // the opt-in 64-token scan steps (group > 1): Wt, Ut (W~, U~ of kda_merge.cu) in W's and U's layout;
 // state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
-// backward: dQg, dWg, dKr [H][NC][K][16] fp32 (a row of 16 tokens per key channel), dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
+// backward: dQg, dWg, dKr [H][NC][K][16] bf16 (a row of 16 tokens per key channel), dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
 //   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.
 // The backward's value products run per pair of global chunks (2p, 2p + 1) by default
 // (kda_bwd_vpair_kernel): from the state entering the first and the state gradient leaving the
@@ -418,7 +418,8 @@ struct KWs {
     int NC, NS;                        // chunk and segment slots (upper bounds when packed)
     int *coff, *soff;
     bf16 *W, *Qg, *KrT, *U, *M;
-    float *gl, *ckpt, *dckpt, *dQg, *dWg, *dKr, *dgl, *dM, *pA, *pdb;
+    float *gl, *ckpt, *dckpt, *dgl, *dM, *pA, *pdb;
+    bf16 *dQg, *dWg, *dKr;
     // save / backward: what the prep kernel solved that the backward chunk kernel reuses,
     // KDA_LX fp32 a chunk-head
     float *Lx;

@@ -105,9 +105,9 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     if (backward) {
         if (w.cstates) TAKE(dSc, bf16, H * NSC * V * K);
         else TAKE(dckpt, float, H * NS * V * K);
-        TAKE(dQg, float, H * NC * 16 * K);
-        TAKE(dWg, float, H * NC * 16 * K);
-        TAKE(dKr, float, H * NC * 16 * K);
+        TAKE(dQg, bf16, H * NC * 16 * K);
+        TAKE(dWg, bf16, H * NC * 16 * K);
+        TAKE(dKr, bf16, H * NC * 16 * K);
         TAKE(dgl, float, H * NC * K);
         TAKE(dM, float, H * NC * 16 * 16);
         TAKE(dU, bf16, H * NC * 16 * V);

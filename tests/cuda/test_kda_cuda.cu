@@ -321,9 +321,12 @@ static void test_saved_and_determinism(const Prob &P) {
 // with the forward scan's warp-level step, which the segment kernel's recompute follows (the
 // warpgroup step's sums run in another order). The default, per pair of chunks (half the
 // states kept, the other half's products through one step of the recurrence), agrees with
-// them to rounding (relative RMS ≤ 1e-3 for dq, dk, dv, dS0, ≤ 5e-3 for the gate and β
-// gradients, whose sums over tokens cancel; an eighth and a quarter of the tolerances against
-// the CPU reference), and its saved and recomputed
+// them to rounding (relative RMS ≤ 2e-3 for dq, dk, dv, dS0, ≤ 1e-2 for the gate and β
+// gradients, whose sums over tokens cancel; a quarter and a half of the tolerances against
+// the CPU reference: both paths round their value products' outputs dQg, dW, dKr to bf16, and
+// where the two fp32 sums differ by ~5e-4 a share of them round to neighbouring bf16 values,
+// 2^-8 apart — measured 1.05e-3 and 4.8e-3 at worst, from 8.8e-4 and 2.8e-3 with fp32
+// outputs; a wrong correction term is off by O(1)), and its saved and recomputed
 // backwards bit for bit; the workspace is poisoned, so a state slot read but never written fails.
 static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     std::vector<float> g[3][8];
@@ -369,9 +372,9 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     snprintf(w, sizeof w, "%s%s: per-chunk states == checkpoints, recomputed and saved (max abs)", s, tag);
     check(w, m, 0);
     snprintf(w, sizeof w, "%s%s: pairs ~ per-chunk states, dq dk dv dS0 (worst rel rms)", s, tag);
-    check(w, r[0], 1e-3);
+    check(w, r[0], 2e-3);
     snprintf(w, sizeof w, "%s%s: pairs ~ per-chunk states, df dbeta dA_log ddt_bias (worst rel rms)", s, tag);
-    check(w, r[1], 5e-3);
+    check(w, r[1], 1e-2);
 }
 
 // decode on a shuffled state pool vs the CPU decode; untouched slots bit-identical
