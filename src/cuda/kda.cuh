@@ -10,8 +10,9 @@
 //   S ← Diag(e^g) S;  S ← S + β k̂ (v − Sᵀk̂)ᵀ;  o = scale·Sᵀq̂
 //
 // Layouts: q, k, f [Ttot,H,K]; v, o [Ttot,H,V]; beta [Ttot,H]; A_log [H]; dt_bias [H,K];
-// states S0, S_out, dS_out, dS0 [N,H,K,V] (K-first, like the CPU backend). q, k, v, f, S0
-// and dS_out 16-byte aligned (the kernels load them as vectors; cudaErrorMisalignedAddress).
+// states S0, S_out, dS_out, dS0 [N,H,K,V] (K-first, like the CPU backend). q, k, v, f, S0,
+// dS_out, dq, dk and df 16-byte aligned (the kernels load or store them as vectors;
+// cudaErrorMisalignedAddress).
 // Fixed length: cu_seqlens = NULL, N sequences of T tokens (Ttot = N·T, row = n·T + t).
 // Packed: cu_seqlens [N+1] int32 on the device (B = 1), T = total tokens.
 #ifndef LM_CUDA_KDA_CUH

@@ -858,6 +858,7 @@ struct BwdSmem {
     // (read from global memory where they are used, their latency was exposed: ncu, session 21)
     bf16 dQg[K][16], dKr[K][16];   // bf16 channel rows (bwd_half)
     float dgl[K], dMraw[256];
+    bf16 df[16][K];   // df's rows, stored whole at the end with dq and dk
 };
 
 // half q (16 bytes: tokens 8q .. 8q + 7) of the 32-byte bf16 row c of a [K][16] tile: the halves
@@ -1252,12 +1253,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         }
         // gate: dg = reverse cumulative sum of dG; activation backward
         float acc = 0.f, ddb = 0.f;
-        // row j's element at (t0 + j)·H·K + h·K + cch: an index stepped by H·K a row (64-bit
-        // index products per row and tensor before)
-        const size_t rowK = (size_t)a.H * K;
-        size_t dfi = ((size_t)t0 * a.H + h) * K + cch + 15 * rowK;
 #pragma unroll
-        for (int j = 15; j >= 0; j--, dfi -= rowK) {
+        for (int j = 15; j >= 0; j--) {
             acc += dG[j];
             if (j < len) {
                 float x = fr[j] + db, dfv;
@@ -1270,7 +1267,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                     dAp = fmaf(acc, -eA * softplusf_(x), dAp);
                 }
                 ddb += dfv;
-                a.df[dfi] = __float2bfloat16(dfv);
+                S.df[j][cch] = __float2bfloat16(dfv);
             }
         }
         a.pdb[hc * K + cch] = ddb;
@@ -1341,22 +1338,34 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     }
     if (tid == 0) a.pA[hc] = (S.dA[0] + S.dA[1]) + (S.dA[2] + S.dA[3]);
     __syncthreads();
+    // dq, dk: each channel's 16 rows into [16][K] bf16 tiles (F0, F1 are free now), then whole
+    // rows out by 16-byte stores with df's (a 2-byte store per row and tensor before, each with
+    // its own 64-bit address: ~11% of the kernel's instructions, ncu session 33)
+    bf16(*const tq)[K] = reinterpret_cast<bf16(*)[K]>(&S.F0[0][0]), (*const tk)[K] = reinterpret_cast<bf16(*)[K]>(&S.F1[0][0]);
     if (cch < K) {
-        const size_t rowK = (size_t)a.H * K;
-        size_t idx = ((size_t)t0 * a.H + h) * K + cch;
         float4 rq4, qd4, rk4, kd4;   // rows j .. j + 3 of the per-row factors (16-byte loads)
 #pragma unroll
-        for (int j = 0; j < 16; j++, idx += rowK) {
+        for (int j = 0; j < 16; j++) {
             if ((j & 3) == 0) {
                 rq4 = *reinterpret_cast<const float4 *>(&S.rq[j]);
                 qd4 = *reinterpret_cast<const float4 *>(&S.qdot[j]);
                 rk4 = *reinterpret_cast<const float4 *>(&S.rk[j]);
                 kd4 = *reinterpret_cast<const float4 *>(&S.kdot[j]);
             }
-            if (j < len) {
-                a.dq[idx] = __float2bfloat16(f4_at(rq4, j) * (dqn[j] - qn[j] * f4_at(qd4, j)));
-                a.dk[idx] = __float2bfloat16(f4_at(rk4, j) * (dkn[j] - kn[j] * f4_at(kd4, j)));
-            }
+            tq[j][cch] = __float2bfloat16(f4_at(rq4, j) * (dqn[j] - qn[j] * f4_at(qd4, j)));
+            tk[j][cch] = __float2bfloat16(f4_at(rk4, j) * (dkn[j] - kn[j] * f4_at(kd4, j)));
+        }
+    }
+    __syncthreads();
+    static_assert((2 * K) % BWD_THREADS == 0, "whole passes");
+#pragma unroll
+    for (int it = 0; it < 2 * K / BWD_THREADS; it++) {   // piece i: 8 channels of row i / (K / 8)
+        const int i = tid + it * BWD_THREADS, r = i / (K / 8), c8 = 8 * (i % (K / 8));
+        if (r < len) {
+            const size_t o = ((size_t)(t0 + r) * a.H + h) * K + c8;
+            *reinterpret_cast<uint4 *>(a.dq + o) = *reinterpret_cast<const uint4 *>(&tq[r][c8]);
+            *reinterpret_cast<uint4 *>(a.dk + o) = *reinterpret_cast<const uint4 *>(&tk[r][c8]);
+            *reinterpret_cast<uint4 *>(a.df + o) = *reinterpret_cast<const uint4 *>(&S.df[r][c8]);
         }
     }
 }
@@ -1514,6 +1523,7 @@ extern "C" cudaError_t kda_bwd(const kda_params *p) {
     // the backward's own needs first (ws itself, every gradient output), then the common checks
     if (!p || !p->ws || !p->dq || !p->dk || !p->dv || !p->df || !p->dbeta || !p->dA_log || !p->ddt_bias)
         return cudaErrorInvalidValue;
+    if (((uintptr_t)p->dq | (uintptr_t)p->dk | (uintptr_t)p->df) % 16) return cudaErrorMisalignedAddress;   // whole-row stores
     cudaError_t e = kda_check_params(p);
     if (e != cudaSuccess) return e;
     KWs w = kda_ws_layout(p, p->ws, 1);

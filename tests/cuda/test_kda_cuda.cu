@@ -872,7 +872,8 @@ static void test_ops_conv(int B, int T, int H, int K, int V, int gate) {
 }
 
 // bad parameters are refused before any launch: a misaligned q, k, v or f (the chunk kernels load
-// rows as vectors), K outside {64, 128}; the output buffer stays as it was
+// rows as vectors) or dq, dk, df (stored as vectors), K outside {64, 128}; the output buffer stays as
+// it was
 static void test_bad_params() {
     Prob P;
     make_prob(P, {40}, 2, 128, 128, 0, 0, 99);
@@ -894,6 +895,10 @@ static void test_bad_params() {
     p.S0 = s00 + 1;   // 4 bytes off
     check("bad params: misaligned S0, forward refused (error code)", kda_fwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
     p.S0 = s00;
+    bf16 *dk0 = p.dk;
+    p.dk = dk0 + 4;   // 8 bytes off (dq, dk and df are stored as whole 16-byte pieces of rows)
+    check("bad params: misaligned dk, backward refused (error code)", kda_bwd(&p) == cudaErrorMisalignedAddress ? 0 : 1, 0);
+    p.dk = dk0;
     p.K = 96;
     check("bad params: K = 96 refused (error code)", kda_fwd(&p) == cudaErrorInvalidValue ? 0 : 1, 0);
     CU(cudaDeviceSynchronize());
