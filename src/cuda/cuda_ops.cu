@@ -309,6 +309,7 @@ static void cu_kda_bwd(const lm_kda_args *a) {
     p->dq = g; p->dk = g + c.nqk; p->df = g + 2 * c.nqk; p->dv = g + 3 * c.nqk; p->dbeta = g + 3 * c.nqk + c.nv;
     LM_CHECK(!a->df_lo || a->grads_assign, "cuda kda_bwd: df in bf16 (df_lo) is written, not added into");
     if (a->df_lo) p->df = (__nv_bfloat16 *)a->df_lo;   // for the f projection's backward (lm_linears.dout_lo)
+    LM_CHECK(lm_aligned16({a->df_lo}), "cuda kda_bwd: df in bf16 (df_lo) not 16-byte aligned");
     p->dA_log = pg; p->ddt_bias = pg + H; p->dS0 = a->dS0 ? pg + H + (size_t)H * K : NULL;
     cudaCheck(kda_bwd(p));
     const int add = !a->grads_assign;
