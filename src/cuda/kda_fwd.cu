@@ -1162,16 +1162,21 @@ int kda_chunk_states(const kda_params *p) {
 }
 int kda_vpairs(void) { return env_int("KDA_VPAIRS", 1) != 0; }
 
-// the prep kernel's input maps: q, k, f [tokens][H][K] and v [tokens][H][V], boxes of one head's
-// 16 rows, no swizzle (rows past the last token read as zeros)
+// a token-major input x [tokens][H][W] (q, k, f, v, dO) in boxes of box_w columns of one head's
+// 16 rows (rows past the last token read as zeros; a sequence's next one is the kernel's to mask)
 static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
                                const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle sw);
-static cudaError_t prep_input_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W) {
+static cudaError_t kda_rows_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W, int box_w,
+                                CUtensorMapSwizzle sw) {
     const uint64_t tokens = p->cu_seqlens ? (uint64_t)p->T : (uint64_t)p->N * p->T;
     const cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)p->H, tokens},
                      strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)p->H * W * 2};
-    const cuuint32_t box[3] = {(cuuint32_t)W, 1, 16};
-    return kda_tma_map(m, x, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const cuuint32_t box[3] = {(cuuint32_t)box_w, 1, 16};
+    return kda_tma_map(m, x, 3, dims, strides, box, sw);
+}
+// the prep kernel's input maps: q, k, f (W = K) and v (W = V) whole rows, no swizzle
+static cudaError_t prep_input_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W) {
+    return kda_rows_map(m, x, p, W, W, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 template <int K, int V, int MODE>
@@ -1234,11 +1239,8 @@ cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool
         (e = kda_tma_map2(&m->gl, w.gl, 2 * K, rows / 16, (uint32_t)(2 * K), 1, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess)
         return e;
     if (!dO) return kda_tma_map2(&m->val, w.U, V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B);
-    // dO [tokens][H][V]: rows past the last token read as zeros
-    const uint64_t tokens = p->cu_seqlens ? (uint64_t)p->T : (uint64_t)p->N * p->T;
-    const cuuint64_t dims[3] = {V, (cuuint64_t)p->H, tokens}, strides[2] = {V * 2, (cuuint64_t)p->H * V * 2};
-    const cuuint32_t box[3] = {64, 1, 16};
-    return kda_tma_map(&m->val, p->d_o, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+    // dO [tokens][H][V] in 64-column boxes, 128-byte swizzled like the stage's other tiles
+    return kda_rows_map(&m->val, p->d_o, p, (int)V, 64, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // one launch of the scan kernel: its mode and segments (ScanArgs)
