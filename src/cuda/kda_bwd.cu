@@ -13,9 +13,10 @@
 // (KWs::cstates) the scan keeps bf16 states (every other chunk's: CSlots) and every V':
 // 1. kda_rscan_wg_kernel / kda_rscan_cst_kernel: per (sequence, head, value slice), serial
 //    over chunks backwards: dS' (every other chunk's) and every dV' (= dU), dS0.
-// 2. kda_bwd_vpair_kernel: per (pair of chunks, head): the products that contract over the
-//    value dimension (dQg, dW, dKr, dgl, dM) from those, chunk-parallel (kda_bwd_vprod_kernel
-//    per chunk under KDA_VPAIRS=0, when the scans keep every chunk's states).
+// 2. kda_bwd_vgroup_kernel: per (pair of chunks, head): the products that contract over the
+//    value dimension (dQg, dW, dKr, dgl, dM) from those, chunk-parallel (groups of four chunks
+//    under KDA_VGROUP=4, which keep a quarter of the states; kda_bwd_vprod_kernel per chunk
+//    under KDA_VGROUP=1, when the scans keep every chunk's states).
 // Otherwise (KDA_CSTATES=0, KDA_SPLIT, 64-token steps) the scan keeps fp32 checkpoints every
 // 64 tokens:
 // 1. kda_rscan_kernel: the same scan writing dS checkpoints at every 64-token segment end.
@@ -578,7 +579,7 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
     if (warp >= K / 16 - 2) vprod_dm(a, hc, warp - (K / 16 - 2), sO, sVp, ldv, lane);   // dM, a tile each
 }
 
-// 2''. per pair of chunks (the default: CSlots, kda_common.cuh). With a = 2p and b = 2p + 1
+// 2''. per pair of chunks (the pair unit of kda_bwd_vgroup_kernel, below). With a = 2p and b = 2p + 1
 // chunks of one sequence, S_a the state entering a and G = dS'_b the gradient leaving b (the
 // scans keep only those), one step of the recurrence gives the other two,
 //   S_b = Diag(gl_a) S_a + Kr_aᵀ V'_a,   dS'_a = Diag(gl_b) G + Qg_bᵀ dO_b − W_bᵀ dV'_b,
@@ -626,185 +627,356 @@ __device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool
 }
 
 
+// One pair unit (nb = 2: chunks ga, ga + 1) or a chunk alone (nb = 1) from S_a in sS and G =
+// dS'_b in sD: copies in the chunks' tiles (and S_a from gS, G from gD where given; null: the
+// tile is already in shared memory), then the products above. len(x): the valid rows of chunk
+// ga + x, t0: the first token of chunk ga. The caller has made shared memory free to write.
 template <int K>
-__global__ void __launch_bounds__(2 * K, 2) kda_bwd_vpair_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
-                                                                 const bf16 *dSc, CSlots cs) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+__device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L, unsigned char *smem_raw, int h,
+                                           int ga, int nb, int la, int lb, long long t0, const bf16 *Vp,
+                                           const bf16 *gS, const bf16 *gD) {
     constexpr int LK = K + 8, PK = K / 8, NW = K / 16;
-    const int h = blockIdx.x % a.H, pr = blockIdx.x / a.H;
-    int nx, cx, lx, ny, cy, ly;
-    long long tx, ty;
-    if (!a.sq.chunk(2 * pr, nx, cx, tx, lx)) return;
-    const bool hy = a.sq.chunk(2 * pr + 1, ny, cy, ty, ly), pair = hy && ny == nx;
-    (void)cx; (void)cy;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nthr = 2 * K, g = lane >> 2, t = lane & 3;
     const int V = a.V, ldv = V + 8, vsh = __ffs(V / 8) - 1, n0 = 16 * warp;
-    const VPairSmem L = vpair_smem(K, V);
+    const bool pair = nb == 2;
     bf16 *sS = (bf16 *)(smem_raw + L.oS), *sD = (bf16 *)(smem_raw + L.oD), *sKr = (bf16 *)(smem_raw + L.oKr);
     bf16 *sQg = (bf16 *)(smem_raw + L.oQg), *sW = (bf16 *)(smem_raw + L.oW);
     // token tile i of chunk j (0: a, 1: b): 0 dO, 1 dV', 2 V'; gl of chunk j; A1 (j = 0), A2
     auto tile = [&](int j, int i) { return (bf16 *)(smem_raw + L.oT + (3 * j + i) * L.TB); };
     auto sgl = [&](int j) { return (float *)(smem_raw + L.ogl) + j * K; };
     auto sA = [&](int j) { return (float *)(smem_raw + L.oA) + j * 16 * 17; };
-    // units: the pair (2p, 2p + 1), or each of the two chunks alone
-    for (int u = 0; u < (pair || !hy ? 1 : 2); u++) {
-        const int ga = 2 * pr + u, na = u ? ny : nx, la = u ? ly : lx, nb = pair ? 2 : 1, lb = pair ? ly : 0;
-        const long long ta = u ? ty : tx;
-        const size_t hA = (size_t)h * a.NC + ga;
-        if (u) __syncthreads();   // the first unit is done with shared memory
-        {
-            const bf16 *gS = Sc + ((size_t)h * cs.n + cs.state_slot(ga, na)) * V * K;
-            const bf16 *gD = dSc + ((size_t)h * cs.n + cs.dstate_slot(ga + nb - 1, na)) * V * K;
-            // S_a and dS'_b by halves of their value rows, in two copy groups (the second is
-            // committed last): the products over the first half run while the second lands
-            auto copy_states = [&](int hf) {
-                for (int e = tid + hf * (V / 2) * PK; e < (hf + 1) * (V / 2) * PK; e += nthr) {   // row e / PK, column 8·(e % PK)
-                    const int off = (e / PK) * LK + 8 * (e % PK);
-                    cp_async16(sS + off, gS + 8 * e);
-                    cp_async16(sD + off, gD + 8 * e);
-                }
-            };
-            copy_states(0);
-            for (int e = tid; e < 2 * V; e += nthr) {   // 16 rows of V/8 pieces; b's zero when alone
-                const int r = e >> vsh, pc = e & (V / 8 - 1), off = r * ldv + 8 * pc;
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const bool in = j < nb, ok = a.d_o && r < (j ? lb : la);
-                    const size_t hc = hA + j;
-                    cp_async16(tile(j, 0) + off, ok ? a.d_o + ((size_t)((j ? ty : ta) + r) * a.H + h) * V + 8 * pc : Vp, ok ? 16 : 0);
-                    cp_async16(tile(j, 1) + off, in ? a.dU + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
-                    cp_async16(tile(j, 2) + off, in ? Vp + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
-                }
-            }
-            for (int e = tid; e < 2 * K; e += nthr) {   // KrT_a [K][16]; Qg_b, W_b [16][K]
-                cp_async16(sKr + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hA * 16 * K + 8 * e);
+    const size_t hA = (size_t)h * a.NC + ga;
+    {
+        // S_a and dS'_b by halves of their value rows, in two copy groups (the second is
+        // committed last): the products over the first half run while the second lands
+        auto copy_states = [&](int hf) {
+            for (int e = tid + hf * (V / 2) * PK; e < (hf + 1) * (V / 2) * PK; e += nthr) {   // row e / PK, column 8·(e % PK)
                 const int off = (e / PK) * LK + 8 * (e % PK);
-                cp_async16(sQg + off, pair ? a.Qg + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
-                cp_async16(sW + off, pair ? a.W + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
+                if (gS) cp_async16(sS + off, gS + 8 * e);
+                if (gD) cp_async16(sD + off, gD + 8 * e);
             }
-            for (int e = tid; e < K / 4; e += nthr) {
-                cp_async16(sgl(0) + 4 * e, a.gl + hA * K + 4 * e);
-                if (pair) cp_async16(sgl(1) + 4 * e, a.gl + (hA + 1) * K + 4 * e);
+        };
+        copy_states(0);
+        for (int e = tid; e < 2 * V; e += nthr) {   // 16 rows of V/8 pieces; b's zero when alone
+            const int r = e >> vsh, pc = e & (V / 8 - 1), off = r * ldv + 8 * pc;
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const bool in = j < nb, ok = a.d_o && r < (j ? lb : la);
+                const size_t hc = hA + j;
+                cp_async16(tile(j, 0) + off, ok ? a.d_o + ((size_t)(t0 + 16 * j + r) * a.H + h) * V + 8 * pc : Vp, ok ? 16 : 0);
+                cp_async16(tile(j, 1) + off, in ? a.dU + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
+                cp_async16(tile(j, 2) + off, in ? Vp + hc * 16 * V + 8 * e : Vp, in ? 16 : 0);
             }
-            if (!pair)
-                for (int e = tid; e < K; e += nthr) sgl(1)[e] = 1.f;
-            cp_async_commit();
-            copy_states(1);
-            cp_async_commit();
-            cp_async_wait<1>();
+        }
+        for (int e = tid; e < 2 * K; e += nthr) {   // KrT_a [K][16]; Qg_b, W_b [16][K]
+            cp_async16(sKr + (e >> 1) * KDA_LD16 + (e & 1) * 8, a.KrT + hA * 16 * K + 8 * e);
+            const int off = (e / PK) * LK + 8 * (e % PK);
+            cp_async16(sQg + off, pair ? a.Qg + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
+            cp_async16(sW + off, pair ? a.W + (hA + 1) * 16 * K + 8 * e : Vp, pair ? 16 : 0);
+        }
+        for (int e = tid; e < K / 4; e += nthr) {
+            cp_async16(sgl(0) + 4 * e, a.gl + hA * K + 4 * e);
+            if (pair) cp_async16(sgl(1) + 4 * e, a.gl + (hA + 1) * K + 4 * e);
+        }
+        if (!pair)
+            for (int e = tid; e < K; e += nthr) sgl(1)[e] = 1.f;
+        cp_async_commit();
+        copy_states(1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+    }
+    // A1 = dO_b V'_aᵀ and A2 = dV'_b V'_aᵀ to shared memory, and dM of both chunks: six jobs
+    for (int job = warp; job < 6; job += NW) {
+        if (job < 2) {
+            float acc[2][4] = {};
+            for (int j = 0; j < V / 16; j++) {
+                uint32_t fa[4], b[4];
+                lda_row_sm(fa, tile(1, job), ldv, 16 * j, lane);
+                ldb_nk2_sm(b, tile(0, 2), ldv, 0, 16 * j, lane);
+                mma16816(acc[0], fa, b);
+                mma16816(acc[1], fa, b + 2);
+            }
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sA(job)[(g + 8 * (e >> 1)) * 17 + 8 * h2 + 2 * t + (e & 1)] = acc[h2][e];
+        } else if ((job - 2) / 2 < nb) {
+            vprod_dm(a, hA + (job - 2) / 2, job & 1, tile((job - 2) / 2, 0), tile((job - 2) / 2, 2), ldv, lane);
+        }
+    }
+    // the contractions over V for this warp's 16 channels n0 ..
+    float x[4][2][4] = {}, y[2][2][4] = {}, z[2][4] = {};
+    for (int j = 0; j < V / 16; j++) {
+        if (j == V / 32) {   // the states' second half
+            cp_async_wait<0>();
             __syncthreads();
         }
-        // A1 = dO_b V'_aᵀ and A2 = dV'_b V'_aᵀ to shared memory, and dM of both chunks: six jobs
-        for (int job = warp; job < 6; job += NW) {
-            if (job < 2) {
-                float acc[2][4] = {};
-                for (int j = 0; j < V / 16; j++) {
-                    uint32_t fa[4], b[4];
-                    lda_row_sm(fa, tile(1, job), ldv, 16 * j, lane);
-                    ldb_nk2_sm(b, tile(0, 2), ldv, 0, 16 * j, lane);
-                    mma16816(acc[0], fa, b);
-                    mma16816(acc[1], fa, b + 2);
-                }
+        uint32_t fa[4], bS[4], bD[4], fS[4];
+        ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
+        ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
+        lda_trans_sm(fS, sS, LK, n0, 16 * j, lane);
 #pragma unroll
-                for (int h2 = 0; h2 < 2; h2++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sA(job)[(g + 8 * (e >> 1)) * 17 + 8 * h2 + 2 * t + (e & 1)] = acc[h2][e];
-            } else if ((job - 2) / 2 < nb) {
-                vprod_dm(a, hA + (job - 2) / 2, job & 1, tile((job - 2) / 2, 0), tile((job - 2) / 2, 2), ldv, lane);
-            }
+        for (int i = 0; i < 4; i++) {
+            lda_row_sm(fa, tile(i >> 1, i & 1), ldv, 16 * j, lane);
+            mma16816(x[i][0], fa, bS);
+            mma16816(x[i][1], fa, bS + 2);
         }
-        // the contractions over V for this warp's 16 channels n0 ..
-        float x[4][2][4] = {}, y[2][2][4] = {}, z[2][4] = {};
-        for (int j = 0; j < V / 16; j++) {
-            if (j == V / 32) {   // the states' second half
-                cp_async_wait<0>();
-                __syncthreads();
-            }
-            uint32_t fa[4], bS[4], bD[4], fS[4];
-            ldb_kn2_sm(bS, sS, LK, n0, 16 * j, lane);
-            ldb_kn2_sm(bD, sD, LK, n0, 16 * j, lane);
-            lda_trans_sm(fS, sS, LK, n0, 16 * j, lane);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                lda_row_sm(fa, tile(i >> 1, i & 1), ldv, 16 * j, lane);
-                mma16816(x[i][0], fa, bS);
-                mma16816(x[i][1], fa, bS + 2);
-            }
+        for (int i = 0; i < 2; i++) {
+            lda_row_sm(fa, tile(i, 2), ldv, 16 * j, lane);
+            mma16816(y[i][0], fa, bD);
+            mma16816(y[i][1], fa, bD + 2);
+        }
+        mma16816(z[0], fS, bD);
+        mma16816(z[1], fS, bD + 2);
+    }
+    // what needs no correction goes out first (fewer live registers below)
+    store_rows16(a.dQg + hA * 16 * K, n0, x[0], lane);
+    store_rows16(a.dWg + hA * 16 * K, n0, x[1], lane, -1.f);
+    if (pair) store_rows16(a.dKr + (hA + 1) * 16 * K, n0, y[1], lane);
+    __syncthreads();   // A1, A2 are in shared memory
+    // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
+    float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
+    {
+        uint32_t b[4];
+        ldb_nk2_sm(b, sKr, KDA_LD16, n0, 0, lane);
+        mma_f32x16(q1, sA(0), false, b, lane);
+        mma_f32x16(w1, sA(1), false, b, lane);
+        ldb_kn2_sm(b, sQg, LK, n0, 0, lane);
+        mma_f32x16(k1, sA(0), true, b, lane);
+        ldb_kn2_sm(b, sW, LK, n0, 0, lane);
+        mma_f32x16(k2, sA(1), true, b, lane);
+    }
+    // combine in place: x[2] dQg_b, x[3] −dW_b, y[0] dKr_a;
+    // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
+    float csa[2][2] = {}, csb[2][2] = {};
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                lda_row_sm(fa, tile(i, 2), ldv, 16 * j, lane);
-                mma16816(y[i][0], fa, bD);
-                mma16816(y[i][1], fa, bD + 2);
-            }
-            mma16816(z[0], fS, bD);
-            mma16816(z[1], fS, bD + 2);
+    for (int h2 = 0; h2 < 2; h2++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e >> 1), cl = n0 + 8 * h2 + 2 * t + (e & 1);
+            const float gla = sgl(0)[cl], glb = sgl(1)[cl];
+            csa[h2][e & 1] += bf(sQg[r * LK + cl]) * x[2][h2][e] - bf(sW[r * LK + cl]) * x[3][h2][e];
+            csb[h2][e & 1] += bf(sKr[cl * KDA_LD16 + r]) * y[0][h2][e];
+            x[2][h2][e] = x[2][h2][e] * gla + q1[h2][e];
+            x[3][h2][e] = x[3][h2][e] * gla + w1[h2][e];
+            y[0][h2][e] = y[0][h2][e] * glb + k1[h2][e] - k2[h2][e];
         }
-        // what needs no correction goes out first (fewer live registers below)
-        store_rows16(a.dQg + hA * 16 * K, n0, x[0], lane);
-        store_rows16(a.dWg + hA * 16 * K, n0, x[1], lane, -1.f);
-        if (pair) store_rows16(a.dKr + (hA + 1) * 16 * K, n0, y[1], lane);
-        __syncthreads();   // A1, A2 are in shared memory
-        // the corrections: q1 = A1 Kr_a, w1 = A2 Kr_a, k1 = A1ᵀ Qg_b − A2ᵀ W_b (over 16 tokens)
-        float q1[2][4] = {}, w1[2][4] = {}, k1[2][4] = {}, k2[2][4] = {};
-        {
-            uint32_t b[4];
-            ldb_nk2_sm(b, sKr, KDA_LD16, n0, 0, lane);
-            mma_f32x16(q1, sA(0), false, b, lane);
-            mma_f32x16(w1, sA(1), false, b, lane);
-            ldb_kn2_sm(b, sQg, LK, n0, 0, lane);
-            mma_f32x16(k1, sA(0), true, b, lane);
-            ldb_kn2_sm(b, sW, LK, n0, 0, lane);
-            mma_f32x16(k2, sA(1), true, b, lane);
-        }
-        // combine in place: x[2] dQg_b, x[3] −dW_b, y[0] dKr_a;
-        // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
-        float csa[2][2] = {}, csb[2][2] = {};
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1)
 #pragma unroll
         for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e >> 1), cl = n0 + 8 * h2 + 2 * t + (e & 1);
-                const float gla = sgl(0)[cl], glb = sgl(1)[cl];
-                csa[h2][e & 1] += bf(sQg[r * LK + cl]) * x[2][h2][e] - bf(sW[r * LK + cl]) * x[3][h2][e];
-                csb[h2][e & 1] += bf(sKr[cl * KDA_LD16 + r]) * y[0][h2][e];
-                x[2][h2][e] = x[2][h2][e] * gla + q1[h2][e];
-                x[3][h2][e] = x[3][h2][e] * gla + w1[h2][e];
-                y[0][h2][e] = y[0][h2][e] * glb + k1[h2][e] - k2[h2][e];
+            for (int e = 0; e < 2; e++) {
+                csa[h2][e] += __shfl_xor_sync(0xffffffffu, csa[h2][e], m);
+                csb[h2][e] += __shfl_xor_sync(0xffffffffu, csb[h2][e], m);
             }
+    // Z's diagonal: row n0 + 8·h2 + c = column n0 + 8·h2 + c sits in lane g = c, t = c >> 1,
+    // element 2·h2 + (c & 1) (selected, not indexed: a run-time index puts z in local memory)
+    float zd[2][2];
 #pragma unroll
-        for (int m = 4; m < 32; m <<= 1)
+    for (int h2 = 0; h2 < 2; h2++) {
+        const float zs = (g & 1) ? z[h2][2 * h2 + 1] : z[h2][2 * h2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) zd[h2][e] = __shfl_sync(0xffffffffu, zs, 4 * (2 * t + e) + t);
+    }
+    store_rows16(a.dKr + hA * 16 * K, n0, y[0], lane);
+    if (pair) {
+        store_rows16(a.dQg + (hA + 1) * 16 * K, n0, x[2], lane);
+        store_rows16(a.dWg + (hA + 1) * 16 * K, n0, x[3], lane, -1.f);
+    }
+    for (int j = 0; j < nb; j++) {
+        const size_t hc = hA + j;
+        if (g == 0)
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    csa[h2][e] += __shfl_xor_sync(0xffffffffu, csa[h2][e], m);
-                    csb[h2][e] += __shfl_xor_sync(0xffffffffu, csb[h2][e], m);
+                    const int cl = n0 + 8 * h2 + 2 * t + e;
+                    a.dgl[hc * K + cl] = j ? sgl(0)[cl] * zd[h2][e] + csb[h2][e] : sgl(1)[cl] * zd[h2][e] + csa[h2][e];
                 }
-        // Z's diagonal: row n0 + 8·h2 + c = column n0 + 8·h2 + c sits in lane g = c, t = c >> 1,
-        // element 2·h2 + (c & 1) (selected, not indexed: a run-time index puts z in local memory)
-        float zd[2][2];
+    }
+}
+
+// A unit of three or four chunks keeps only S_a (entering its first chunk) and G (leaving its
+// last); its pairs (a, a + 1) and (a + 2 [, a + 3]) need S_{a+2} and dS'_{a+1} as well, each one
+// step of the recurrence per chunk from those:
+//   Sᵀ ← Sᵀ Diag(gl_c) + V'_cᵀ Kr_c              (c = a, a + 1)
+//   dS'ᵀ ← dS'ᵀ Diag(gl_c) + dO_cᵀ Qg_c − dV'_cᵀ W_c   (c = the last chunk down to a + 2)
+// Each warp steps its own 16 key channels — the columns n0 .. n0 + 15 of the [V][K + 8] tile, the
+// only ones it reads in the pair products — in fp32 from the bf16 tile, and rounds them back to
+// bf16 in place (as the scans round the states they keep), 64 value rows at a time (the whole
+// column strip in registers spilled). acc[mi][ni]: the C fragment of values v0 + 16·mi ..,
+// channels n0 + 8·ni ..
+template <int LD>
+__device__ __forceinline__ void vstate_load(float (&acc)[4][2][4], const bf16 *X, int v0, int n0, int lane) {
+    const bf16 *p = X + (v0 + (lane >> 2)) * LD + n0 + 2 * (lane & 3);
 #pragma unroll
-        for (int h2 = 0; h2 < 2; h2++) {
-            const float zs = (g & 1) ? z[h2][2 * h2 + 1] : z[h2][2 * h2];
+    for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) zd[h2][e] = __shfl_sync(0xffffffffu, zs, 4 * (2 * t + e) + t);
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const uint32_t w = ld_u32(p + (16 * mi + 8 * hr) * LD + 8 * ni);
+                acc[mi][ni][2 * hr] = __uint_as_float(w << 16);
+                acc[mi][ni][2 * hr + 1] = __uint_as_float(w & 0xffff0000u);
+            }
+}
+template <int LD>
+__device__ __forceinline__ void vstate_store(const float (&acc)[4][2][4], bf16 *X, int v0, int n0, int lane) {
+    bf16 *p = X + (v0 + (lane >> 2)) * LD + n0 + 2 * (lane & 3);
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                *reinterpret_cast<uint32_t *>(p + (16 * mi + 8 * hr) * LD + 8 * ni) =
+                    pack_bf16(acc[mi][ni][2 * hr], acc[mi][ni][2 * hr + 1]);
+}
+// acc ← acc·Diag(gl) over the channels n0 ..
+__device__ __forceinline__ void vstate_decay(float (&acc)[4][2][4], const float *gl, int n0, int lane) {
+#pragma unroll
+    for (int ni = 0; ni < 2; ni++) {
+        const float2 d = *reinterpret_cast<const float2 *>(gl + n0 + 8 * ni + 2 * (lane & 3));
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++) {
+            acc[mi][ni][0] *= d.x; acc[mi][ni][1] *= d.y;
+            acc[mi][ni][2] *= d.x; acc[mi][ni][3] *= d.y;
         }
-        store_rows16(a.dKr + hA * 16 * K, n0, y[0], lane);
-        if (pair) {
-            store_rows16(a.dQg + (hA + 1) * 16 * K, n0, x[2], lane);
-            store_rows16(a.dWg + (hA + 1) * 16 * K, n0, x[3], lane, -1.f);
+    }
+}
+// acc += Xᵀ B: X a [16][ldx] token tile (tokens × values, from value v0), b B's two n-tiles
+// (tokens × channels)
+__device__ __forceinline__ void vstate_mma(float (&acc)[4][2][4], const bf16 *X, int ldx, int v0, const uint32_t b[4],
+                                           int lane) {
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++) {
+        uint32_t fa[4];
+        lda_trans_sm(fa, X, ldx, v0 + 16 * mi, 0, lane);
+        mma16816(acc[mi][0], fa, b);
+        mma16816(acc[mi][1], fa, b + 2);
+    }
+}
+
+// 2'''. per group of GS chunks (CSlots): GS = 2, pairs (the default), or 4 (KDA_VGROUP=4). A
+// block takes a group and a head and runs its units (the chunks of one sequence in the group)
+// one after another: a unit of one or two chunks is a pair unit as it comes; one of three or four
+// runs its later chunks as a pair unit from S_{a+2} (forward steps of S_a in place), then its
+// first two from dS'_{a+1} (backward steps of G in place, with S_a copied in again: an L2 hit,
+// read moments before). The forward steps' inputs go where the pair unit's own tiles go next
+// (V'_a, V'_{a+1} to the V' tiles, KrT_a, KrT_{a+1}, gl to their tiles and the Qg, W tiles); the
+// backward steps reuse the later pair's dO, dV' and gl tiles and take Qg, W of their chunks in
+// the S tile, free by then. Groups of four keep half the pairs' states (the scans write and the
+// products read less), but a block's four copy phases run one after another and it executes
+// ~37% more instructions than two pair blocks: measured slower overall (bench/RESULTS.md,
+// session 34), so opt-in.
+template <int K, int GS>
+__global__ void __launch_bounds__(2 * K, 2) kda_bwd_vgroup_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
+                                                                  const bf16 *dSc, CSlots cs) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int LK = K + 8, PK = K / 8;
+    const int h = blockIdx.x % a.H, g0 = GS * (blockIdx.x / a.H), V = a.V, ldv = V + 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nthr = 2 * K, n0 = 16 * warp;
+    const VPairSmem L = vpair_smem(K, V);
+    bf16 *sS = (bf16 *)(smem_raw + L.oS), *sD = (bf16 *)(smem_raw + L.oD);
+    auto tile = [&](int j, int i) { return (bf16 *)(smem_raw + L.oT + (3 * j + i) * L.TB); };
+    auto sgl = [&](int j) { return (float *)(smem_raw + L.ogl) + j * K; };
+    int ga = g0, na, ca, la;
+    long long ta;
+    if (!a.sq.chunk(ga, na, ca, ta, la)) return;
+    (void)ca;
+    for (bool first = true;; first = false) {
+        // the unit: chunks ga .. ga + nu − 1 of sequence na, the last one llast rows long
+        int nu = 1, llast = la, nn, cn, ln = 0;
+        long long tn;
+        bool more = false;   // another unit follows in the group (chunk ga + nu, of sequence nn)
+        while (ga + nu < g0 + GS && a.sq.chunk(ga + nu, nn, cn, tn, ln)) {
+            if (nn != na) {
+                more = true;
+                break;
+            }
+            llast = ln;
+            nu++;
         }
-        for (int j = 0; j < nb; j++) {
-            const size_t hc = hA + j;
-            if (g == 0)
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int cl = n0 + 8 * h2 + 2 * t + e;
-                        a.dgl[hc * K + cl] = j ? sgl(0)[cl] * zd[h2][e] + csb[h2][e] : sgl(1)[cl] * zd[h2][e] + csa[h2][e];
+        const bf16 *gS = Sc + ((size_t)h * cs.n + cs.state_slot(ga, na)) * V * K;
+        const bf16 *gD = dSc + ((size_t)h * cs.n + cs.dstate_slot(ga + nu - 1, na)) * V * K;
+        auto len = [&](int x) { return x == nu - 1 ? llast : 16; };   // rows of chunk ga + x
+        for (int part = 0; part < (GS > 2 && nu > 2 ? 2 : 1); part++) {
+            if (!first || part) __syncthreads();   // everyone is done with shared memory
+            int x0 = 0;   // the pair unit's first chunk, ga + x0
+            const bf16 *uS = gS, *uD = gD;
+            if (GS > 2 && nu > 2) {
+                const size_t hA = (size_t)h * a.NC + ga;
+                if (part == 0) {   // S_{a+2} from S_a
+                    bf16 *sKr1 = (bf16 *)(smem_raw + L.oQg);   // KrT_{a+1} over the Qg, W tiles
+                    for (int e = tid; e < V * PK; e += nthr) cp_async16(sS + (e / PK) * LK + 8 * (e % PK), gS + 8 * e);
+                    for (int e = tid; e < 2 * V; e += nthr) {
+                        const int off = (e / (V / 8)) * ldv + 8 * (e % (V / 8));
+                        cp_async16(tile(0, 2) + off, Vp + hA * 16 * V + 8 * e);
+                        cp_async16(tile(1, 2) + off, Vp + (hA + 1) * 16 * V + 8 * e);
                     }
+                    for (int e = tid; e < 2 * K; e += nthr) {
+                        const int off = (e >> 1) * KDA_LD16 + (e & 1) * 8;
+                        cp_async16((bf16 *)(smem_raw + L.oKr) + off, a.KrT + hA * 16 * K + 8 * e);
+                        cp_async16(sKr1 + off, a.KrT + (hA + 1) * 16 * K + 8 * e);
+                    }
+                    for (int e = tid; e < K / 2; e += nthr) cp_async16(sgl(e >= K / 4) + 4 * (e % (K / 4)), a.gl + (hA + (e >= K / 4)) * K + 4 * (e % (K / 4)));
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    __syncthreads();
+                    const bf16 *sKr0 = (const bf16 *)(smem_raw + L.oKr);
+                    for (int v0 = 0; v0 < V; v0 += 64) {
+                        float acc[4][2][4];
+                        vstate_load<LK>(acc, sS, v0, n0, lane);
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            uint32_t b[4];
+                            vstate_decay(acc, sgl(c), n0, lane);
+                            ldb_nk2_sm(b, c ? sKr1 : sKr0, KDA_LD16, n0, 0, lane);
+                            vstate_mma(acc, tile(c, 2), ldv, v0, b, lane);
+                        }
+                        vstate_store<LK>(acc, sS, v0, n0, lane);
+                    }
+                    __syncthreads();   // the pair unit's copies go over the steps' inputs
+                    x0 = 2;
+                    uS = NULL;
+                } else {   // dS'_{a+1} from G: the later pair's dO, dV', gl tiles are still in place
+                    // Qg_c, W_c of chunk a + 2 + j [16][K] over the S tile, rows 32·j and 32·j + 16
+                    for (int e = tid; e < 2 * K * (nu - 2); e += nthr) {
+                        const int j = e / (2 * K), r = e % (2 * K), off = (r / PK) * LK + 8 * (r % PK);
+                        cp_async16(sS + (32 * j) * LK + off, a.Qg + (hA + 2 + j) * 16 * K + 8 * r);
+                        cp_async16(sS + (32 * j + 16) * LK + off, a.W + (hA + 2 + j) * 16 * K + 8 * r);
+                    }
+                    cp_async_commit();
+                    cp_async_wait<0>();
+                    __syncthreads();
+                    for (int v0 = 0; v0 < V; v0 += 64) {
+                        float acc[4][2][4];
+                        vstate_load<LK>(acc, sD, v0, n0, lane);
+                        for (int j = nu - 3; j >= 0; j--) {   // chunk a + 2 + j: its tiles are the later pair's j
+                            uint32_t b[4];
+                            vstate_decay(acc, sgl(j), n0, lane);
+                            ldb_kn2_sm(b, sS + (32 * j) * LK, LK, n0, 0, lane);
+                            vstate_mma(acc, tile(j, 0), ldv, v0, b, lane);
+                            ldb_kn2_sm(b, sS + (32 * j + 16) * LK, LK, n0, 0, lane);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) b[i] ^= 0x80008000u;   // −W_c
+                            vstate_mma(acc, tile(j, 1), ldv, v0, b, lane);
+                        }
+                        vstate_store<LK>(acc, sD, v0, n0, lane);
+                    }
+                    __syncthreads();
+                    uD = NULL;
+                }
+            }
+            const int nb = nu - x0 > 2 ? 2 : nu - x0;
+            vpair_unit<K>(a, L, smem_raw, h, ga + x0, nb, len(x0), nb == 2 ? len(x0 + 1) : 0, ta + 16 * x0, Vp, uS, uD);
         }
+        if (!more) break;
+        ga += nu;
+        na = nn; la = ln; ta = tn;
     }
 }
 
@@ -1480,14 +1652,16 @@ static cudaError_t launch_vprod(const kda_params *p, const KWs &w) {
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.d_o = p->d_o;
     a.dQg = w.dQg; a.dWg = w.dWg; a.dKr = w.dKr; a.dgl = w.dgl; a.dM = w.dM; a.dU = w.dU;
-    if (w.cs.ps) {   // per pair of chunks
+    if (w.cs.ps) {   // per group of chunks
         a.W = w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.gl = w.gl;
         const size_t smem = vpair_smem(K, p->V).bytes;
-        cudaError_t e = cudaFuncSetAttribute(kda_bwd_vpair_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        void (*kern)(SegArgs, const bf16 *, const bf16 *, const bf16 *, CSlots) =
+            w.cs.gs == 2 ? kda_bwd_vgroup_kernel<K, 2> : kda_bwd_vgroup_kernel<K, 4>;
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         long long blocks = (long long)w.cs.ps * p->H;
         if (blocks == 0) return cudaSuccess;
-        kda_bwd_vpair_kernel<K><<<(unsigned)blocks, 2 * K, smem, p->stream>>>(a, w.Sc, w.Vp, w.dSc, w.cs);
+        kern<<<(unsigned)blocks, 2 * K, smem, p->stream>>>(a, w.Sc, w.Vp, w.dSc, w.cs);
         return cudaGetLastError();
     }
     const size_t smem = vprod_smem_bytes<K>(p->V);

@@ -381,20 +381,27 @@ struct KSeq {
 // state checkpoints per 64-token segment: ckpt, dckpt [H][NS][V][K] fp32 (Sᵀ);
 // backward: dQg, dWg, dKr [H][NC][K][16] bf16 (a row of 16 tokens per key channel), dgl [H][NC][K] fp32, dM [H][NC][16][16] fp32,
 //   dU [H][NC][16][V] bf16, pA [H][NC] fp32, pdb [H][NC][K] fp32.
-// The backward's value products run per pair of global chunks (2p, 2p + 1) by default
-// (kda_bwd_vpair_kernel): from the state entering the first and the state gradient leaving the
-// second, the other two follow through one step of the recurrence, so the scans keep half the
-// states: S entering an even chunk or a sequence's first, dS' leaving an odd chunk or a
-// sequence's last (a chunk whose partner lies in another sequence is a unit of its own).
-// Slots per head: ps = ceil(NC / 2) pair slots and one per sequence for those exceptions.
-// ps = 0 (KDA_VPAIRS=0): every chunk keeps both, slot = gc (kda_bwd_vprod_kernel).
+// The backward's value products run per group of gs global chunks (gs·q .. gs·q + gs − 1; gs = 2,
+// pairs, by default, 4 with KDA_VGROUP=4: kda_bwd_vgroup_kernel): from the state entering a unit's first chunk
+// and the state gradient leaving its last, the others follow through steps of the recurrence, so
+// the scans keep one state in gs: S entering a chunk at a group's start or a sequence's first, dS'
+// leaving a chunk at a group's end or a sequence's last (a unit: the chunks of one sequence within
+// one group). Slots per head: ps = ceil(NC / gs) group slots and one per sequence for the units
+// that start (S) or end (dS') inside a group. ps = 0 (gs = 1, KDA_VGROUP=1): every chunk keeps
+// both, slot = gc (kda_bwd_vprod_kernel).
 struct CSlots {
-    int ps, n;   // pair slots (0: per chunk), slots per head
-    __host__ __device__ bool keep_state(int gc, int c) const { return ps == 0 || !(gc & 1) || c == 0; }
-    __host__ __device__ bool keep_dstate(int gc, int c, int nc_n) const { return ps == 0 || (gc & 1) || c == nc_n - 1; }
+    int gs, ps, n;   // chunks per group (1: per chunk), group slots (0: per chunk), slots per head
+    __host__ __device__ bool keep_state(int gc, int c) const { return ps == 0 || !(gc & (gs - 1)) || c == 0; }
+    __host__ __device__ bool keep_dstate(int gc, int c, int nc_n) const {
+        return ps == 0 || (gc & (gs - 1)) == gs - 1 || c == nc_n - 1;
+    }
     // the slots of chunk gc (of sequence seq) where it keeps them
-    __host__ __device__ int state_slot(int gc, int seq) const { return ps == 0 ? gc : (gc & 1) ? ps + seq : gc >> 1; }
-    __host__ __device__ int dstate_slot(int gc, int seq) const { return ps == 0 ? gc : (gc & 1) ? gc >> 1 : ps + seq; }
+    __host__ __device__ int state_slot(int gc, int seq) const {
+        return ps == 0 ? gc : (gc & (gs - 1)) ? ps + seq : gc / gs;
+    }
+    __host__ __device__ int dstate_slot(int gc, int seq) const {
+        return ps == 0 ? gc : (gc & (gs - 1)) == gs - 1 ? gc / gs : ps + seq;
+    }
 };
 
 // the solve kept for the backward (KDA_LX floats at lx, shared memory) unpacked by nthr threads
@@ -457,8 +464,8 @@ int kda_scan_group(const kda_params *p);
 // the scans keep every chunk's state (KWs::cstates): 1 unless KDA_SPLIT, 64-token steps or
 // KDA_CSTATES=0 (kda_fwd.cu)
 int kda_chunk_states(const kda_params *p);
-// the value products per pair of chunks (CSlots): 1 unless KDA_VPAIRS=0 (kda_fwd.cu)
-int kda_vpairs(void);
+// chunks per group of the value products (CSlots): KDA_VGROUP (1, 2 or 4), 2 unless set (kda_fwd.cu)
+int kda_vgroup(void);
 // W~, U~ of every 64-token group from the prep kernel's W, U, KrT, gl (kda_merge.cu)
 cudaError_t kda_launch_merge(const kda_params *p, const KWs &w);
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =

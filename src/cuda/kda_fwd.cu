@@ -70,7 +70,8 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     w.group = kda_scan_group(p);
     w.cstates = kda_chunk_states(p);
     if (w.cstates) {
-        w.cs.ps = kda_vpairs() ? (w.NC + 1) / 2 : 0;
+        w.cs.gs = kda_vgroup();
+        w.cs.ps = w.cs.gs > 1 ? (w.NC + w.cs.gs - 1) / w.cs.gs : 0;
         w.cs.n = w.cs.ps ? w.cs.ps + p->N : w.NC;
     }
     const size_t NSC = w.cs.n;
@@ -1160,7 +1161,10 @@ int kda_scan_group(const kda_params *p) {
 int kda_chunk_states(const kda_params *p) {
     return !scan_split() && kda_scan_group(p) == 1 && env_int("KDA_CSTATES", 1) != 0;
 }
-int kda_vpairs(void) { return env_int("KDA_VPAIRS", 1) != 0; }
+int kda_vgroup(void) {
+    const int g = env_int("KDA_VGROUP", 2);
+    return g == 1 || g == 4 ? g : 2;
+}
 
 // a token-major input x [tokens][H][W] (q, k, f, v, dO) in boxes of box_w columns of one head's
 // 16 rows (rows past the last token read as zeros; a sequence's next one is the kernel's to mask)

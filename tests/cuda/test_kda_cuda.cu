@@ -316,27 +316,32 @@ static void test_saved_and_determinism(const Prob &P) {
     check(w, m, 0);
 }
 
-// the backward from the scans' per-chunk states (KDA_VPAIRS=0) == from 64-token checkpoints
+// the backward from the scans' per-chunk states (KDA_VGROUP=1) == from 64-token checkpoints
 // (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved —
 // with the forward scan's warp-level step, which the segment kernel's recompute follows (the
-// warpgroup step's sums run in another order). The default, per pair of chunks (half the
-// states kept, the other half's products through one step of the recurrence), agrees with
-// them to rounding (relative RMS ≤ 2e-3 for dq, dk, dv, dS0, ≤ 1e-2 for the gate and β
-// gradients, whose sums over tokens cancel; a quarter and a half of the tolerances against
-// the CPU reference: both paths round their value products' outputs dQg, dW, dKr to bf16, and
-// where the two fp32 sums differ by ~5e-4 a share of them round to neighbouring bf16 values,
-// 2^-8 to 2^-7 apart (relative) — measured 1.05e-3 and 4.8e-3 at worst, from 8.8e-4 and 2.8e-3 with fp32
-// outputs; a wrong correction term is off by O(1)), and its saved and recomputed
-// backwards bit for bit; the workspace is poisoned, so a state slot read but never written fails.
+// warpgroup step's sums run in another order). Per pair of chunks (KDA_VGROUP=2: half the states
+// kept, the other half's products through one step of the recurrence) and per group of four (the
+// default: a quarter kept, the middle states by steps of the recurrence, rounded to bf16 as the
+// scans round the ones they keep), each agrees with them to rounding (relative RMS ≤ 2e-3 for
+// dq, dk, dv, dS0, ≤ 1e-2 for the gate and β gradients, whose sums over tokens cancel; a quarter
+// and a half of the tolerances against the CPU reference: every path rounds its value products'
+// outputs dQg, dW, dKr to bf16, and where two fp32 sums differ by ~5e-4 a share of them round to
+// neighbouring bf16 values, 2^-8 to 2^-7 apart (relative) — pairs measured 1.05e-3 and 4.8e-3 at
+// worst, from 8.8e-4 and 2.8e-3 with fp32 outputs; a wrong correction term or step is off by O(1)),
+// and each its saved and recomputed backwards bit for bit; the workspace is poisoned, so a state
+// slot read but never written fails.
 static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
-    std::vector<float> g[3][8];
-    // KDA_VPAIRS as the caller set it (a whole run under KDA_VPAIRS=0 compares the paths' errors)
-    const char *vp_env = getenv("KDA_VPAIRS");
-    const std::string vp_keep = vp_env ? vp_env : "";
+    std::vector<float> g[4][8];
+    // KDA_VGROUP as the caller set it (a whole run under KDA_VGROUP=1 compares the paths' errors)
+    const char *vg_env = getenv("KDA_VGROUP");
+    const std::string vg_keep = vg_env ? vg_env : "";
     setenv("KDA_SCAN_WG", "0", 1);
-    for (int mode = 0; mode < 3; mode++) {   // 0: per-chunk states, 1: checkpoints, 2: pairs
-        if (mode == 0) setenv("KDA_VPAIRS", "0", 1);
+    // 0: per-chunk states, 1: checkpoints, 2: pairs, 3: groups of four
+    static const char *vgroup[4] = {"1", "1", "2", "4"};
+    for (int mode = 0; mode < 4; mode++) {
+        setenv("KDA_VGROUP", vgroup[mode], 1);
         if (mode == 1) setenv("KDA_CSTATES", "0", 1);
+        else unsetenv("KDA_CSTATES");
         Dev D;
         dev_setup(D, P, 1, 1);   // the workspace sized for this mode
         for (int saved = 0; saved < 2; saved++) {
@@ -355,26 +360,28 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
                 else if (max_abs(x[i].data(), g[mode][i].data(), x[i].size()) != 0) g[mode][i].assign(x[i].size(), NAN);
             }
         }
-        if (mode == 0) setenv("KDA_VPAIRS", "1", 1);   // mode 2: pairs
-        unsetenv("KDA_CSTATES");
     }
-    if (vp_env) setenv("KDA_VPAIRS", vp_keep.c_str(), 1);
-    else unsetenv("KDA_VPAIRS");
+    unsetenv("KDA_CSTATES");
+    if (vg_env) setenv("KDA_VGROUP", vg_keep.c_str(), 1);
+    else unsetenv("KDA_VGROUP");
     unsetenv("KDA_SCAN_WG");
-    double m = 0, r[2] = {0, 0};   // r: dq, dk, dv, dS0 | df, dbeta, dA_log, ddt_bias
+    double m = 0, r[2][2] = {};   // r[pairs, fours]: dq, dk, dv, dS0 | df, dbeta, dA_log, ddt_bias
     for (int i = 0; i < 8; i++) {
         m = worst(m, max_abs(g[0][i].data(), g[1][i].data(), g[0][i].size()));
         const int c = i == 7 ? 0 : i >= 3;
-        r[c] = worst(r[c], rel_rms(g[2][i].data(), g[0][i].data(), g[0][i].size()));
+        for (int k = 0; k < 2; k++) r[k][c] = worst(r[k][c], rel_rms(g[2 + k][i].data(), g[0][i].data(), g[0][i].size()));
     }
     char s[200], w[300];
     desc(s, sizeof s, P, "bwd");
     snprintf(w, sizeof w, "%s%s: per-chunk states == checkpoints, recomputed and saved (max abs)", s, tag);
     check(w, m, 0);
-    snprintf(w, sizeof w, "%s%s: pairs ~ per-chunk states, dq dk dv dS0 (worst rel rms)", s, tag);
-    check(w, r[0], 2e-3);
-    snprintf(w, sizeof w, "%s%s: pairs ~ per-chunk states, df dbeta dA_log ddt_bias (worst rel rms)", s, tag);
-    check(w, r[1], 1e-2);
+    static const char *name[2] = {"pairs", "groups of four"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(w, sizeof w, "%s%s: %s ~ per-chunk states, dq dk dv dS0 (worst rel rms)", s, tag, name[k]);
+        check(w, r[k][0], 2e-3);
+        snprintf(w, sizeof w, "%s%s: %s ~ per-chunk states, df dbeta dA_log ddt_bias (worst rel rms)", s, tag, name[k]);
+        check(w, r[k][1], 1e-2);
+    }
 }
 
 // decode on a shuffled state pool vs the CPU decode; untouched slots bit-identical
@@ -1006,6 +1013,8 @@ int main(int argc, char **argv) {
         make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 74); test_cstates_vs_checkpoints(P);
         make_prob(P, {15, 1, 100, 300, 64, 700, 17}, 3, 128, 128, 1, 1, 75); test_cstates_vs_checkpoints(P);
         make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 0, 1, 76); test_cstates_vs_checkpoints(P);
+        // units of three chunks (aligned start, unaligned end and the reverse), of one, of four
+        make_prob(P, {40, 56, 70, 8, 64}, 3, 128, 128, 1, 1, 80); test_cstates_vs_checkpoints(P); test_bwd(P);
         make_prob(P, {300}, 2, 128, 64, 1, 0, 77); test_cstates_vs_checkpoints(P);
         make_prob(P, {300}, 2, 64, 128, 0, 0, 78, 0, 1); test_cstates_vs_checkpoints(P);
         make_prob(P, {40}, 96, 128, 128, 0, 0, 79); test_cstates_vs_checkpoints(P);
