@@ -579,8 +579,8 @@ __global__ void __launch_bounds__(2 * K) kda_bwd_vprod_kernel(SegArgs a, const b
     if (warp >= K / 16 - 2) vprod_dm(a, hc, warp - (K / 16 - 2), sO, sVp, ldv, lane);   // dM, a tile each
 }
 
-// 2''. per pair of chunks (the pair unit of kda_bwd_vgroup_kernel, below). With a = 2p and b = 2p + 1
-// chunks of one sequence, S_a the state entering a and G = dS'_b the gradient leaving b (the
+// 2''. per pair of chunks (the pair unit of kda_bwd_vgroup_kernel, below). With a and b = a + 1
+// chunks of one sequence (a = 2p for pairs; in groups of four also a = 4q + 2), S_a the state entering a and G = dS'_b the gradient leaving b (the
 // scans keep only those), one step of the recurrence gives the other two,
 //   S_b = Diag(gl_a) S_a + Kr_aᵀ V'_a,   dS'_a = Diag(gl_b) G + Qg_bᵀ dO_b − W_bᵀ dV'_b,
 // so with X = [dO_a; dV'_a; dO_b; dV'_b] S_aᵀ (4 × [16][K]), Y = [V'_a; V'_b] Gᵀ (2 × [16][K]),
@@ -598,7 +598,8 @@ struct VPairSmem {
     int oS, oD, oT, TB, oKr, oQg, oW, ogl, oA, bytes;
 };
 // S_a, dS'_b [V][K+8]; dO, dV', V' of a, then of b [16][V+8] (TB bytes each); KrT_a
-// [K][KDA_LD16]; Qg_b, W_b [16][K+8]; gl_a, gl_b [K] fp32; A1, A2 [16][17] fp32
+// [K][KDA_LD16]; Qg_b, W_b [16][K+8]; gl_a, gl_b [K] fp32; A1, A2 as bf16 hi and lo, [16][KDA_LD16]
+// each
 __host__ __device__ inline VPairSmem vpair_smem(int K, int V) {
     VPairSmem s;
     int off = 0;
@@ -610,15 +611,23 @@ __host__ __device__ inline VPairSmem vpair_smem(int K, int V) {
     s.oQg = off; off += 16 * (K + 8) * 2;
     s.oW = off; off += 16 * (K + 8) * 2;
     s.ogl = off; off += 2 * K * 4;
-    s.oA = off; off += 2 * 16 * 17 * 4;
+    s.oA = off; off += 4 * 16 * KDA_LD16 * 2;
     s.bytes = off;
     return s;
 }
-// acc (two 8-column tiles) += X·B for a 16 × 16 fp32 X in shared memory (row stride 17; trans:
-// Xᵀ) as bf16 hi + lo, B's two n-tiles in b (as ldb_nk2_sm / ldb_kn2_sm give them)
-__device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool trans, const uint32_t b[4], int lane) {
+// acc (two 8-column tiles) += X·B for a 16 × 16 X split into bf16 hi and lo tiles in shared
+// memory (Xh, then Xl 16 rows later; row stride KDA_LD16; trans: Xᵀ), B's two n-tiles in b (as
+// ldb_nk2_sm / ldb_kn2_sm give them). The tiles are split once, by the warp that formed X
+// (session 34: every warp read the fp32 X by eight scalar loads and split it itself)
+__device__ __forceinline__ void mma_f32x16(float (*acc)[4], const bf16 *Xh, bool trans, const uint32_t b[4], int lane) {
     uint32_t ah[4], al[4];
-    lda_f32_16(ah, al, X, 17, trans, lane);
+    if (trans) {
+        lda_trans_sm(ah, Xh, KDA_LD16, 0, 0, lane);
+        lda_trans_sm(al, Xh + 16 * KDA_LD16, KDA_LD16, 0, 0, lane);
+    } else {
+        lda_row_sm(ah, Xh, KDA_LD16, 0, lane);
+        lda_row_sm(al, Xh + 16 * KDA_LD16, KDA_LD16, 0, lane);
+    }
 #pragma unroll
     for (int h2 = 0; h2 < 2; h2++) {
         mma16816(acc[h2], ah, b + 2 * h2);
@@ -629,8 +638,9 @@ __device__ __forceinline__ void mma_f32x16(float (*acc)[4], const float *X, bool
 
 // One pair unit (nb = 2: chunks ga, ga + 1) or a chunk alone (nb = 1) from S_a in sS and G =
 // dS'_b in sD: copies in the chunks' tiles (and S_a from gS, G from gD where given; null: the
-// tile is already in shared memory), then the products above. len(x): the valid rows of chunk
-// ga + x, t0: the first token of chunk ga. The caller has made shared memory free to write.
+// tile is already in shared memory), then the products above. la, lb: the valid rows of chunks
+// ga and ga + 1 (lb unused alone), t0: the first token of chunk ga. The caller has made shared
+// memory free to write.
 template <int K>
 __device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L, unsigned char *smem_raw, int h,
                                            int ga, int nb, int la, int lb, long long t0, const bf16 *Vp,
@@ -644,7 +654,7 @@ __device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L,
     // token tile i of chunk j (0: a, 1: b): 0 dO, 1 dV', 2 V'; gl of chunk j; A1 (j = 0), A2
     auto tile = [&](int j, int i) { return (bf16 *)(smem_raw + L.oT + (3 * j + i) * L.TB); };
     auto sgl = [&](int j) { return (float *)(smem_raw + L.ogl) + j * K; };
-    auto sA = [&](int j) { return (float *)(smem_raw + L.oA) + j * 16 * 17; };
+    auto sA = [&](int j) { return (bf16 *)(smem_raw + L.oA) + j * 32 * KDA_LD16; };   // hi, then lo
     const size_t hA = (size_t)h * a.NC + ga;
     {
         // S_a and dS'_b by halves of their value rows, in two copy groups (the second is
@@ -700,7 +710,13 @@ __device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L,
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) sA(job)[(g + 8 * (e >> 1)) * 17 + 8 * h2 + 2 * t + (e & 1)] = acc[h2][e];
+                for (int hr = 0; hr < 2; hr++) {   // rows g, g + 8: hi and lo of two columns a word
+                    uint32_t hi, lo;
+                    split_bf16(acc[h2][2 * hr], acc[h2][2 * hr + 1], hi, lo);
+                    const int at = (g + 8 * hr) * KDA_LD16 + 8 * h2 + 2 * t;
+                    *reinterpret_cast<uint32_t *>(sA(job) + at) = hi;
+                    *reinterpret_cast<uint32_t *>(sA(job) + 16 * KDA_LD16 + at) = lo;
+                }
         } else if ((job - 2) / 2 < nb) {
             vprod_dm(a, hA + (job - 2) / 2, job & 1, tile((job - 2) / 2, 0), tile((job - 2) / 2, 2), ldv, lane);
         }
@@ -752,17 +768,23 @@ __device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L,
     // the column sums of dgl per lane (its two rows), then over the 8 lanes of a column
     float csa[2][2] = {}, csb[2][2] = {};
 #pragma unroll
-    for (int h2 = 0; h2 < 2; h2++)
+    for (int h2 = 0; h2 < 2; h2++) {
+        // columns cl, cl + 1 of this lane: gl, Qg_b and W_b read as pairs
+        const int cl = n0 + 8 * h2 + 2 * t;
+        const float2 gla = *reinterpret_cast<const float2 *>(sgl(0) + cl), glb = *reinterpret_cast<const float2 *>(sgl(1) + cl);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = g + 8 * (e >> 1), cl = n0 + 8 * h2 + 2 * t + (e & 1);
-            const float gla = sgl(0)[cl], glb = sgl(1)[cl];
-            csa[h2][e & 1] += bf(sQg[r * LK + cl]) * x[2][h2][e] - bf(sW[r * LK + cl]) * x[3][h2][e];
-            csb[h2][e & 1] += bf(sKr[cl * KDA_LD16 + r]) * y[0][h2][e];
-            x[2][h2][e] = x[2][h2][e] * gla + q1[h2][e];
-            x[3][h2][e] = x[3][h2][e] * gla + w1[h2][e];
-            y[0][h2][e] = y[0][h2][e] * glb + k1[h2][e] - k2[h2][e];
+            const int r = g + 8 * (e >> 1), c = e & 1;
+            const uint32_t qw = ld_u32(sQg + r * LK + cl), ww = ld_u32(sW + r * LK + cl);
+            const float qv = __uint_as_float(c ? qw & 0xffff0000u : qw << 16), wv = __uint_as_float(c ? ww & 0xffff0000u : ww << 16);
+            const float ga = c ? gla.y : gla.x, gb = c ? glb.y : glb.x;
+            csa[h2][c] += qv * x[2][h2][e] - wv * x[3][h2][e];
+            csb[h2][c] += bf(sKr[(cl + c) * KDA_LD16 + r]) * y[0][h2][e];
+            x[2][h2][e] = x[2][h2][e] * ga + q1[h2][e];
+            x[3][h2][e] = x[3][h2][e] * ga + w1[h2][e];
+            y[0][h2][e] = y[0][h2][e] * gb + k1[h2][e] - k2[h2][e];
         }
+    }
 #pragma unroll
     for (int m = 4; m < 32; m <<= 1)
 #pragma unroll
@@ -870,8 +892,8 @@ __device__ __forceinline__ void vstate_mma(float (&acc)[4][2][4], const bf16 *X,
 // backward steps reuse the later pair's dO, dV' and gl tiles and take Qg, W of their chunks in
 // the S tile, free by then. Groups of four keep half the pairs' states (the scans write and the
 // products read less), but a block's four copy phases run one after another and it executes
-// ~37% more instructions than two pair blocks: measured slower overall (bench/RESULTS.md,
-// session 34), so opt-in.
+// ~37% more instructions than two pair blocks: measured slower overall at B1·T8192·H96 (4.10–4.11
+// ms against 4.08–4.09 forward + backward; bench/RESULTS.md, session 34), so opt-in.
 template <int K, int GS>
 __global__ void __launch_bounds__(2 * K, 2) kda_bwd_vgroup_kernel(SegArgs a, const bf16 *Sc, const bf16 *Vp,
                                                                   const bf16 *dSc, CSlots cs) {

@@ -320,9 +320,10 @@ static void test_saved_and_determinism(const Prob &P) {
 // (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved —
 // with the forward scan's warp-level step, which the segment kernel's recompute follows (the
 // warpgroup step's sums run in another order). Per pair of chunks (KDA_VGROUP=2: half the states
-// kept, the other half's products through one step of the recurrence) and per group of four (the
-// default: a quarter kept, the middle states by steps of the recurrence, rounded to bf16 as the
-// scans round the ones they keep), each agrees with them to rounding (relative RMS ≤ 2e-3 for
+// kept, the other half's products through one step of the recurrence; the default) and per group
+// of four (KDA_VGROUP=4: a quarter kept, the middle states by steps of the recurrence, rounded to
+// bf16 as the scans round the ones they keep; its workspace must be smaller wherever a sequence
+// has three chunks or more, which shows the path ran), each agrees with them to rounding (relative RMS ≤ 2e-3 for
 // dq, dk, dv, dS0, ≤ 1e-2 for the gate and β gradients, whose sums over tokens cancel; a quarter
 // and a half of the tolerances against the CPU reference: every path rounds its value products'
 // outputs dQg, dW, dKr to bf16, and where two fp32 sums differ by ~5e-4 a share of them round to
@@ -338,12 +339,14 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     setenv("KDA_SCAN_WG", "0", 1);
     // 0: per-chunk states, 1: checkpoints, 2: pairs, 3: groups of four
     static const char *vgroup[4] = {"1", "1", "2", "4"};
+    size_t wsb[4];
     for (int mode = 0; mode < 4; mode++) {
         setenv("KDA_VGROUP", vgroup[mode], 1);
         if (mode == 1) setenv("KDA_CSTATES", "0", 1);
         else unsetenv("KDA_CSTATES");
         Dev D;
         dev_setup(D, P, 1, 1);   // the workspace sized for this mode
+        wsb[mode] = kda_workspace_size(&D.p, 1);
         for (int saved = 0; saved < 2; saved++) {
             if (saved) {
                 CU(kda_fwd(&D.p));
@@ -375,6 +378,12 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     desc(s, sizeof s, P, "bwd");
     snprintf(w, sizeof w, "%s%s: per-chunk states == checkpoints, recomputed and saved (max abs)", s, tag);
     check(w, m, 0);
+    int max_chunks = 0;
+    for (int L : P.lens) max_chunks = std::max(max_chunks, (L + 15) / 16);
+    if (max_chunks >= 3) {
+        snprintf(w, sizeof w, "%s%s: groups of four keep fewer states (1: workspace not smaller)", s, tag);
+        check(w, wsb[3] < wsb[2] ? 0 : 1, 0);
+    }
     static const char *name[2] = {"pairs", "groups of four"};
     for (int k = 0; k < 2; k++) {
         snprintf(w, sizeof w, "%s%s: %s ~ per-chunk states, dq dk dv dS0 (worst rel rms)", s, tag, name[k]);
@@ -1015,6 +1024,10 @@ int main(int argc, char **argv) {
         make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 0, 1, 76); test_cstates_vs_checkpoints(P);
         // units of three chunks (aligned start, unaligned end and the reverse), of one, of four
         make_prob(P, {40, 56, 70, 8, 64}, 3, 128, 128, 1, 1, 80); test_cstates_vs_checkpoints(P); test_bwd(P);
+        setenv("KDA_VGROUP", "4", 1);   // groups of four against the CPU reference directly
+        test_bwd(P, " [groups of four]");
+        make_prob(P, {300, 300}, 4, 64, 64, 0, 0, 81); test_bwd(P, " [groups of four]");
+        unsetenv("KDA_VGROUP");
         make_prob(P, {300}, 2, 128, 64, 1, 0, 77); test_cstates_vs_checkpoints(P);
         make_prob(P, {300}, 2, 64, 128, 0, 0, 78, 0, 1); test_cstates_vs_checkpoints(P);
         make_prob(P, {40}, 96, 128, 128, 0, 0, 79); test_cstates_vs_checkpoints(P);

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The KDA backward's value products over a group of n chunks from the two states a group keeps.
 
-kda_bwd_vpair_kernel (docs/cuda_kda.md, "Pairs of chunks") takes n = 2: from S_0, the state
+kda_bwd_vgroup_kernel's pair unit (docs/cuda_kda.md, "Pairs of chunks") takes n = 2: from S_0, the state
 entering the group's first chunk, and G = dS'_{n-1}, the state gradient leaving its last, one
 step of the recurrence each way gives every chunk's products. This script checks the closed form
 for any n in float64 against the per-chunk products of the direct recurrences, so that a kernel
-for larger groups (the scans would keep 1/n of the states) starts from verified algebra. With
+for larger groups (the scans would keep 1/n of the states) starts from verified algebra. (The
+opt-in groups of four, KDA_VGROUP=4, do not use it: they run two pair units from the middle state
+and state gradient, recomputed by steps of the recurrence.) With
 D_m = Diag(gl_m), P_i = D_{i-1}...D_0, R_i = D_{n-1}...D_{i+1}, Q(a, b) = D_{b-1}...D_{a+1} (all
 diagonal decays <= 1, empty products 1), X_i = dO_i S_0^T, XV_i = dV'_i S_0^T, Y_i = V'_i G^T,
 Z = diag(S_0 G^T), A_jm = dO_j V'_m^T, B_jm = dV'_j V'_m^T, T_jm = A_jm^T Qg_j - B_jm^T W_j:
