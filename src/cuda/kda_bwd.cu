@@ -775,8 +775,8 @@ __device__ __forceinline__ void vpair_unit(const SegArgs &a, const VPairSmem &L,
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = g + 8 * (e >> 1), c = e & 1;
-            const uint32_t qw = ld_u32(sQg + r * LK + cl), ww = ld_u32(sW + r * LK + cl);
-            const float qv = __uint_as_float(c ? qw & 0xffff0000u : qw << 16), wv = __uint_as_float(c ? ww & 0xffff0000u : ww << 16);
+            const uint32_t qw[1] = {ld_u32(sQg + r * LK + cl)}, ww[1] = {ld_u32(sW + r * LK + cl)};
+            const float qv = bf_at(qw, c), wv = bf_at(ww, c);
             const float ga = c ? gla.y : gla.x, gb = c ? glb.y : glb.x;
             csa[h2][c] += qv * x[2][h2][e] - wv * x[3][h2][e];
             csb[h2][c] += bf(sKr[(cl + c) * KDA_LD16 + r]) * y[0][h2][e];
@@ -840,9 +840,9 @@ __device__ __forceinline__ void vstate_load(float (&acc)[4][2][4], const bf16 *X
         for (int ni = 0; ni < 2; ni++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const uint32_t w = ld_u32(p + (16 * mi + 8 * hr) * LD + 8 * ni);
-                acc[mi][ni][2 * hr] = __uint_as_float(w << 16);
-                acc[mi][ni][2 * hr + 1] = __uint_as_float(w & 0xffff0000u);
+                const uint32_t w[1] = {ld_u32(p + (16 * mi + 8 * hr) * LD + 8 * ni)};
+                acc[mi][ni][2 * hr] = bf_at(w, 0);
+                acc[mi][ni][2 * hr + 1] = bf_at(w, 1);
             }
 }
 template <int LD>
@@ -1068,10 +1068,7 @@ __device__ __forceinline__ void bwd_row_bf16(float (&x)[16], const bf16 (*F)[16]
         const uint4 v = *bwd_half(F, c, q);
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            x[8 * q + 2 * i] = __uint_as_float(w[i] << 16);
-            x[8 * q + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
+        for (int i = 0; i < 8; i++) x[8 * q + i] = bf_at(w, i);
     }
 }
 // element r % 4 of x (r a compile-time index after unrolling: no local memory)
