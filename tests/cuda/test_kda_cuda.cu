@@ -316,6 +316,22 @@ static void test_saved_and_determinism(const Prob &P) {
     check(w, m, 0);
 }
 
+// an environment switch set for a scope, the caller's value (or its absence) restored after it,
+// so that a whole run under e.g. KDA_VGROUP=4 stays under it around the tests that set their own
+struct ScopedEnv {
+    const char *name;
+    bool had;
+    std::string old;
+    ScopedEnv(const char *n, const char *value) : name(n), had(getenv(n) != NULL), old(had ? getenv(n) : "") {
+        setenv(name, value, 1);
+    }
+    void set(const char *value) { setenv(name, value, 1); }
+    ~ScopedEnv() {
+        if (had) setenv(name, old.c_str(), 1);
+        else unsetenv(name);
+    }
+};
+
 // the backward from the scans' per-chunk states (KDA_VGROUP=1) == from 64-token checkpoints
 // (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved —
 // with the forward scan's warp-level step, which the segment kernel's recompute follows (the
@@ -333,15 +349,14 @@ static void test_saved_and_determinism(const Prob &P) {
 // slot read but never written fails.
 static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
     std::vector<float> g[4][8];
-    // KDA_VGROUP as the caller set it (a whole run under KDA_VGROUP=1 compares the paths' errors)
-    const char *vg_env = getenv("KDA_VGROUP");
-    const std::string vg_keep = vg_env ? vg_env : "";
+    // KDA_VGROUP as the caller set it afterwards (a whole run under KDA_VGROUP=1 compares the paths' errors)
+    ScopedEnv vg("KDA_VGROUP", "1");
     setenv("KDA_SCAN_WG", "0", 1);
     // 0: per-chunk states, 1: checkpoints, 2: pairs, 3: groups of four
     static const char *vgroup[4] = {"1", "1", "2", "4"};
     size_t wsb[4];
     for (int mode = 0; mode < 4; mode++) {
-        setenv("KDA_VGROUP", vgroup[mode], 1);
+        vg.set(vgroup[mode]);
         if (mode == 1) setenv("KDA_CSTATES", "0", 1);
         else unsetenv("KDA_CSTATES");
         Dev D;
@@ -365,8 +380,6 @@ static void test_cstates_vs_checkpoints(const Prob &P, const char *tag = "") {
         }
     }
     unsetenv("KDA_CSTATES");
-    if (vg_env) setenv("KDA_VGROUP", vg_keep.c_str(), 1);
-    else unsetenv("KDA_VGROUP");
     unsetenv("KDA_SCAN_WG");
     double m = 0, r[2][2] = {};   // r[pairs, fours]: dq, dk, dv, dS0 | df, dbeta, dA_log, ddt_bias
     for (int i = 0; i < 8; i++) {
@@ -1024,10 +1037,11 @@ int main(int argc, char **argv) {
         make_prob(P, {0, 65, 500, 0, 3}, 2, 64, 64, 0, 1, 76); test_cstates_vs_checkpoints(P);
         // units of three chunks (aligned start, unaligned end and the reverse), of one, of four
         make_prob(P, {40, 56, 70, 8, 64}, 3, 128, 128, 1, 1, 80); test_cstates_vs_checkpoints(P); test_bwd(P);
-        setenv("KDA_VGROUP", "4", 1);   // groups of four against the CPU reference directly
-        test_bwd(P, " [groups of four]");
-        make_prob(P, {300, 300}, 4, 64, 64, 0, 0, 81); test_bwd(P, " [groups of four]");
-        unsetenv("KDA_VGROUP");
+        {
+            ScopedEnv vg("KDA_VGROUP", "4");   // groups of four against the CPU reference directly
+            test_bwd(P, " [groups of four]");
+            make_prob(P, {300, 300}, 4, 64, 64, 0, 0, 81); test_bwd(P, " [groups of four]");
+        }
         make_prob(P, {300}, 2, 128, 64, 1, 0, 77); test_cstates_vs_checkpoints(P);
         make_prob(P, {300}, 2, 64, 128, 0, 0, 78, 0, 1); test_cstates_vs_checkpoints(P);
         make_prob(P, {40}, 96, 128, 128, 0, 0, 79); test_cstates_vs_checkpoints(P);
