@@ -1020,10 +1020,14 @@ struct BwdArgs {
 };
 
 // quarter q (16 bytes) of the 64-byte row c of a [K][16]-float tile F: the quarters of row c
-// XOR-swizzled by c's bits 1–2, so 8 consecutive rows' same quarter (ldmatrix's 8 rows, or a
-// quarter of the warp storing or loading a row each) fall in 8 distinct bank groups
+// XOR-swizzled by c's bits 2 and 1 (in that order: bit 2 flips the quarter's bit 0, bit 1 its
+// bit 1), so that 8 consecutive rows' same quarter (ldmatrix's 8 rows, or a quarter of the warp
+// storing or loading a row each) fall in 8 distinct bank groups, and so do the 8-byte stores of
+// the products' results (channels c .. c + 3 × quarters 2n, 2n + 1 a half-warp: with c's bits
+// 1–2 in order those were two-way conflicts, as were the results' 4-byte stores before them)
+__device__ __forceinline__ int bwd_swz(int c) { return ((c >> 2) & 1) | (c & 2); }
 __device__ __forceinline__ uint4 *bwd_quarter(const float (*F)[16], int c, int q) {
-    return reinterpret_cast<uint4 *>(const_cast<float *>(&F[c][4 * (q ^ ((c >> 1) & 3))]));
+    return reinterpret_cast<uint4 *>(const_cast<float *>(&F[c][4 * (q ^ bwd_swz(c))]));
 }
 // token r of row c, as bwd_quarter places it
 __device__ __forceinline__ float *bwd_at(float (*F)[16], int c, int r) {
@@ -1075,10 +1079,17 @@ __device__ __forceinline__ void bwd_row_bf16(float (&x)[16], const bf16 (*F)[16]
 __device__ __forceinline__ float f4_at(const float4 &x, int r) {
     return (r & 3) == 0 ? x.x : (r & 3) == 1 ? x.y : (r & 3) == 2 ? x.z : x.w;
 }
-// B fragments (hi, lo) of the [k = token][n = channel] operand for channels n0 .. n0 + 7 from
-// their split rows, by one ldmatrix: b[0..1] hi, b[2..3] lo
-__device__ __forceinline__ void bwd_ldb_split(uint32_t b[4], const float (*F)[16], int n0, int lane) {
-    ldsm_x4(b, reinterpret_cast<const bf16 *>(bwd_quarter(F, n0 + (lane & 7), lane >> 3)));
+// A fragment of the [m = channel][k = token] operand for channels m0 .. m0 + 15 from their split
+// rows, by one ldmatrix: quarters 0–1 (hi) at lo = 0, quarters 2–3 (lo) at lo = 1
+__device__ __forceinline__ void bwd_lda_rows(uint32_t a[4], const float (*F)[16], int m0, int lo, int lane) {
+    ldsm_x4(a, reinterpret_cast<const bf16 *>(bwd_quarter(F, m0 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * lo + (lane >> 4))));
+}
+// the B fragment (k = token s, n = token 8·nt ..) of Xᵀ-side operands from the A fragment x of
+// a 16 × 16 tile: x[nt] and x[nt + 2] hold X[8·nt + g][2t ..] and X[8·nt + g][2t + 8 ..], which
+// is B[k][n] = X[n][k], the n-tile nt of Xᵀ
+__device__ __forceinline__ void bwd_b_of_a(uint32_t b[2], const uint32_t x[4], int nt) {
+    b[0] = x[nt];
+    b[1] = x[nt + 2];
 }
 
 // the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
@@ -1328,35 +1339,60 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             lda_f32_16(pTh, pTl, &S.P[0][0], 17, true, lane);
             lda_f32_16(mTh, mTl, &S.dM[0][0], 17, true, lane);
         }
-        for (int nt = warp; nt < K / 8; nt += BWD_THREADS / 32) {
-            int n0 = 8 * nt;
-            uint32_t w[2];   // dW is bf16 (no lo part): its rows' hi quarters
-            ldsm_x2(w, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, n0 + (lane & 7), (lane >> 3) & 1)));
-            float dkb[4] = {};
-            mma16816(dkb, iTh, w);
-            mma16816(dkb, iTl, w);
-            float r1[4] = {}, r2[4] = {}, r3[4] = {};
+        // transposed, [channel][token] (dKbᵀ = dWᵀ INV, r1ᵀ = Kiᵀ Pᵀ, r2ᵀ = Kiᵀ dMᵀ, r3ᵀ = Kdᵀ P +
+        // Qdᵀ dM), 16 channels a warp at a time: the channel rows are the A operands (ldmatrix),
+        // the 16 × 16 tiles' A fragments above serve as the B operands, and a lane's results are
+        // a channel's adjacent tokens, stored as 8-byte words (4-byte stores with two-way
+        // conflicts before, the tokens across lanes)
+        for (int mt = warp; mt < K / 16; mt += BWD_THREADS / 32) {
+            const int m0 = 16 * mt;
+            uint32_t wa[4];   // dW is bf16 (no lo part): its rows' hi quarters
+            bwd_lda_rows(wa, S.F3, m0, 0, lane);
+            float dkb[2][4] = {}, r1[2][4] = {}, r2[2][4] = {}, r3[2][4] = {};
+            uint32_t kih[4], kil[4], kdh[4], kdl[4], qdh[4], qdl[4];
             if constexpr (!EXACT) {
-                uint32_t ki[4], kd[4], qd[4];
-                bwd_ldb_split(ki, S.F1, n0, lane);
-                bwd_ldb_split(kd, S.F0, n0, lane);
-                bwd_ldb_split(qd, S.F2, n0, lane);
-                mma3(r1, pH, pL, ki, ki + 2);
-                mma3(r2, mH, mL, ki, ki + 2);
-                mma3(r3, pTh, pTl, kd, kd + 2);
-                mma3(r3, mTh, mTl, qd, qd + 2);
+                bwd_lda_rows(kih, S.F1, m0, 0, lane);
+                bwd_lda_rows(kil, S.F1, m0, 1, lane);
+                bwd_lda_rows(kdh, S.F0, m0, 0, lane);
+                bwd_lda_rows(kdl, S.F0, m0, 1, lane);
+                bwd_lda_rows(qdh, S.F2, m0, 0, lane);
+                bwd_lda_rows(qdl, S.F2, m0, 1, lane);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t bh[2], bl[2];
+                bwd_b_of_a(bh, iTh, nt);
+                bwd_b_of_a(bl, iTl, nt);
+                mma16816(dkb[nt], wa, bh);
+                mma16816(dkb[nt], wa, bl);
+                if constexpr (!EXACT) {
+                    bwd_b_of_a(bh, pH, nt);
+                    bwd_b_of_a(bl, pL, nt);
+                    mma3(r1[nt], kih, kil, bh, bl);
+                    bwd_b_of_a(bh, mH, nt);
+                    bwd_b_of_a(bl, mL, nt);
+                    mma3(r2[nt], kih, kil, bh, bl);
+                    bwd_b_of_a(bh, pTh, nt);
+                    bwd_b_of_a(bl, pTl, nt);
+                    mma3(r3[nt], kdh, kdl, bh, bl);
+                    bwd_b_of_a(bh, mTh, nt);
+                    bwd_b_of_a(bl, mTl, nt);
+                    mma3(r3[nt], qdh, qdl, bh, bl);
+                }
             }
             __syncwarp();   // every lane's operand loads of these rows precede the in-place stores
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int tok = g + 8 * (e >> 1), ch = n0 + 2 * t + (e & 1);
-                *bwd_at(S.F3, ch, tok) = dkb[e];
-                if constexpr (!EXACT) {
-                    *bwd_at(S.F0, ch, tok) = r1[e];
-                    *bwd_at(S.F1, ch, tok) = r2[e];
-                    *bwd_at(S.F2, ch, tok) = r3[e];
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {   // channel m0 + g + 8·hr, tokens 8·nt + 2t, + 1
+                    const int ch = m0 + g + 8 * hr, tok = 8 * nt + 2 * t;
+                    *reinterpret_cast<float2 *>(bwd_at(S.F3, ch, tok)) = make_float2(dkb[nt][2 * hr], dkb[nt][2 * hr + 1]);
+                    if constexpr (!EXACT) {
+                        *reinterpret_cast<float2 *>(bwd_at(S.F0, ch, tok)) = make_float2(r1[nt][2 * hr], r1[nt][2 * hr + 1]);
+                        *reinterpret_cast<float2 *>(bwd_at(S.F1, ch, tok)) = make_float2(r2[nt][2 * hr], r2[nt][2 * hr + 1]);
+                        *reinterpret_cast<float2 *>(bwd_at(S.F2, ch, tok)) = make_float2(r3[nt][2 * hr], r3[nt][2 * hr + 1]);
+                    }
                 }
-            }
         }
         float pb0 = 0.f, pb1 = 0.f;   // Σ_v v·dVb for rows g, g+8
         for (int nt = warp; nt < V / 8; nt += BWD_THREADS / 32) {

@@ -409,10 +409,13 @@ struct CSlots {
 __device__ __forceinline__ void kda_lx_unpack(const float *lx, float (*INV)[17], float (*Lraw)[17], float *beta,
                                               float *rq, float *rk, int tid, int nthr) {
     for (int e = tid; e < 256; e += nthr) {
+        // lx[16r + c] holds INV[r][c] below the diagonal and L[c][r] above it: element e read
+        // in order for both (read transposed, L's loads were 8-way bank conflicts), L stored
+        // transposed into the 17-float rows
         const int r = e >> 4, c = e & 15;
-        const float ti = lx[e], tl = lx[16 * c + r];   // both loaded, then selected (no divergence)
-        INV[r][c] = r > c ? ti : r == c ? 1.f : 0.f;
-        Lraw[r][c] = r > c ? tl : 0.f;
+        const float x = lx[e];   // loaded, then selected (no divergence)
+        INV[r][c] = r > c ? x : r == c ? 1.f : 0.f;
+        Lraw[c][r] = c > r ? x : 0.f;
     }
     if (tid < 16) {
         beta[tid] = lx[17 * tid];
