@@ -37,6 +37,9 @@
 #include <string.h>
 
 cudaError_t kda_launch_prep(const kda_params *p, const KWs &w);
+cudaError_t kda_rows_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W, int box_w, CUtensorMapSwizzle sw);
+cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
+                         uint32_t box_rows, CUtensorMapSwizzle sw);
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
 int kda_scan_warps(const kda_params *p, int ks);
 int kda_scan_wg(void);
@@ -1017,6 +1020,9 @@ struct BwdArgs {
     const bf16 *dU;
     bf16 *dq, *dk, *dv, *df, *dbeta;
     float *pA, *pdb;
+    // bulk tensor copies: one head's 16 rows of q, k, f; a chunk-head's [K][16] channel rows of
+    // dQg, dKr, dW (the 32-byte swizzle, which is bwd_half's)
+    CUtensorMap mq, mk, mf, mdQg, mdKr, mdW;
 };
 
 // quarter q (16 bytes) of the 64-byte row c of a [K][16]-float tile F: the quarters of row c
@@ -1041,22 +1047,24 @@ struct BwdSmem {
     // warp split its fp32 operands itself before: with their scalar loads ~15% of the kernel's
     // instructions, ncu session 31) — then in place the channel's 16 fp32 results, which its thread reads back
     // by 16-byte loads. Bounded: F0 = k̂⊙2^{G−c0} (Kd), F1 = k̂⊙2^{c0−G} (Ki), F2 =
-    // scale·q̂⊙2^{G−c0} (Qd); exact: F2 = k̂⊙2^G; F3 = dW. Results: F0 ← P·Ki, F1 ← dM·Ki,
-    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 ← dKb = INVᵀ·dW; last, the row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂,
-    // F2: dβ). Before any of that F0, F1 stage the chunk's rows of q, k, f; dW comes in bf16 (the
-    // value products' rows) straight into F3's hi quarters (it has no lo part: the products
-    // that read it skip the lo terms)
-    float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
+    // scale·q̂⊙2^{G−c0} (Qd); exact: F2 = k̂⊙2^G. Results: F0 ← P·Ki, F1 ← dM·Ki,
+    // F2 ← Pᵀ·Kd + dMᵀ·Qd, F3 (no operand) ← dKb = INVᵀ·dW; last, the row-sum terms (F0: q̂·dq̂, F1: k̂·dk̂,
+    // F2: dβ). Before any of that F0, F1 stage the chunk's rows of q, k, f
+    alignas(256) float F0[K][16], F1[K][16], F2[K][16], F3[K][16];
+    // the value products' bf16 channel rows (bwd_half; 256-byte aligned, as the bulk copies'
+    // 32-byte swizzle follows the address): dW (it has no lo part: the products that read it
+    // skip the lo terms), and dQg, dKr, read by the elementwise chain rule
+    alignas(256) bf16 dWt[K][16], dQg[K][16], dKr[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
     float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
     alignas(16) float rq[16], rk[16], qdot[16], kdot[16], beta[16];   // read four rows at a time
     float dbL[16], dA[4], dbv[4][16];
-    float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
-    // the segment kernel's per-chunk gradients, copied in with the other inputs at the start
-    // (read from global memory where they are used, their latency was exposed: ncu, session 21)
-    bf16 dQg[K][16], dKr[K][16];   // bf16 channel rows (bwd_half)
-    float dgl[K], dMraw[256];
+    alignas(16) float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
+    // the value products' dgl and dM, copied in with the other inputs at the start (read from
+    // global memory where they are used, their latency was exposed: ncu, session 21)
+    alignas(16) float dgl[K], dMraw[256];
     bf16 df[16][K];   // df's rows, stored whole at the end with dq and dk
+    uint64_t bar;     // the bulk copies' mbarrier
 };
 
 // half q (16 bytes: tokens 8q .. 8q + 7) of the 32-byte bf16 row c of a [K][16] tile: the halves
@@ -1142,12 +1150,14 @@ __device__ __forceinline__ void pair_level(const float (&P)[16][17], const float
 }
 
 template <int K, int V, int MODE>
-__global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_bwd_chunk_kernel(BwdArgs a) {
+__global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_bwd_chunk_kernel(const __grid_constant__ BwdArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // 256-byte aligned (the channel rows' 32-byte swizzle follows the address): with no static
+    // shared memory the dynamic block starts the block's window; checked where the copies start
+    extern __shared__ __align__(256) unsigned char smem_chunk[];
     typedef BwdSmem<K, V> Sm;
-    Sm &S = *reinterpret_cast<Sm *>(smem_raw);
+    Sm &S = *reinterpret_cast<Sm *>(smem_chunk);
     int h = blockIdx.x % a.H, gc = blockIdx.x / a.H;
     int n, c, len;
     long long t0;
@@ -1156,26 +1166,33 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     size_t hc = (size_t)h * a.NC + gc;
     const float c0 = a.c0, p2c0 = ex2f_(a.c0);
 
-    // every global load first, by 16-byte cp.async: the chunk's rows of q, k (staged in F0) and f
-    // (in F1), read from there by channel and by row before F0 and F1 are written; v and dU
-    // straight into their tiles; dW's channel rows into F3 (rows past the end zero-filled, dU whole)
+    // every global load first. By bulk copies that one thread issues on one mbarrier: the
+    // chunk's rows of q, k (staged in F0) and f (in F1), read from there by channel and by row
+    // before F0 and F1 are written; the value products' channel rows dW, dQg, dKr; dgl, dM and
+    // the prep kernel's solve (16-byte cp.async copies of all of these took four shared-memory
+    // wavefronts a 128 bytes, 13% of the kernel's, with L1 73% busy: ncu, session 35). v and dU
+    // by cp.async into their padded tiles (v's rows past the end zero-filled)
     bf16 *stq = reinterpret_cast<bf16 *>(&S.F0[0][0]), *stk = stq + 16 * K, *stf = reinterpret_cast<bf16 *>(&S.F1[0][0]);
     static_assert(2 * 16 * K * sizeof(bf16) <= sizeof(S.F0), "q and k rows fit in F0");
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&S.bar);
+    if (tid == 0) {
+        if ((uint32_t)__cvta_generic_to_shared(smem_chunk) & 255) __trap();
+        mb_init(bar, 1);
+        mb_init_fence();
+        mb_expect_tx(bar, (int)((3 * 16 * K + 3 * K * 16) * sizeof(bf16) + (K + 256 + KDA_LX) * sizeof(float)));
+        const int tk = (int)t0, crow = (int)(hc * K);
+        tma_3d((uint32_t)__cvta_generic_to_shared(stq), &a.mq, 0, h, tk, bar);
+        tma_3d((uint32_t)__cvta_generic_to_shared(stk), &a.mk, 0, h, tk, bar);
+        tma_3d((uint32_t)__cvta_generic_to_shared(stf), &a.mf, 0, h, tk, bar);
+        tma_2d((uint32_t)__cvta_generic_to_shared(&S.dWt[0][0]), &a.mdW, 0, crow, bar);
+        tma_2d((uint32_t)__cvta_generic_to_shared(&S.dQg[0][0]), &a.mdQg, 0, crow, bar);
+        tma_2d((uint32_t)__cvta_generic_to_shared(&S.dKr[0][0]), &a.mdKr, 0, crow, bar);
+        bulk_g2s((uint32_t)__cvta_generic_to_shared(S.dgl), a.dgl + hc * K, K * (int)sizeof(float), bar);
+        bulk_g2s((uint32_t)__cvta_generic_to_shared(S.dMraw), a.dM + hc * 256, 256 * (int)sizeof(float), bar);
+        bulk_g2s((uint32_t)__cvta_generic_to_shared(S.lx), a.Lx + hc * KDA_LX, KDA_LX * (int)sizeof(float), bar);
+    }
     {
         const size_t row0 = (size_t)t0 * a.H + h, rs = (size_t)a.H;
-        chunk_qkf_async<K, BWD_THREADS>(stq, stk, stf, a.q, a.k, a.f, row0, rs, len, tid);
-        // fixed trip counts, a thread's pieces at constant strides (as chunk_qkf_async)
-        static_assert((2 * K) % BWD_THREADS == 0, "whole passes");
-        const size_t cK = hc * 16 * K;
-#pragma unroll
-        for (int it = 0; it < 2 * K / BWD_THREADS; it++) {
-            const int i = tid + it * BWD_THREADS;
-            // piece i: half i % 2 (tokens 8·(i % 2) ..) of channel i / 2's bf16 row; dW's is the hi
-            // quarter of its row in F3 (bf16 already: no lo part)
-            cp_async16(bwd_quarter(S.F3, i >> 1, i & 1), a.dWg + cK + 8 * i);
-            cp_async16(bwd_half(S.dQg, i >> 1, i & 1), a.dQg + cK + 8 * i);
-            cp_async16(bwd_half(S.dKr, i >> 1, i & 1), a.dKr + cK + 8 * i);
-        }
         chunk_rows_async<V, BWD_THREADS, 1>({&S.v[0][0]}, V + 8, {a.v}, row0, rs, len, tid);
         static_assert((2 * V) % BWD_THREADS == 0, "whole passes");
 #pragma unroll
@@ -1183,16 +1200,25 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             const int i = tid + it * BWD_THREADS;
             cp_async16(&S.dU[i / (V / 8)][(i % (V / 8)) * 8], a.dU + hc * 16 * V + 8 * i);
         }
-        for (int i = tid; i < K / 4 + 64 + KDA_LX / 4; i += BWD_THREADS) {
-            if (i < K / 4) cp_async16(S.dgl + 4 * i, a.dgl + hc * K + 4 * i);
-            else if (i < K / 4 + 64) cp_async16(S.dMraw + 4 * (i - K / 4), a.dM + hc * 256 + 4 * (i - K / 4));
-            else cp_async16(S.lx + 4 * (i - K / 4 - 64), a.Lx + hc * KDA_LX + 4 * (i - K / 4 - 64));
-        }
         cp_async_commit();
     }
     const float A_log_h = a.A_log[h], dtb = tid < K ? a.dt_bias[(size_t)h * K + tid] : 0.f;
     cp_async_wait_all_loads();
-    __syncthreads();
+    __syncthreads();   // the cp.async tiles, and the barrier's initialisation before anyone waits on it
+    mb_wait(bar, 0);
+    if (len < 16) {   // a sequence's last chunk: the rows past its end (the next sequence's) as zeros
+        static_assert((16 * K / 8) % BWD_THREADS == 0, "whole passes");
+#pragma unroll
+        for (int ps = 0; ps < 16 * K / 8 / BWD_THREADS; ps++) {
+            const int i = tid + ps * BWD_THREADS, r = i / (K / 8), o = r * K + 8 * (i % (K / 8));
+            if (r >= len) {
+                *reinterpret_cast<uint4 *>(stq + o) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(stk + o) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(stf + o) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        __syncthreads();
+    }
     const int cch = tid;
     float fr[16], qx[16], kx[16];
     if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
@@ -1261,7 +1287,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
             // the tokens of n-tile nt, hi and lo) from the channels' rows by ldmatrix.trans
             uint32_t ah[4], b[4];
             const int ra = 16 * j + (lane & 7) + 8 * (lane >> 4), rb = 16 * j + (lane & 7) + 8 * ((lane >> 3) & 1);
-            ldsm_x4_t(ah, reinterpret_cast<const bf16 *>(bwd_quarter(S.F3, ra, (lane >> 3) & 1)));
+            ldsm_x4_t(ah, reinterpret_cast<const bf16 *>(bwd_half(S.dWt, ra, (lane >> 3) & 1)));
             ldsm_x4_t(b, reinterpret_cast<const bf16 *>(bwd_quarter(EXACT ? S.F2 : S.F0, rb, nt + 2 * (lane >> 4))));
             mma16816(aw, ah, b);
             mma16816(aw, ah, b + 2);
@@ -1346,8 +1372,8 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         // conflicts before, the tokens across lanes)
         for (int mt = warp; mt < K / 16; mt += BWD_THREADS / 32) {
             const int m0 = 16 * mt;
-            uint32_t wa[4];   // dW is bf16 (no lo part): its rows' hi quarters
-            bwd_lda_rows(wa, S.F3, m0, 0, lane);
+            uint32_t wa[4];   // dW is bf16 (no lo part)
+            ldsm_x4(wa, reinterpret_cast<const bf16 *>(bwd_half(S.dWt, m0 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4)));
             float dkb[2][4] = {}, r1[2][4] = {}, r2[2][4] = {}, r3[2][4] = {};
             uint32_t kih[4], kil[4], kdh[4], kdl[4], qdh[4], qdl[4];
             if constexpr (!EXACT) {
@@ -1744,6 +1770,14 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     if (e != cudaSuccess) return e;
     long long blocks = (long long)w.NC * p->H;
     if (blocks == 0) return cudaSuccess;
+    const uint64_t crows = (uint64_t)p->H * w.NC * K;   // the channel rows of every chunk-head
+    if ((e = kda_rows_map(&a.mq, p->q, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
+        (e = kda_rows_map(&a.mk, p->k, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
+        (e = kda_rows_map(&a.mf, p->f, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
+        (e = kda_tma_map2(&a.mdW, w.dWg, 16, crows, 16, K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
+        (e = kda_tma_map2(&a.mdQg, w.dQg, 16, crows, 16, K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
+        (e = kda_tma_map2(&a.mdKr, w.dKr, 16, crows, 16, K, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess)
+        return e;
     kda_bwd_chunk_kernel<K, V, MODE><<<(unsigned)blocks, BWD_THREADS, smem, p->stream>>>(a);
     return cudaGetLastError();
 }

@@ -1170,8 +1170,7 @@ int kda_vgroup(void) {
 // 16 rows (rows past the last token read as zeros; a sequence's next one is the kernel's to mask)
 static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
                                const cuuint64_t *strides, const cuuint32_t *box, CUtensorMapSwizzle sw);
-static cudaError_t kda_rows_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W, int box_w,
-                                CUtensorMapSwizzle sw) {
+cudaError_t kda_rows_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W, int box_w, CUtensorMapSwizzle sw) {
     const uint64_t tokens = p->cu_seqlens ? (uint64_t)p->T : (uint64_t)p->N * p->T;
     const cuuint64_t dims[3] = {(cuuint64_t)W, (cuuint64_t)p->H, tokens},
                      strides[2] = {(cuuint64_t)W * 2, (cuuint64_t)p->H * W * 2};
@@ -1226,8 +1225,8 @@ static cudaError_t kda_tma_map(CUtensorMap *m, const void *base, int rank, const
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
-static cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
-                                uint32_t box_rows, CUtensorMapSwizzle sw) {
+cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint64_t rows, uint32_t box_inner,
+                         uint32_t box_rows, CUtensorMapSwizzle sw) {
     const cuuint64_t dims[2] = {inner, rows}, strides[1] = {inner * 2};
     const cuuint32_t box[2] = {box_inner, box_rows};
     return kda_tma_map(m, base, 2, dims, strides, box, sw);

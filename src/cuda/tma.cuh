@@ -21,6 +21,14 @@ __device__ __forceinline__ void tma_3d(uint32_t dst, const CUtensorMap *map, int
                  : "memory");
 }
 
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global memory at src to shared
+// memory at dst, counted on bar like the tensor copies
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // Host: a bf16 tensor of `rank` (2 or 3) dimensions, dims[0] innermost (contiguous), strides[i]
 // the byte step of dimension i + 1; boxes of box[0] × box[1] (× 1) elements, box[0]·2 = 128
 // bytes (one swizzle row). Dies with a clear message if the driver refuses it.
