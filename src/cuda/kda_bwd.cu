@@ -1056,7 +1056,11 @@ struct BwdSmem {
     // skip the lo terms), and dQg, dKr, read by the elementwise chain rule
     alignas(256) bf16 dWt[K][16], dQg[K][16], dKr[K][16];
     bf16 v[16][V + 8], dU[16][V + 8];
-    float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];
+    float Lraw[16][17], INV[16][17], dINV[16][17], X[16][17], P[16][17], dM[16][17];   // P, dM: exact paths
+    // INV, P, dM split once into bf16 hi, lo (each warp split its fragments from the fp32 tiles
+    // by scalar loads with two-way bank conflicts before: ncu, session 35); 48-byte rows, so
+    // ldmatrix's 8 rows fall in distinct bank groups
+    alignas(16) bf16 Ts[3][2][16][24];
     alignas(16) float rq[16], rk[16], qdot[16], kdot[16], beta[16];   // read four rows at a time
     float dbL[16], dA[4], dbv[4][16];
     alignas(16) float lx[KDA_LX];   // the prep kernel's solve as it comes (kda_lx_unpack)
@@ -1066,6 +1070,8 @@ struct BwdSmem {
     bf16 df[16][K];   // df's rows, stored whole at the end with dq and dk
     uint64_t bar;     // the bulk copies' mbarrier
 };
+
+static_assert(3 * (sizeof(BwdSmem<128, 128>) + 1024) <= 228 * 1024, "three blocks an SM (1 KB each reserved)");
 
 // half q (16 bytes: tokens 8q .. 8q + 7) of the 32-byte bf16 row c of a [K][16] tile: the halves
 // of row c swapped by c's bit 2, so a quarter-warp loading a row each (channels c .. c + 7) hits 8
@@ -1091,6 +1097,11 @@ __device__ __forceinline__ float f4_at(const float4 &x, int r) {
 // rows, by one ldmatrix: quarters 0–1 (hi) at lo = 0, quarters 2–3 (lo) at lo = 1
 __device__ __forceinline__ void bwd_lda_rows(uint32_t a[4], const float (*F)[16], int m0, int lo, int lane) {
     ldsm_x4(a, reinterpret_cast<const bf16 *>(bwd_quarter(F, m0 + (lane & 7) + 8 * ((lane >> 3) & 1), 2 * lo + (lane >> 4))));
+}
+// the A fragment of a 16 × 16 bf16 tile X ([16][24]), or of Xᵀ (trans), by one ldmatrix
+__device__ __forceinline__ void bwd_lda_bf16(uint32_t a[4], const bf16 (*X)[24], bool trans, int lane) {
+    if (trans) ldsm_x4_t(a, &X[(lane & 7) + 8 * (lane >> 4)][8 * ((lane >> 3) & 1)]);
+    else ldsm_x4(a, &X[(lane & 7) + 8 * ((lane >> 3) & 1)][8 * (lane >> 4)]);
 }
 // the B fragment (k = token s, n = token 8·nt ..) of Xᵀ-side operands from the A fragment x of
 // a 16 × 16 tile: x[nt] and x[nt + 2] hold X[8·nt + g][2t ..] and X[8·nt + g][2t + 8 ..], which
@@ -1223,11 +1234,14 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     float fr[16], qx[16], kx[16];
     if (cch < K) chunk_channel<K>(fr, qx, kx, stq, stk, stf, cch);
     // the prep kernel's INV, raw L, β and the rows' reciprocal norms (the same values it used)
-    kda_lx_unpack(S.lx, S.INV, S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
-    for (int e = tid; e < 16 * 17; e += BWD_THREADS) (&S.P[0][0])[e] = 0.f;
+    kda_lx_unpack(S.lx, S.INV, S.Ts[0], S.Lraw, S.beta, S.rq, S.rk, tid, BWD_THREADS);
+    if constexpr (EXACT)
+        for (int e = tid; e < 16 * 17; e += BWD_THREADS) (&S.P[0][0])[e] = 0.f;
     for (int e = tid; e < 256; e += BWD_THREADS) {
-        int i = e >> 4, j = e & 15;
-        S.dM[i][j] = j <= i ? S.dMraw[e] : 0.f;
+        const int i = e >> 4, j = e & 15;
+        const float m = j <= i ? S.dMraw[e] : 0.f;
+        if constexpr (EXACT) S.dM[i][j] = m;
+        else split_bf16_at(S.Ts[2], i, j, m);
     }
     __syncthreads();
 
@@ -1341,8 +1355,13 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
         }
         d0 = i0 > jc ? d0 : 0.f;
         d1 = i0 + 8 > jc ? d1 : 0.f;
-        if (i0 > jc) S.P[i0][jc] = S.beta[i0] * d0;
-        if (i0 + 8 > jc) S.P[i0 + 8][jc] = S.beta[i0 + 8] * d1;
+        if constexpr (EXACT) {
+            if (i0 > jc) S.P[i0][jc] = S.beta[i0] * d0;
+            if (i0 + 8 > jc) S.P[i0 + 8][jc] = S.beta[i0 + 8] * d1;
+        } else {   // every element, zeros included
+            split_bf16_at(S.Ts[1], i0, jc, S.beta[i0] * d0);
+            split_bf16_at(S.Ts[1], i0 + 8, jc, S.beta[i0 + 8] * d1);
+        }
         S.dINV[i0][jc] = d0 * S.Lraw[i0][jc];   // dβ from L, summed per row below
         S.dINV[i0 + 8][jc] = d1 * S.Lraw[i0 + 8][jc];
     }
@@ -1357,13 +1376,18 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     // dKb = INVᵀ dW and (bounded) P·Ki, dM·Ki, Pᵀ·Kd + dMᵀ·Qd in place; dVb = INVᵀ dU → dv, dβ
     {
         uint32_t iTh[4], iTl[4];
-        lda_f32_16(iTh, iTl, &S.INV[0][0], 17, true, lane);
+        bwd_lda_bf16(iTh, S.Ts[0][0], true, lane);
+        bwd_lda_bf16(iTl, S.Ts[0][1], true, lane);
         uint32_t pH[4], pL[4], mH[4], mL[4], pTh[4], pTl[4], mTh[4], mTl[4];
         if constexpr (!EXACT) {
-            lda_f32_16(pH, pL, &S.P[0][0], 17, false, lane);
-            lda_f32_16(mH, mL, &S.dM[0][0], 17, false, lane);
-            lda_f32_16(pTh, pTl, &S.P[0][0], 17, true, lane);
-            lda_f32_16(mTh, mTl, &S.dM[0][0], 17, true, lane);
+            bwd_lda_bf16(pH, S.Ts[1][0], false, lane);
+            bwd_lda_bf16(pL, S.Ts[1][1], false, lane);
+            bwd_lda_bf16(mH, S.Ts[2][0], false, lane);
+            bwd_lda_bf16(mL, S.Ts[2][1], false, lane);
+            bwd_lda_bf16(pTh, S.Ts[1][0], true, lane);
+            bwd_lda_bf16(pTl, S.Ts[1][1], true, lane);
+            bwd_lda_bf16(mTh, S.Ts[2][0], true, lane);
+            bwd_lda_bf16(mTl, S.Ts[2][1], true, lane);
         }
         // transposed, [channel][token] (dKbᵀ = dWᵀ INV, r1ᵀ = Kiᵀ Pᵀ, r2ᵀ = Kiᵀ dMᵀ, r3ᵀ = Kdᵀ P +
         // Qdᵀ dM), 16 channels a warp at a time: the channel rows are the A operands (ldmatrix),

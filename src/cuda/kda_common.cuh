@@ -404,17 +404,29 @@ struct CSlots {
     }
 };
 
+// x as bf16 hi (T[0]) and lo (T[1]) at (r, c): split_bf16's split, of one value
+template <int LD>
+__device__ __forceinline__ void split_bf16_at(bf16 (*T)[16][LD], int r, int c, float x) {
+    const bf16 h = __float2bfloat16_rn(x);
+    T[0][r][c] = h;
+    T[1][r][c] = __float2bfloat16_rn(x - __bfloat162float(h));
+}
+
 // the solve kept for the backward (KDA_LX floats at lx, shared memory) unpacked by nthr threads
-// from thread tid: INV unit lower triangular, Lraw strict lower (zero elsewhere), β, rq, rk
-__device__ __forceinline__ void kda_lx_unpack(const float *lx, float (*INV)[17], float (*Lraw)[17], float *beta,
-                                              float *rq, float *rk, int tid, int nthr) {
+// from thread tid: INV unit lower triangular (fp32, and split into bf16 hi and lo in INVs),
+// Lraw strict lower (zero elsewhere), β, rq, rk
+template <int LD>
+__device__ __forceinline__ void kda_lx_unpack(const float *lx, float (*INV)[17], bf16 (*INVs)[16][LD], float (*Lraw)[17],
+                                              float *beta, float *rq, float *rk, int tid, int nthr) {
     for (int e = tid; e < 256; e += nthr) {
         // lx[16r + c] holds INV[r][c] below the diagonal and L[c][r] above it: element e read
         // in order for both (read transposed, L's loads were 8-way bank conflicts), L stored
         // transposed into the 17-float rows
         const int r = e >> 4, c = e & 15;
         const float x = lx[e];   // loaded, then selected (no divergence)
-        INV[r][c] = r > c ? x : r == c ? 1.f : 0.f;
+        const float inv = r > c ? x : r == c ? 1.f : 0.f;
+        INV[r][c] = inv;
+        split_bf16_at(INVs, r, c, inv);
         Lraw[c][r] = c > r ? x : 0.f;
     }
     if (tid < 16) {
