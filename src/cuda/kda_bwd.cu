@@ -1110,6 +1110,14 @@ __device__ __forceinline__ void bwd_b_of_a(uint32_t b[2], const uint32_t x[4], i
     b[0] = x[nt];
     b[1] = x[nt + 2];
 }
+// c += A·Xᵀ's n-tile nt, A and X as hi + lo (mma3), X given by its A fragments (bwd_b_of_a)
+__device__ __forceinline__ void mma3_bt(float c[4], const uint32_t ah[4], const uint32_t al[4], const uint32_t xh[4],
+                                        const uint32_t xl[4], int nt) {
+    uint32_t bh[2], bl[2];
+    bwd_b_of_a(bh, xh, nt);
+    bwd_b_of_a(bl, xl, nt);
+    mma3(c, ah, al, bh, bl);
+}
 
 // the exact backward's within-chunk pairs of tree level 2^B for one channel (kda_tree.cuh):
 // for the pairs (i, j) of a block with anchor a, e^{G_i − G_j} = R_i·C_j with R_i = e^{G_i − G_a}
@@ -1416,18 +1424,10 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
                 mma16816(dkb[nt], wa, bh);
                 mma16816(dkb[nt], wa, bl);
                 if constexpr (!EXACT) {
-                    bwd_b_of_a(bh, pH, nt);
-                    bwd_b_of_a(bl, pL, nt);
-                    mma3(r1[nt], kih, kil, bh, bl);
-                    bwd_b_of_a(bh, mH, nt);
-                    bwd_b_of_a(bl, mL, nt);
-                    mma3(r2[nt], kih, kil, bh, bl);
-                    bwd_b_of_a(bh, pTh, nt);
-                    bwd_b_of_a(bl, pTl, nt);
-                    mma3(r3[nt], kdh, kdl, bh, bl);
-                    bwd_b_of_a(bh, mTh, nt);
-                    bwd_b_of_a(bl, mTl, nt);
-                    mma3(r3[nt], qdh, qdl, bh, bl);
+                    mma3_bt(r1[nt], kih, kil, pH, pL, nt);
+                    mma3_bt(r2[nt], kih, kil, mH, mL, nt);
+                    mma3_bt(r3[nt], kdh, kdl, pTh, pTl, nt);
+                    mma3_bt(r3[nt], qdh, qdl, mTh, mTl, nt);
                 }
             }
             __syncwarp();   // every lane's operand loads of these rows precede the in-place stores
