@@ -33,6 +33,7 @@
 #include "kda_common.cuh"
 #include "kda_scan.cuh"
 #include "wgmma_ops.cuh"
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1795,6 +1796,7 @@ static cudaError_t launch_bwd_chunk(const kda_params *p, const KWs &w) {
     long long blocks = (long long)w.NC * p->H;
     if (blocks == 0) return cudaSuccess;
     const uint64_t crows = (uint64_t)p->H * w.NC * K;   // the channel rows of every chunk-head
+    if (crows > (uint64_t)INT_MAX) return cudaErrorInvalidValue;   // the copies' row coordinate is an int
     if ((e = kda_rows_map(&a.mq, p->q, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
         (e = kda_rows_map(&a.mk, p->k, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
         (e = kda_rows_map(&a.mf, p->f, p, K, K, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess ||
