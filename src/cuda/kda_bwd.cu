@@ -1227,16 +1227,7 @@ __global__ void __launch_bounds__(BWD_THREADS, MODE == KDA_BOUNDED ? 3 : 1) kda_
     __syncthreads();   // the cp.async tiles, and the barrier's initialisation before anyone waits on it
     mb_wait(bar, 0);
     if (len < 16) {   // a sequence's last chunk: the rows past its end (the next sequence's) as zeros
-        static_assert((16 * K / 8) % BWD_THREADS == 0, "whole passes");
-#pragma unroll
-        for (int ps = 0; ps < 16 * K / 8 / BWD_THREADS; ps++) {
-            const int i = tid + ps * BWD_THREADS, r = i / (K / 8), o = r * K + 8 * (i % (K / 8));
-            if (r >= len) {
-                *reinterpret_cast<uint4 *>(stq + o) = make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4 *>(stk + o) = make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4 *>(stf + o) = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
+        chunk_zero_tail<K, BWD_THREADS, 3>({stq, stk, stf}, len, tid);
         __syncthreads();
     }
     const int cch = tid;

@@ -214,13 +214,18 @@ __device__ __forceinline__ void chunk_rows_async(bf16 *const (&sx)[NT], int ld, 
         for (int j = 0; j < NT; j++) cp_async16(sx[j] + r * ld + pc * 8, x[j] + (ok ? off : 0), ok ? 16 : 0);
     }
 }
-// ... the chunk's rows of q, k, f for head h into three [16][K] tiles, the same way ...
-template <int K, int NTHR, typename Tile>
-__device__ __forceinline__ void chunk_qkf_async(Tile sq, Tile sk, Tile sf, const bf16 *q, const bf16 *k, const bf16 *f,
-                                                size_t row0, size_t rs, int len, int tid) {
-    bf16 *const dst[3] = {tile_row<K>(sq, 0), tile_row<K>(sk, 0), tile_row<K>(sf, 0)};
-    const bf16 *const src[3] = {q, k, f};
-    chunk_rows_async<K, NTHR, 3>(dst, K, src, row0, rs, len, tid);
+// ... or, where bulk copies brought whole [16][W] tiles (a sequence's last chunk reads the next
+// sequence's rows), rows len .. 15 of NT such tiles zeroed afterwards, in fixed unrolled passes
+template <int W, int NTHR, int NT>
+__device__ __forceinline__ void chunk_zero_tail(bf16 *const (&sx)[NT], int len, int tid) {
+    static_assert((16 * W / 8) % NTHR == 0, "whole passes");
+#pragma unroll
+    for (int ps = 0; ps < 16 * W / 8 / NTHR; ps++) {
+        const unsigned i = (unsigned)tid + ps * NTHR, r = i / (W / 8), pc = i % (W / 8);
+        if ((int)r >= len)
+#pragma unroll
+            for (int j = 0; j < NT; j++) *reinterpret_cast<uint4 *>(sx[j] + r * W + 8 * pc) = make_uint4(0u, 0u, 0u, 0u);
+    }
 }
 // ... the β logits of a warp's rows warp + i·NTHR/32 (0 past len) while the copies land ...
 template <int RPW, int NTHR>

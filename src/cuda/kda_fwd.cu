@@ -271,22 +271,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
     chunk_beta_rows<RPW, PREP_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
     mb_wait(bar, 0);
     if (len < 16) {   // a sequence's last chunk: its rows past the end as zeros
-        static_assert((16 * K / 8) % PREP_THREADS == 0 && (16 * V / 8) % PREP_THREADS == 0, "whole passes");
-        const unsigned ut = threadIdx.x;
-#pragma unroll
-        for (int ps = 0; ps < 16 * K / 8 / PREP_THREADS; ps++) {
-            const unsigned i = ut + ps * PREP_THREADS, r = i / (K / 8), pc = i % (K / 8);
-            if ((int)r >= len) {
-                *reinterpret_cast<uint4 *>(&S.u.in.q[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4 *>(&S.u.in.k[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4 *>(&S.u.in.f[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int ps = 0; ps < 16 * V / 8 / PREP_THREADS; ps++) {
-            const unsigned i = ut + ps * PREP_THREADS, r = i / (V / 8), pc = i % (V / 8);
-            if ((int)r >= len) *reinterpret_cast<uint4 *>(&S.u.in.v[r][8 * pc]) = make_uint4(0u, 0u, 0u, 0u);
-        }
+        chunk_zero_tail<K, PREP_THREADS, 3>({&S.u.in.q[0][0], &S.u.in.k[0][0], &S.u.in.f[0][0]}, len, tid);
+        chunk_zero_tail<V, PREP_THREADS, 1>({&S.u.in.v[0][0]}, len, tid);
     }
     __syncthreads();
     const int cch = tid;
