@@ -174,9 +174,11 @@ __device__ __forceinline__ bool wg_ring_start(uint32_t bars, int nst, int nw, in
         }
     });
 }
-// a consumer warp done with stage st (its generic reads before the refill's async writes)
+// a consumer warp done with stage st. No proxy fence: the refill's async writes come after its
+// reads through the empty mbarrier's arrive (release) and the producer's wait (acquire), as in
+// CUTLASS's consumer release; a fence.proxy.async here compiled to MEMBAR.ALL.CTA, which waits
+// for the warp's outstanding memory operations — the output stores of the step before
 __device__ __forceinline__ void wg_ring_release(uint32_t bars, int st, int lane) {
-    wg_fence_proxy();
     __syncwarp();
     if (lane == 0) mb_arrive(bars + 16 * st + 8);
 }
