@@ -475,7 +475,7 @@ int kda_num_sms(void);
 // workspace the kernels do not take, cudaErrorMisalignedAddress for q, k or v not 16-byte aligned
 cudaError_t kda_check_params(const kda_params *p);
 // pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
-int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes);
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes, bool wg);
 // time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan
 int kda_scan_segs(const kda_params *p);
 // chunks per step of the scans (kda_fwd.cu): 1, or KDA_SEG for 64-token steps over the merged

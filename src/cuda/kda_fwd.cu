@@ -162,7 +162,7 @@ cudaError_t kda_offsets(const kda_params *p, const KWs &w) {
     return cudaGetLastError();
 }
 
-int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes) {
+int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes, bool wg) {
     const char *e = getenv("KDA_STAGES");
     if (e && *e) return atoi(e) < 2 ? 2 : atoi(e) > KDA_STAGES_MAX ? KDA_STAGES_MAX : atoi(e);
     // blocks resident per SM at once; each may use an equal share of the 227 KiB
@@ -171,8 +171,12 @@ int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes) {
     if (per_sm > 4) per_sm = 4;
     int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024;
     int st = budget / stage_bytes;
-    // measured on H200 (bench/RESULTS.md): deeper pipelines than 3 did not help the scans
-    st = st > 3 ? 3 : st;
+    // measured on H200 (bench/RESULTS.md): deeper pipelines than 3 did not help the scans'
+    // cp.async stages; the warpgroup steps' TMA rings take 5 (session 36, B1·T8192·H96: the
+    // state-gradient scan 0.592 → 0.547–0.552 ms, the forward scan 0.376 → 0.372–0.373; 4 gave
+    // 0.558–0.561 and 0.374–0.375)
+    const int cap = wg ? 5 : 3;
+    st = st > cap ? cap : st;
     return st < 2 ? 2 : st;
 }
 
@@ -1253,7 +1257,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
     int sb = G * (WG ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
-    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 16 * KDA_STAGES_MAX : 0));
+    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 16 * KDA_STAGES_MAX : 0), WG);
     size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 16 * a.stages : 0);   // WG: alignment, mbarriers
     if (WG) {
         cudaError_t e = kda_chunk_maps(&a.maps, p, w, false);
