@@ -28,7 +28,7 @@ typedef __nv_bfloat16 bf16;
 // norms, the L products and the serial forward substitution.
 #define KDA_LX (16 * 16 + 32)
 #define KDA_SEG 4         // chunks per backward checkpoint segment (64 tokens)
-#define KDA_STAGES_MAX 8  // cp.async pipeline depth of the scan kernels: 3..8, chosen at launch
+#define KDA_STAGES_MAX 8  // pipeline depth of the scan kernels (cp.async or TMA ring): 2..8, chosen at launch
 #define KDA_LOG2E 1.4426950408889634f
 
 // ---- bf16 ----
