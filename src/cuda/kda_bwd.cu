@@ -1694,7 +1694,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     const bool wg = a.dSc && !grouped && nw % 4 == 0 && p->d_o && kda_scan_wg();
     int sb = (grouped ? KDA_SEG : 1) * (wg ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
     const int fixed = a.dSc ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
-    a.stages = kda_scan_stages(blocks, sb, fixed + (wg ? 1024 + 16 * KDA_STAGES_MAX : 0), wg);
+    a.stages = kda_scan_stages(blocks, sb, fixed, wg);
     size_t smem = (size_t)a.stages * sb + fixed + (wg ? 1024 + 16 * a.stages : 0);   // wg: alignment, mbarriers
     if (wg) {
         cudaError_t e = kda_chunk_maps(&a.maps, p, w, true);

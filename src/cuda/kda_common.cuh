@@ -474,7 +474,8 @@ int kda_num_sms(void);
 // the parameters every entry point needs (kda_fwd.cu): cudaErrorInvalidValue for a shape, gate or
 // workspace the kernels do not take, cudaErrorMisalignedAddress for q, k or v not 16-byte aligned
 cudaError_t kda_check_params(const kda_params *p);
-// pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes)
+// pipeline stages for a scan launch of `blocks` blocks of stage_bytes per stage (+ fixed bytes,
+// + the TMA ring's alignment and mbarriers when wg)
 int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes, bool wg);
 // time segments of the forward scan (kda_fwd.cu): 1, or nseg > 1 for a two-level scan
 int kda_scan_segs(const kda_params *p);

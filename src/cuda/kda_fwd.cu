@@ -169,7 +169,8 @@ int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes, bool wg)
     long long per_sm = (blocks + kda_num_sms() - 1) / kda_num_sms();
     if (per_sm < 1) per_sm = 1;
     if (per_sm > 4) per_sm = 4;
-    int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024;
+    // wg: the TMA ring's 1024-byte alignment and its mbarriers (16 bytes a stage) besides
+    int budget = (int)((227 * 1024) / per_sm) - fixed_bytes - 1024 - (wg ? 1024 + 16 * KDA_STAGES_MAX : 0);
     int st = budget / stage_bytes;
     // measured on H200 (bench/RESULTS.md): deeper pipelines than 3 did not help the scans'
     // cp.async stages; the warpgroup steps' TMA rings take 5 (session 36, B1·T8192·H96: the
@@ -1257,7 +1258,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
     int sb = G * (WG ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
-    a.stages = kda_scan_stages(blocks, sb, fixed + (WG ? 1024 + 16 * KDA_STAGES_MAX : 0), WG);
+    a.stages = kda_scan_stages(blocks, sb, fixed, WG);
     size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 16 * a.stages : 0);   // WG: alignment, mbarriers
     if (WG) {
         cudaError_t e = kda_chunk_maps(&a.maps, p, w, false);
