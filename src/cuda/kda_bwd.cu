@@ -44,6 +44,7 @@ cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint6
 cudaError_t kda_launch_scan(const kda_params *p, const KWs &w, bool out, bool ckpt);
 int kda_scan_warps(const kda_params *p, int ks);
 int kda_scan_wg(void);
+int kda_scan_wg_segs(void);
 
 #define BWD_THREADS 128
 
@@ -102,7 +103,7 @@ __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStag
     if (dst) frag_store_vk_bf16<K>(da, stg, dst + (size_t)vabs * K, K, lane);   // dS' of the chunk, where kept
     state_decay<K>(ds, (const float *)(st + L.ogl), lane);   // while the products run (they read da, not ds)
     wg_wait<0>();
-    store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16)
+    if (a.dU) store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16; not in RS_LOCAL)
     uint32_t am[4];
     tok_afrag(dvp, am, -1.f);
     wg_fence();
@@ -1680,20 +1681,22 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     const bool grouped = w.group > 1;
     a.W = grouped ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
-    a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = w.dU;
+    a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = mode == RS_LOCAL ? NULL : w.dU;
     a.cs = w.cs;
     a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
     long long blocks = (long long)p->N * p->H * a.nseg * (p->V / VB);
-    // the warpgroup step: per-chunk states, whole warpgroups, an output gradient (a block per
-    // SM: its state, fragments and products take more than 128 registers, but in two waves it
-    // was still faster than two blocks of the warp-level step at once: B8·T2048·H32 0.525 →
-    // 0.508 ms, B4·T4096·H64 1.015 → 0.989; H200, session 28)
-    const bool wg = a.dSc && !grouped && nw % 4 == 0 && p->d_o && kda_scan_wg();
+    // the warpgroup step: per-chunk states (or the two-level scan's local pass, which keeps
+    // none), whole warpgroups, an output gradient (a block per SM: its state, fragments and
+    // products take more than 128 registers, but in two waves it was still faster than two
+    // blocks of the warp-level step at once: B8·T2048·H32 0.525 → 0.508 ms, B4·T4096·H64
+    // 1.015 → 0.989; H200, session 28)
+    const bool wg = (a.dSc || (mode == RS_LOCAL && !SPLIT && kda_scan_wg_segs())) && !grouped && nw % 4 == 0 && p->d_o &&
+                    kda_scan_wg();
     int sb = (grouped ? KDA_SEG : 1) * (wg ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
-    const int fixed = a.dSc ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
+    const int fixed = a.dSc || wg ? nw * cstate_stage_bytes<K>() : 0;   // the per-chunk stores' staging tiles
     a.stages = kda_scan_stages(blocks, sb, fixed, wg);
     size_t smem = (size_t)a.stages * sb + fixed + (wg ? 1024 + 16 * a.stages : 0);   // wg: alignment, mbarriers
     if (wg) {

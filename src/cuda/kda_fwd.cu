@@ -166,7 +166,8 @@ int kda_scan_stages(long long blocks, int stage_bytes, int fixed_bytes, bool wg)
     const char *e = getenv("KDA_STAGES");
     if (e && *e) return atoi(e) < 2 ? 2 : atoi(e) > KDA_STAGES_MAX ? KDA_STAGES_MAX : atoi(e);
     // blocks resident per SM at once; each may use an equal share of the 227 KiB
-    long long per_sm = (blocks + kda_num_sms() - 1) / kda_num_sms();
+    // (wg: one, as their registers allow — more blocks than SMs run in waves)
+    long long per_sm = wg ? 1 : (blocks + kda_num_sms() - 1) / kda_num_sms();
     if (per_sm < 1) per_sm = 1;
     if (per_sm > 4) per_sm = 4;
     // wg: the TMA ring's 1024-byte alignment and its mbarriers (16 bytes a stage) besides
@@ -635,7 +636,7 @@ __device__ __forceinline__ void named_barrier(int id, int nthreads) {
 template <int K, bool OUT, int CKPT>
 __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage &L, float (*s)[4], uint32_t sst,
                                              const unsigned char *st, bf16 *sO, bf16 *sStg, int warp, int lane, int VB,
-                                             int h, int gc, bf16 *sdst) {
+                                             int h, int gc, bf16 *sdst, bool zero_u) {
     constexpr int NPO = OUT ? 32 : 16;   // P (tokens 0–15), then Oᵀ's state part
     const int v0 = 16 * warp;            // local value row of the warp
     uint32_t sa[K / 16][4], unused[4];
@@ -656,7 +657,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
     ldsm_x4_t(u, wg_val_tile(st + L.oVal, v0, lane));
     wg_wait<0>();
     float vp[2][4];
-    vprime_from_u(po, u, vp);
+    vprime_from_u(po, u, vp, zero_u);
     uint32_t av[4];
     tok_afrag(vp, av, 1.f);
     if (CKPT == SCAN_CSTATES)   // the chunk's V' (bf16) for the backward
@@ -693,7 +694,7 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
 // output and state update in turn (the update no longer waits on the next chunk's V').
 // WG (KS = 1, G = 1, whole warpgroups): the step's products as warpgroup MMAs (scan_step_wg).
 template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG>
-__global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
+__global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_kernel(const __grid_constant__ ScanArgs a) {
     static_assert(!WG || (KS == 1 && G == 1 && !SPLIT), "the warpgroup step holds whole state rows, one chunk a step");
     constexpr int KP = K / KS;
     extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -724,7 +725,7 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
     if constexpr (WG) {
         if (!wg_ring_start(bars, NSt, NW, nc - c0, [&](int i, int st) {   // chunk c0 + i
                 const int hc = h * a.NC + cbase + c0 + i;
-                chunk_load_wg<K, false>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0);
+                chunk_load_wg<K, false>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0, OUT, !zero_u);
             }))
             return;
     }
@@ -781,7 +782,7 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT ? 1 : 2) kda_scan_kernel(c
         bf16 *sdst = CKPT == SCAN_CSTATES && a.cs.keep_state(cbase + c, c)
                          ? a.Sc + ((size_t)h * a.cs.n + a.cs.state_slot(cbase + c, n)) * a.V * K : NULL;
         if constexpr (WG) {
-            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c, sdst);
+            scan_step_wg<K, OUT, CKPT>(a, L, s, sbase + rd * SB, st, sO, sStg, warp, lane, VB, h, cbase + c, sdst, zero_u);
             wg_ring_release(bars, rd, lane);
         } else {
         if (CKPT == SCAN_CSTATES && sdst)   // the state entering the chunk (bf16) for the backward
@@ -1044,6 +1045,9 @@ static int scan_split(void) { return env_int("KDA_SPLIT", 0); }
 // the forward scan's step as warpgroup MMAs where a block's warps are whole warpgroups holding
 // whole state rows (KS = 1, 16-token steps); KDA_SCAN_WG=0: the warp-level step
 int kda_scan_wg(void) { return env_int("KDA_SCAN_WG", 1); }
+// the two-level scans' passes without output (forward: local, transitions; backward: local) on
+// the warpgroup step too (KDA_SCAN_WG_SEGS=0: the warp-level step, two blocks per SM)
+int kda_scan_wg_segs(void) { return env_int("KDA_SCAN_WG_SEGS", 1); }
 
 // Few (sequence, head) pairs of long fixed-length sequences: a scan block per pair with all
 // its value rows (eight warps at V = 128, each with the state's columns whole), and the
@@ -1286,12 +1290,15 @@ static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, b
         SCAN_CASE(false, SCAN_NOCKPT);
 #undef SCAN_CASE
     }
-    // the warpgroup step for the passes with output (without, at two blocks per SM, its
-    // state, A fragments and products do not fit the 128 registers), but not with 64-token
-    // checkpoints, from which the segment kernel recomputes the states by the warp-level step
-    if (KS == 1 && !split && out && ck != SCAN_CKPT && nw % 4 == 0 && kda_scan_wg()) {
-        if (ck == SCAN_NOCKPT) return launch_scan_t<K, false, true, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
-        return launch_scan_t<K, false, true, SCAN_CSTATES, KS, 1, KS == 1>(p, w, nw, sp);
+    // the warpgroup step for the passes with output, but not with 64-token checkpoints, from
+    // which the segment kernel recomputes the states by the warp-level step; and for the
+    // two-level scan's local and transition passes (one block per SM, where the warp-level
+    // step runs two: its state, A fragments and products do not fit 128 registers)
+    if (KS == 1 && !split && nw % 4 == 0 && kda_scan_wg()) {
+        if (out && ck == SCAN_NOCKPT) return launch_scan_t<K, false, true, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
+        if (out && ck == SCAN_CSTATES) return launch_scan_t<K, false, true, SCAN_CSTATES, KS, 1, KS == 1>(p, w, nw, sp);
+        if (!out && ck == SCAN_NOCKPT && (sp.mode == SCAN_LOCAL || sp.mode == SCAN_TRANS) && kda_scan_wg_segs())
+            return launch_scan_t<K, false, false, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
     }
 #define SCAN_CASE(S, O, C) if (split == S && out == O && ck == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
     SCAN_CASE(true, true, SCAN_NOCKPT);

@@ -118,9 +118,10 @@ __host__ __device__ inline ScanStage scan_stage_wg(int K, int VB) {
     s.bytes = (off + 1023) & ~1023;
     return s;
 }
-// bytes one chunk's copies bring into a scan_stage_wg stage
-__host__ __device__ inline int scan_stage_wg_tx(int K, int VB) {
-    return (K / 64) * 4096 + 32 * K + 1024 + (VB / 64) * 2048 + 4 * K;
+// bytes one chunk's copies bring into a scan_stage_wg stage: all of it, or without Qg and M
+// (out = false: a pass without output) and without the value tile (val = false: U = 0)
+__host__ __device__ inline int scan_stage_wg_tx(int K, int VB, bool out = true, bool val = true) {
+    return (K / 64) * (out ? 4096 : 2048) + 32 * K + (out ? 1024 : 0) + (val ? (VB / 64) * 2048 : 0) + 4 * K;
 }
 // The tensor maps of those copies (kda_chunk_maps): W, Qg as [H·NC·16][K], KrT as
 // [H·NC·K][16], M as [H·NC·32][16] (hi rows, then lo), gl as [H·NC][2K] (its fp32 bytes as
@@ -133,22 +134,24 @@ struct ChunkMaps {
 cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO);
 // chunk hc (= h·NC + gc) into the stage at st, counted on the mbarrier bar; the value tile's
 // VB/64 boxes at (vc0 + 64·b, vc1) of U, or (vc0 + 64·b, h = vc1, token vc2) of dO (DO). One
-// thread issues it all.
+// thread issues it all. out = false leaves out Qg and M, val = false the value tile (the
+// two-level scan's passes without output, scan_stage_wg_tx).
 template <int K, bool DO>
 __device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const ScanStage &L, uint32_t st, uint32_t bar, int hc,
-                                              int VB, int vc0, int vc1, int vc2) {
-    mb_expect_tx(bar, scan_stage_wg_tx(K, VB));
+                                              int VB, int vc0, int vc1, int vc2, bool out = true, bool val = true) {
+    mb_expect_tx(bar, scan_stage_wg_tx(K, VB, out, val));
 #pragma unroll
     for (int kb = 0; kb < K / 64; kb++) {
         tma_2d(st + L.oW + 4096 * kb, &m.W, 64 * kb, 16 * hc, bar);
-        tma_2d(st + L.oQg + 4096 * kb, &m.Qg, 64 * kb, 16 * hc, bar);
+        if (out) tma_2d(st + L.oQg + 4096 * kb, &m.Qg, 64 * kb, 16 * hc, bar);
     }
     tma_2d(st + L.oKrT, &m.KrT, 0, K * hc, bar);
-    tma_2d(st + L.oM, &m.M, 0, 32 * hc, bar);
-    for (int b = 0; b < VB / 64; b++) {
-        if (DO) tma_3d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, vc2, bar);
-        else tma_2d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, bar);
-    }
+    if (out) tma_2d(st + L.oM, &m.M, 0, 32 * hc, bar);
+    if (val)
+        for (int b = 0; b < VB / 64; b++) {
+            if (DO) tma_3d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, vc2, bar);
+            else tma_2d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, bar);
+        }
     tma_2d(st + L.ogl, &m.gl, 0, hc, bar);
 }
 // The warpgroup scans' stage ring: per stage (16 bytes at bars) a full mbarrier (the copies'

@@ -1106,8 +1106,12 @@ int main(int argc, char **argv) {
             make_prob(P, {700}, 2, 128, 128, 1, 0, 95); test_bwd(P, tag);
             make_prob(P, {300, 300}, 4, 128, 128, 0, 0, 71); test_saved_and_determinism(P);
             make_prob(P, {700}, 2, 128, 128, 1, 0, 95); test_cstates_vs_checkpoints(P, tag);
+            // KS = 1: the warpgroup step in every pass (the local and transition passes too,
+            // K ≠ V: the transitions' value index runs over K) and in the backward's local pass
             setenv("KDA_SCAN_KS", "1", 1);
             make_prob(P, {500}, 2, 128, 128, 0, 0, 93); test_fwd(P, " [segs, KS=1]");
+            make_prob(P, {300}, 2, 64, 128, 1, 0, 92); test_fwd(P, " [segs, KS=1]"); test_bwd(P, " [segs, KS=1]");
+            make_prob(P, {300}, 2, 128, 64, 0, 0, 91); test_fwd(P, " [segs, KS=1]"); test_bwd(P, " [segs, KS=1]");
             unsetenv("KDA_SCAN_KS");
         }
         unsetenv("KDA_SCAN_SEGS");
