@@ -451,6 +451,7 @@ struct KWs {
     // KDA_LX fp32 a chunk-head
     float *Lx;
     int nseg, segc;                    // the scans' time segments per sequence (1: one serial pass), chunks each
+    int seg0c;                         // chunks of segment 0: segc, or more under the forward-only schedule (kda_fwd.cu)
     float *segL, *segA, *segS0;        // nseg > 1: per segment local state, transition, initial state
     int group;                         // chunks per step of the scans: 1, or KDA_SEG (64-token steps)
     bf16 *Wt, *Ut;                     // group > 1: the merged W~, U~ [H][NC][16][K or V] (kda_merge.cu)
@@ -492,6 +493,7 @@ cudaError_t kda_launch_merge(const kda_params *p, const KWs &w);
 // the two-level scans' serial carry over the segments (kda_fwd.cu). Forward: segS0[σ] =
 // the state entering segment σ (from S0), through segA and segL. Backward (rev): segS0[σ] =
 // dS leaving segment σ (from dS_out), through segAᵀ and the local dS in segL.
-cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev);
+// from1 (forward only): from segment 1, whose initial state is already in segS0 (launch_scan_first)
+cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev, bool from1 = false);
 
 #endif

@@ -40,6 +40,7 @@ static int seg_chunks(int nc, int nseg) {
     int per = (nc + nseg - 1) / nseg;
     return ((per + KDA_SEG - 1) / KDA_SEG) * KDA_SEG;
 }
+static void scan_first_plan(const kda_params *p, int *nseg, int *segc, int *seg0c);
 
 KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     KWs w;
@@ -86,6 +87,8 @@ KWs kda_ws_layout(const kda_params *p, void *base, int backward) {
     // backward's recompute), in the forward's part so that a forward needs only ws_fwd
     w.nseg = kda_scan_segs(p);
     w.segc = w.nseg > 1 ? seg_chunks((p->T + KDA_C - 1) / KDA_C, w.nseg) : 0;
+    w.seg0c = w.segc;
+    if (w.nseg > 1 && !p->save && !backward) scan_first_plan(p, &w.nseg, &w.segc, &w.seg0c);
     if (w.nseg > 1) {
         const size_t nhs = (size_t)p->N * H * w.nseg;
         TAKE(segL, float, nhs * K * V);
@@ -582,13 +585,16 @@ struct ScanArgs {
     // the two-level scan (fixed-length batches): block (n, h, σ) of nseg runs chunks
     // [σ·segc, (σ+1)·segc) of its sequence. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
     // final state to seg_out), SCAN_TRANS (U = 0 from S = I, V = K: the segment's transition
-    // to seg_out), SCAN_SEEDED (from seg_S0[σ]; S_out from the last segment)
-    int mode, nseg, segc;
+    // to seg_out), SCAN_SEEDED (from seg_S0[σ]; S_out from the last segment), SCAN_FIRST
+    // (segment 0 from S0 with output, its final state to seg_out[1]: the forward-only
+    // schedule, launch_scan_first). The launch covers segments [sg0, sg0 + sgn) of nseg;
+    // segment 0 has seg0c chunks, the others segc (seg_start)
+    int mode, nseg, segc, seg0c, sg0, sgn;
     const float *seg_S0;
     float *seg_out;
     ChunkMaps maps;   // the warpgroup step's bulk tensor copies (value tile: U)
 };
-enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3 };
+enum { SCAN_PLAIN = 0, SCAN_LOCAL = 1, SCAN_TRANS = 2, SCAN_SEEDED = 3, SCAN_FIRST = 4 };
 // what a scan pass keeps for the backward (a template argument: each kernel has one kind of
 // store, whose addresses would otherwise crowd the other's registers): nothing, fp32 states
 // every 64 tokens, or every chunk's bf16 state and V' (KWs::cstates)
@@ -700,7 +706,7 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_ke
     extern __shared__ __align__(16) unsigned char smem_dyn[];
     // the warpgroup step's stages are 1024-byte aligned (the swizzle atoms of its copies)
     unsigned char *smem_raw = WG ? smem_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(smem_dyn) & 1023)) & 1023) : smem_dyn;
-    const int sg = blockIdx.x % a.nseg, nhx = blockIdx.x / a.nseg;
+    const int sg = a.sg0 + blockIdx.x % a.sgn, nhx = blockIdx.x / a.sgn;
     int n = nhx / a.H, h = nhx % a.H;
     // WG: one more warpgroup, the last, gives its registers to the others and fills the stages
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, NW = (blockDim.x >> 5) - (WG ? 4 : 0);
@@ -717,7 +723,8 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_ke
     long long bos = a.sq.seq_bos(n);
     size_t nh = (size_t)n * a.H + h;
     // this block's chunks [c0, nc)
-    const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n;
+    const int c0 = a.nseg > 1 ? min(nc_n, seg_start(sg, a.segc, a.seg0c)) : 0,
+              nc = a.nseg > 1 ? min(nc_n, seg_start(sg + 1, a.segc, a.seg0c)) : nc_n;
     const bool zero_u = a.mode == SCAN_TRANS;
     // WG: per stage a full barrier (the copies' bytes) and an empty one (a consumer warp's
     // arrival each), after the block's fixed shared memory
@@ -879,8 +886,9 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_ke
         }
     }
     if (!WG) cp_async_wait<0>();
-    if (a.mode == SCAN_LOCAL || a.mode == SCAN_TRANS)
-        frag_store_kv<KP>(s, a.seg_out + (nh * a.nseg + sg) * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
+    if (a.mode == SCAN_LOCAL || a.mode == SCAN_TRANS || a.mode == SCAN_FIRST)   // FIRST: segment 1's initial state
+        frag_store_kv<KP>(s, a.seg_out + (nh * a.nseg + sg + (a.mode == SCAN_FIRST)) * K * a.V + (size_t)kp0 * a.V, a.V, v0,
+                          lane);
     else if (OUT && a.S_out && sg == a.nseg - 1)
         frag_store_kv<KP>(s, a.S_out + nh * K * a.V + (size_t)kp0 * a.V, a.V, v0, lane);
 }
@@ -917,8 +925,8 @@ template <int TC> __device__ __forceinline__ void st_cols(float *p, const float 
 }
 template <int K> constexpr int carry_smem(int cw) { return (2 * K * carry_lda<K>() + K * (cw + 4)) * 4; }
 template <int K, int CW, bool REV>
-__global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, const float *segA, const float *segL,
-                                                            float *segS0, int V, int nseg) {
+__global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, size_t s0_stride, const float *segA,
+                                                            const float *segL, float *segS0, int V, int nseg, int it0) {
     constexpr int LDA = carry_lda<K>(), NCG = 1024 / K, TC = CW / NCG, LDS = CW + 4, RG = K / 4;
     static_assert(TC == 1 || TC == 2 || TC == 4, "a thread holds 1, 2 or 4 columns");
     extern __shared__ __align__(16) float carry_smem_raw[];
@@ -937,13 +945,13 @@ __global__ void __launch_bounds__(256) kda_seg_carry_kernel(const float *S0, con
     float st[4][TC];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        if (S0) ld_cols<TC>(st[i], S0 + nh * K * V + (size_t)row(i) * V + c);
+        if (S0) ld_cols<TC>(st[i], S0 + nh * s0_stride + (size_t)row(i) * V + c);
         else
 #pragma unroll
             for (int t = 0; t < TC; t++) st[i][t] = 0.f;
     }
-    if (nseg > 1) copy_A(0);
-    for (int it = 0; it < nseg; it++) {
+    if (it0 < nseg - 1) copy_A(it0);
+    for (int it = it0; it < nseg; it++) {
         const size_t seg = seg_of(it);
 #pragma unroll
         for (int i = 0; i < 4; i++) st_cols<TC>(segS0 + seg * K * V + (size_t)row(i) * V + c, st[i]);
@@ -999,27 +1007,30 @@ static int carry_cw(const kda_params *p) {
 }
 
 template <int K, int CW, bool REV>
-static cudaError_t launch_carry(const kda_params *p, const KWs &w) {
+static cudaError_t launch_carry(const kda_params *p, const KWs &w, bool from1) {
     const dim3 grid((unsigned)(p->N * p->H), p->V / CW);
     const int smem = carry_smem<K>(CW);
     cudaError_t e = cudaFuncSetAttribute(kda_seg_carry_kernel<K, CW, REV>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    kda_seg_carry_kernel<K, CW, REV><<<grid, 256, smem, p->stream>>>(REV ? p->dS_out : p->S0, w.segA, w.segL, w.segS0,
-                                                                     p->V, w.nseg);
+    const size_t kv = (size_t)K * p->V;
+    kda_seg_carry_kernel<K, CW, REV><<<grid, 256, smem, p->stream>>>(
+        from1 ? w.segS0 + kv : REV ? p->dS_out : p->S0, from1 ? w.nseg * kv : kv, w.segA, w.segL, w.segS0, p->V, w.nseg,
+        from1 ? 1 : 0);
     return cudaGetLastError();
 }
 
 template <int K, bool REV>
-static cudaError_t launch_carry_k(const kda_params *p, const KWs &w) {
+static cudaError_t launch_carry_k(const kda_params *p, const KWs &w, bool from1) {
     const int cw = carry_cw(p) / (1024 / K);   // 1, 2 or 4 columns a thread
-    if (cw == 4) return launch_carry<K, 4096 / K, REV>(p, w);
-    if (cw == 2) return launch_carry<K, 2048 / K, REV>(p, w);
-    return launch_carry<K, 1024 / K, REV>(p, w);
+    if (cw == 4) return launch_carry<K, 4096 / K, REV>(p, w, from1);
+    if (cw == 2) return launch_carry<K, 2048 / K, REV>(p, w, from1);
+    return launch_carry<K, 1024 / K, REV>(p, w, from1);
 }
 
-cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev) {
-    if (p->K == 64) return rev ? launch_carry_k<64, true>(p, w) : launch_carry_k<64, false>(p, w);
-    return rev ? launch_carry_k<128, true>(p, w) : launch_carry_k<128, false>(p, w);
+cudaError_t kda_seg_carry(const kda_params *p, const KWs &w, bool rev, bool from1) {
+    if (rev && from1) return cudaErrorInvalidValue;
+    if (p->K == 64) return rev ? launch_carry_k<64, true>(p, w, false) : launch_carry_k<64, false>(p, w, from1);
+    return rev ? launch_carry_k<128, true>(p, w, false) : launch_carry_k<128, false>(p, w, from1);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1128,6 +1139,31 @@ int kda_scan_segs(const kda_params *p) {
     if (nseg <= 1) return 1;
     const int segc = seg_chunks(nc, nseg);
     return (nc + segc - 1) / segc;
+}
+
+// The forward-only schedule (launch_scan_first): segment 0, of seg0c chunks, runs its output
+// pass beside the local and transition passes of segments 1 .. nseg − 2, then the seeded pass
+// runs segments 1 .. nseg − 1 in one wave of blocks: nseg − 1 = SMs / (blocks a segment)
+// (KDA_SCAN_SEGS forced: that many). Segment 0 is KDA_SCAN_SEG0 % (default 150) of the
+// others' length, so that it ends with the second wave of local and transition blocks on the
+// SMs it leaves (its steps have output and cost more). Only where the scans take a block
+// per SM (the warpgroup passes); KDA_SCAN_FIRST=0 keeps the uniform schedule.
+static void scan_first_plan(const kda_params *p, int *nseg, int *segc, int *seg0c) {
+    if (!env_int("KDA_SCAN_FIRST", 1)) return;
+    const int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
+    if (ks != 1 || nw % 4 || scan_split() || !kda_scan_wg() || !kda_scan_wg_segs() || kda_scan_group(p) > 1) return;
+    const int nc = (p->T + KDA_C - 1) / KDA_C, forced = env_int("KDA_SCAN_SEGS", 0);
+    const long long blocks = (long long)p->N * p->H * (p->V / (16 * nw));
+    const int m = forced > 0 ? forced - 1 : (int)(kda_num_sms() / blocks);   // segments after the first
+    const int r = env_int("KDA_SCAN_SEG0", 150);
+    if (m < 2 || r < 100) return;
+    int sc = (int)(((long long)nc * 100 / (r + 100LL * m) + KDA_SEG - 1) / KDA_SEG * KDA_SEG);
+    if (sc < (forced > 0 ? KDA_SEG : 8 * KDA_SEG)) return;   // as kda_scan_segs: at least 32 chunks
+    int s0 = (nc - m * sc + KDA_SEG - 1) / KDA_SEG * KDA_SEG;
+    if (s0 <= sc) return;
+    const int n = 1 + (nc - s0 + sc - 1) / sc;
+    if (n < 3) return;
+    *nseg = n; *segc = sc; *seg0c = s0;
 }
 
 // Chunks per scan step. One chunk (the default): each step's V' = U − W S waits on the
@@ -1246,6 +1282,7 @@ struct ScanPass {
     int mode, nseg, segc;
     const float *seg_S0;
     float *seg_out;
+    int sg0 = 0, sgn = 0;   // the segments launched: [sg0, sg0 + sgn) (sgn 0: all nseg)
 };
 
 // nw: value-slice warps per block (each with KS − 1 partners); G chunks per step
@@ -1253,13 +1290,14 @@ template <int K, bool SPLIT, bool OUT, int CKPT, int KS, int G, bool WG = false>
 static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, const ScanPass &sp) {
     ScanArgs a = {};
     a.mode = sp.mode; a.nseg = sp.nseg; a.segc = sp.segc; a.seg_S0 = sp.seg_S0; a.seg_out = sp.seg_out;
+    a.seg0c = sp.nseg > 1 ? w.seg0c : 0; a.sg0 = sp.sg0; a.sgn = sp.sgn > 0 ? sp.sgn : sp.nseg;
     a.sq = kda_seq(p, w);
     a.H = p->H; a.V = p->V; a.NC = w.NC; a.NS = w.NS;
     a.W = G > 1 ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.U = G > 1 ? w.Ut : w.U; a.M = w.M; a.gl = w.gl;
     a.S0 = p->S0; a.o = p->o; a.S_out = p->S_out; a.ckpt = w.ckpt;
     a.Sc = w.Sc; a.Vp = w.Vp; a.cs = w.cs;
     int VB = 16 * nw;
-    long long blocks = (long long)p->N * p->H * sp.nseg * (p->V / VB);
+    long long blocks = (long long)p->N * p->H * a.sgn * (p->V / VB);
     int fixed = scan_fixed_bytes(VB, KS, G) + (CKPT == SCAN_CSTATES ? nw * KS * cstate_stage_bytes<K / KS>() : 0);
     int sb = G * (WG ? scan_stage_wg(K, VB) : scan_stage(K, VB)).bytes;
     a.stages = kda_scan_stages(blocks, sb, fixed, WG);
@@ -1272,7 +1310,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if ((long long)p->N * p->H == 0) return cudaSuccess;
-    dim3 grid((unsigned)(p->N * p->H * sp.nseg), p->V / VB);
+    dim3 grid((unsigned)(p->N * p->H * a.sgn), p->V / VB);
     kern<<<grid, 32 * nw * KS + (WG ? 128 : 0), smem, p->stream>>>(a);
     return cudaGetLastError();
 }
@@ -1323,10 +1361,55 @@ static cudaError_t launch_scan_pass(const kda_params *p, const KWs &w, bool out,
     return launch_scan_ks<K, 1>(p, w, out, ckpt, nw, sp);
 }
 
+// The forward-only schedule of the two-level scan (kda_ws_layout: w.seg0c > w.segc, nseg ≥ 3).
+// The uniform schedule runs three passes over every segment, but A(σ) and L(σ) of the last
+// segment are never used, nor those of segment 0 once its true initial state (S0) is known. So
+// segment 0 — longer than the others — runs its output pass from S0 on a second stream while
+// the local and transition passes run over segments 1 .. nseg − 2 beside it; then the carry
+// from segment 1 and the seeded pass over segments 1 .. nseg − 1, one wave of blocks.
+static cudaError_t scan_side_stream(cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join) {
+    static cudaStream_t s;
+    static cudaEvent_t f, j;
+    if (!s) {
+        cudaError_t e;
+        if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess) return e;
+        if ((e = cudaEventCreateWithFlags(&f, cudaEventDisableTiming)) != cudaSuccess) return e;
+        if ((e = cudaEventCreateWithFlags(&j, cudaEventDisableTiming)) != cudaSuccess) return e;
+    }
+    *side = s; *fork = f; *join = j;
+    return cudaSuccess;
+}
+
+template <int K>
+static cudaError_t launch_scan_first(const kda_params *p, const KWs &w) {
+    cudaStream_t side;
+    cudaEvent_t fork, join;
+    cudaError_t e = scan_side_stream(&side, &fork, &join);
+    if (e != cudaSuccess) return e;
+    if ((e = cudaEventRecord(fork, p->stream)) != cudaSuccess || (e = cudaStreamWaitEvent(side, fork, 0)) != cudaSuccess)
+        return e;
+    kda_params ps = *p;   // segment 0 on the side stream, launched first so that its blocks start first
+    ps.stream = side;
+    if ((e = launch_scan_pass<K>(&ps, w, true, false, ScanPass{SCAN_FIRST, w.nseg, w.segc, NULL, w.segS0, 0, 1})) != cudaSuccess)
+        return e;
+    if ((e = cudaEventRecord(join, side)) != cudaSuccess) return e;
+    const int mid = w.nseg - 2;   // segments 1 .. nseg − 2
+    if ((e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL, 1, mid})) != cudaSuccess)
+        return e;
+    kda_params q = *p;   // the transitions: K × K "states", value index over K
+    q.V = p->K;
+    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA, 1, mid})) != cudaSuccess)
+        return e;
+    if ((e = cudaStreamWaitEvent(p->stream, join, 0)) != cudaSuccess) return e;
+    if ((e = kda_seg_carry(p, w, false, true)) != cudaSuccess) return e;
+    return launch_scan_pass<K>(p, w, true, false, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL, 1, w.nseg - 1});
+}
+
 // the forward scan: one plain pass, or the two-level scan over w.nseg segments
 template <int K>
 static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
     if (w.nseg <= 1) return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_PLAIN, 1, 0, NULL, NULL});
+    if (w.seg0c > w.segc) return out && !ckpt ? launch_scan_first<K>(p, w) : cudaErrorInvalidValue;
     cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL});
     if (e != cudaSuccess) return e;
     kda_params q = *p;   // the transitions: K × K "states", value index over K

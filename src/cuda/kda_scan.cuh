@@ -98,6 +98,10 @@ __device__ __forceinline__ void copy_chunk(const ScanStage &L, uint32_t st, cons
     }
 }
 
+// the chunk where segment sg of a two-level scan starts (relative to its sequence): segment 0
+// has seg0c chunks, the others segc (seg0c > segc under the forward-only schedule, kda_fwd.cu)
+__host__ __device__ inline int seg_start(int sg, int segc, int seg0c) { return sg == 0 ? 0 : seg0c + (sg - 1) * segc; }
+
 // The warpgroup (wgmma) scan step's stage (one chunk, KS = 1), filled by bulk tensor copies
 // (TMA) in the swizzled layouts the wgmma descriptors read (every region 1024-byte aligned):
 //   [W; Qg]  K-major, 128-byte swizzle (wgmma.cuh): per 64 k a 4096-byte block of 32 rows,

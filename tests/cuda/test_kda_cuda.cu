@@ -232,6 +232,32 @@ static void test_fwd(const Prob &P, const char *tag = "") {
     check(w, rel_rms(S.data(), Sref.data(), S.size()), 5e-3);
 }
 
+// the two-level scan's forward-only schedule (segment 0 beside the middle segments' passes)
+// against the uniform one (KDA_SCAN_FIRST=0) on the same inputs: within fp32 rounding of each
+// other, and not the same bits in S_out — which would mean the schedule was not taken (its
+// segments and carry differ from the uniform one's)
+static void test_first_vs_uniform(const Prob &P, const char *tag) {
+    std::vector<float> o[2], S[2];
+    for (int u = 0; u < 2; u++) {
+        if (u) setenv("KDA_SCAN_FIRST", "0", 1);
+        Dev D;
+        dev_setup(D, P, 0);
+        D.o.poison(); D.S.poison();
+        CU(kda_fwd(&D.p));
+        CU(cudaDeviceSynchronize());
+        o[u] = down_bf16(D.o); S[u] = down_f32(D.S);
+        unsetenv("KDA_SCAN_FIRST");
+    }
+    char s[200], w[300];
+    desc(s, sizeof s, P, "fwd");
+    snprintf(w, sizeof w, "%s%s: first vs uniform schedule, o", s, tag);
+    check(w, rel_rms(o[0].data(), o[1].data(), o[0].size()), 1e-3);
+    snprintf(w, sizeof w, "%s%s: first vs uniform schedule, S_out", s, tag);
+    check(w, rel_rms(S[0].data(), S[1].data(), S[0].size()), 1e-5);
+    snprintf(w, sizeof w, "%s%s: the first schedule taken (S_out bits differ)", s, tag);
+    check(w, memcmp(S[0].data(), S[1].data(), S[0].size() * sizeof(float)) ? 0.0 : 1.0, 0.5);
+}
+
 // backward vs CPU (loss = Σ o·dO + Σ S_out·dS_out)
 static void test_bwd(const Prob &P, const char *tag = "") {
     Dev D;
@@ -972,6 +998,10 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_WARPS", "8", 1); setenv("KDA_SCAN_KS", "1", 1); setenv("KDA_SCAN_SEGS", "2", 1);
         make_prob(P, {1100}, 1, 128, 128, 0, 0, 12); test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
         unsetenv("KDA_SCAN_WARPS"); unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
+        // the forward-only schedule of the two-level scan (segment 0 on a second stream)
+        setenv("KDA_SCAN_KS", "1", 1); setenv("KDA_SCAN_SEGS", "3", 1);
+        make_prob(P, {1200}, 1, 128, 128, 0, 0, 17); test_fwd(P, " [first schedule]");
+        unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
         test_conv_decode(3, 4, 96, 4);
         setenv("KDA_SCAN_SEGS", "3", 1); setenv("KDA_CARRY_CW", "32", 1);   // the widest carry blocks
         make_prob(P, {200}, 2, 128, 128, 1, 0, 13); test_fwd(P, " [segs=3, carry columns 32]"); test_bwd(P, " [segs=3, carry columns 32]");
@@ -1115,6 +1145,30 @@ int main(int argc, char **argv) {
             unsetenv("KDA_SCAN_KS");
         }
         unsetenv("KDA_SCAN_SEGS");
+
+        // the forward-only schedule of the two-level scan (segment 0, longer, from S0 beside the
+        // local and transition passes of the middle segments; the carry from segment 1; the
+        // seeded pass over the rest): whole-warpgroup blocks (KS = 1), forced segment counts on
+        // sequences long enough for it (T = 2000: 3 and 5 segments, a ragged last one), K ≠ V,
+        // both gates, gates at the bound, packed sequences of equal length, a longer segment 0
+        setenv("KDA_SCAN_KS", "1", 1);
+        const char *fsegs[] = {"3", "5"};
+        for (const char *sg : fsegs) {
+            char tag[48];
+            snprintf(tag, sizeof tag, " [first schedule, segs=%s]", sg);
+            setenv("KDA_SCAN_SEGS", sg, 1);
+            make_prob(P, {2000}, 2, 128, 128, 0, 0, 180); test_fwd(P, tag);
+            make_prob(P, {2000, 2000}, 2, 64, 128, 1, 0, 181); test_fwd(P, tag);
+            make_prob(P, {2000}, 3, 128, 64, 0, 0, 182); test_fwd(P, tag);
+            make_prob(P, {2000}, 2, 128, 128, 0, 0, 183, 1); test_fwd(P, " [first schedule, g = lb everywhere]");
+            make_prob(P, {2000}, 2, 128, 128, 1, 0, 185); test_first_vs_uniform(P, tag);
+        }
+        setenv("KDA_SCAN_SEGS", "5", 1);
+        setenv("KDA_SCAN_SEG0", "300", 1);
+        make_prob(P, {2000}, 2, 128, 128, 1, 0, 184); test_fwd(P, " [first schedule, segment 0 at 3x]");
+        unsetenv("KDA_SCAN_SEG0");
+        unsetenv("KDA_SCAN_SEGS");
+        unsetenv("KDA_SCAN_KS");
 
         // the carry's column widths (automatic: the widest that still covers two thirds of the
         // SMs — the narrowest at these few heads), forward and backward, K, V ∈ {64, 128}
