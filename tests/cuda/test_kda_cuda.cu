@@ -233,10 +233,14 @@ static void test_fwd(const Prob &P, const char *tag = "") {
 }
 
 // the two-level scan's forward-only schedule (segment 0 beside the middle segments' passes)
-// against the uniform one (KDA_SCAN_FIRST=0) on the same inputs: within fp32 rounding of each
-// other, and not the same bits in S_out — which would mean the schedule was not taken (its
-// segments and carry differ from the uniform one's)
-static void test_first_vs_uniform(const Prob &P, const char *tag) {
+// and the uniform one (KDA_SCAN_FIRST=0) on the same inputs, each against the CPU; and not
+// the same bits in S_out, which would mean the schedule was not taken. Both carry bf16-rounded
+// products of the state (the scans' tensor-core operands) differently, so they differ by up to
+// the tolerance, not by fp32 rounding. The gates are made weak (f = −10: g ≈ −1e-4 a token) so
+// that the carried states still count at the end: under strong decay both schedules reach the
+// same bits (the carried-in part decays below the state's rounding)
+static void test_first_vs_uniform(Prob P, const char *tag) {
+    for (float &x : P.f) x = -10.f;
     std::vector<float> o[2], S[2];
     for (int u = 0; u < 2; u++) {
         if (u) setenv("KDA_SCAN_FIRST", "0", 1);
@@ -248,13 +252,23 @@ static void test_first_vs_uniform(const Prob &P, const char *tag) {
         o[u] = down_bf16(D.o); S[u] = down_f32(D.S);
         unsetenv("KDA_SCAN_FIRST");
     }
+    std::vector<float> oref(o[0].size()), Sref(S[0].size());
+    for (int n = 0; n < P.N; n++) {
+        lm_kda_args a = cpu_args(P, n);
+        a.o = oref.data() + (size_t)P.cu[n] * P.H * P.V;
+        a.S_out = Sref.data() + (size_t)n * P.H * P.K * P.V;
+        cpu_kda_fwd(&a);
+    }
     char s[200], w[300];
     desc(s, sizeof s, P, "fwd");
-    snprintf(w, sizeof w, "%s%s: first vs uniform schedule, o", s, tag);
-    check(w, rel_rms(o[0].data(), o[1].data(), o[0].size()), 1e-3);
-    snprintf(w, sizeof w, "%s%s: first vs uniform schedule, S_out", s, tag);
-    check(w, rel_rms(S[0].data(), S[1].data(), S[0].size()), 1e-5);
-    snprintf(w, sizeof w, "%s%s: the first schedule taken (S_out bits differ)", s, tag);
+    for (int u = 0; u < 2; u++) {
+        const char *sch = u ? "uniform" : "first";
+        snprintf(w, sizeof w, "%s%s, weak gates, %s schedule: o", s, tag, sch);
+        check(w, rel_rms(o[u].data(), oref.data(), oref.size()), 5e-3);
+        snprintf(w, sizeof w, "%s%s, weak gates, %s schedule: S_out", s, tag, sch);
+        check(w, rel_rms(S[u].data(), Sref.data(), Sref.size()), 5e-3);
+    }
+    snprintf(w, sizeof w, "%s%s, weak gates: the first schedule taken (S_out bits differ)", s, tag);
     check(w, memcmp(S[0].data(), S[1].data(), S[0].size() * sizeof(float)) ? 0.0 : 1.0, 0.5);
 }
 
@@ -1161,7 +1175,7 @@ int main(int argc, char **argv) {
             make_prob(P, {2000, 2000}, 2, 64, 128, 1, 0, 181); test_fwd(P, tag);
             make_prob(P, {2000}, 3, 128, 64, 0, 0, 182); test_fwd(P, tag);
             make_prob(P, {2000}, 2, 128, 128, 0, 0, 183, 1); test_fwd(P, " [first schedule, g = lb everywhere]");
-            make_prob(P, {2000}, 2, 128, 128, 1, 0, 185); test_first_vs_uniform(P, tag);
+            make_prob(P, {2000}, 2, 128, 128, 0, 0, 185); test_first_vs_uniform(P, tag);
         }
         setenv("KDA_SCAN_SEGS", "5", 1);
         setenv("KDA_SCAN_SEG0", "300", 1);
