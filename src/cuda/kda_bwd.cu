@@ -74,8 +74,10 @@ enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
 // dV'ᵀ = dOᵀ M + dSᵀ Krᵀ is one chain of m64n16k16 products (M and KrT read as MN-major B
 // tiles), then dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W as two m64nKk16 products (Qg, W
 // MN-major). Writes the chunk's dS' and dV' (KWs::cstates). len: the chunk's valid token
-// rows (dO's rows past them, another sequence's or past the end, enter as zeros).
-template <int K>
+// rows (dO's rows past them, another sequence's or past the end, enter as zeros). DU: write
+// dU (not in the two-level scan's local pass, whose dV' the seeded pass writes; a template
+// argument, as the kinds of the other stores are)
+template <int K, bool DU>
 __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStage &L, float (*ds)[4], uint32_t sst,
                                               const unsigned char *st, bf16 *stg, int warp, int lane, int VB, size_t hc,
                                               int len, bf16 *dst) {
@@ -103,7 +105,7 @@ __device__ __forceinline__ void rscan_step_wg(const RScanArgs &a, const ScanStag
     if (dst) frag_store_vk_bf16<K>(da, stg, dst + (size_t)vabs * K, K, lane);   // dS' of the chunk, where kept
     state_decay<K>(ds, (const float *)(st + L.ogl), lane);   // while the products run (they read da, not ds)
     wg_wait<0>();
-    if (a.dU) store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16; not in RS_LOCAL)
+    if (DU) store_tok_tile(dvp, stg, a.dU + hc * 16 * a.V, a.V, vabs, lane);   // dU = dV' (bf16)
     uint32_t am[4];
     tok_afrag(dvp, am, -1.f);
     wg_fence();
@@ -135,7 +137,7 @@ __device__ __forceinline__ void rscan_load(const RScanArgs &a, const ScanStage &
 // CST: the per-chunk dS' and dV' (KWs::cstates) instead of 64-token checkpoints (a template
 // argument: the two kinds of store in one kernel spilled registers)
 // WG: the warpgroup step (rscan_step_wg, with CST, whole warpgroups, stages filled by TMA)
-template <int K, bool SPLIT, int G, bool CST, bool WG = false>
+template <int K, bool SPLIT, int G, bool CST, bool WG = false, bool DU = true>
 __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     static_assert(!WG || (CST && G == 1 && !SPLIT), "the warpgroup step keeps the per-chunk states");
     extern __shared__ __align__(16) unsigned char smem_dyn[];
@@ -215,7 +217,7 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
         bf16 *dst = CST && a.dSc && a.cs.keep_dstate(cbase + cs, cs, nc_n)
                         ? a.dSc + ((size_t)h * a.cs.n + a.cs.dstate_slot(cbase + cs, n)) * a.V * K : NULL;
         if (WG) {
-            rscan_step_wg<K>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
+            rscan_step_wg<K, DU>(a, L, ds, sbase + rd * SB, st, (bf16 *)(smem_raw + NSt * SB) + warp * (cstate_stage_bytes<K>() / 2),
                              warp, lane, VB, (size_t)h * a.NC + cbase + cs, min(16, len_n - 16 * cs), dst);
             wg_ring_release(bars, rd, lane);
         } else if (G == 1) {
@@ -258,9 +260,9 @@ __global__ void __launch_bounds__(256) kda_rscan_kernel(RScanArgs a) { rscan_bod
 // held to 128 registers (two blocks per SM, as the checkpointing kernel has at 127)
 template <int K>
 __global__ void __launch_bounds__(256, 2) kda_rscan_cst_kernel(RScanArgs a) { rscan_body<K, false, 1, true>(a); }
-template <int K>
+template <int K, bool DU>
 __global__ void __launch_bounds__(384, 1) kda_rscan_wg_kernel(const __grid_constant__ RScanArgs a) {
-    rscan_body<K, false, 1, true, true>(a);
+    rscan_body<K, false, 1, true, true, DU>(a);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1682,7 +1684,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     const bool grouped = w.group > 1;
     a.W = grouped ? w.Wt : w.W; a.Qg = w.Qg; a.KrT = w.KrT; a.M = w.M; a.d_o = p->d_o; a.gl = w.gl;
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
-    a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = mode == RS_LOCAL ? NULL : w.dU;
+    a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = w.dU;
     a.cs = w.cs;
     a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc; a.seg0c = w.seg0c;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
@@ -1705,7 +1707,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
         if (e != cudaSuccess) return e;
     }
     auto kern = grouped ? kda_rscan_kernel<K, false, KDA_SEG>
-                : wg    ? kda_rscan_wg_kernel<K>
+                : wg    ? (mode == RS_LOCAL ? kda_rscan_wg_kernel<K, false> : kda_rscan_wg_kernel<K, true>)
                 : a.dSc ? kda_rscan_cst_kernel<K>   // (never with SPLIT: kda_chunk_states)
                         : kda_rscan_kernel<K, SPLIT, 1>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);

@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_ke
     if constexpr (WG) {
         if (!wg_ring_start(bars, NSt, NW, nc - c0, [&](int i, int st) {   // chunk c0 + i
                 const int hc = h * a.NC + cbase + c0 + i;
-                chunk_load_wg<K, false>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0, OUT, !zero_u);
+                chunk_load_wg<K, false, OUT>(a.maps, L, sbase + st * SB, bars + 16 * st, hc, VB, vb0, 16 * hc, 0, !zero_u);
             }))
             return;
     }

@@ -138,11 +138,12 @@ struct ChunkMaps {
 cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO);
 // chunk hc (= h·NC + gc) into the stage at st, counted on the mbarrier bar; the value tile's
 // VB/64 boxes at (vc0 + 64·b, vc1) of U, or (vc0 + 64·b, h = vc1, token vc2) of dO (DO). One
-// thread issues it all. out = false leaves out Qg and M, val = false the value tile (the
+// thread issues it all. OUT = false leaves out Qg and M, val = false the value tile (the
 // two-level scan's passes without output, scan_stage_wg_tx).
-template <int K, bool DO>
+template <int K, bool DO, bool OUT = true>
 __device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const ScanStage &L, uint32_t st, uint32_t bar, int hc,
-                                              int VB, int vc0, int vc1, int vc2, bool out = true, bool val = true) {
+                                              int VB, int vc0, int vc1, int vc2, bool val = true) {
+    constexpr bool out = OUT;
     mb_expect_tx(bar, scan_stage_wg_tx(K, VB, out, val));
 #pragma unroll
     for (int kb = 0; kb < K / 64; kb++) {
