@@ -62,7 +62,7 @@ struct RScanArgs {
     // the two-level scan (the forward's segments, kda_fwd.cu): block (n, h, σ) of nseg runs
     // chunks [σ·segc, (σ+1)·segc) backwards. mode: RS_PLAIN (nseg 1), RS_LOCAL (from dS = 0,
     // the segment's dS at its start to seg_out), RS_SEEDED (from seg_dS[σ]; dS0 from σ = 0)
-    int mode, nseg, segc, seg0c;
+    int mode, nseg, segc;
     const float *seg_dS;
     float *seg_out;
     ChunkMaps maps;   // the warpgroup step's bulk tensor copies (value tile: dO)
@@ -155,8 +155,7 @@ __device__ __forceinline__ void rscan_body(const RScanArgs &a) {
     size_t nh = (size_t)n * a.H + h;
     // this block's chunks [c0, c0 + nc), run backwards in steps of G from c0 (c0 is a whole
     // number of 64-token segments)
-    const int c0 = a.nseg > 1 ? min(nc_n, seg_start(sg, a.segc, a.seg0c)) : 0,
-              nc = (a.nseg > 1 ? min(nc_n, seg_start(sg + 1, a.segc, a.seg0c)) : nc_n) - c0;
+    const int c0 = a.nseg > 1 ? min(nc_n, sg * a.segc) : 0, nc = (a.nseg > 1 ? min(nc_n, c0 + a.segc) : nc_n) - c0;
     const int nsteps = (nc + G - 1) / G;
     const int NSt = a.stages;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem_raw);
@@ -1686,7 +1685,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
     a.dS_out = p->dS_out; a.dS0 = p->dS0; a.dckpt = mode == RS_LOCAL ? NULL : w.dckpt;
     a.dSc = mode == RS_LOCAL || !w.cstates ? NULL : w.dSc; a.dU = w.dU;
     a.cs = w.cs;
-    a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc; a.seg0c = w.seg0c;
+    a.mode = mode; a.nseg = mode == RS_PLAIN ? 1 : w.nseg; a.segc = w.segc;
     a.seg_dS = w.segS0;    // the carry's dS at each segment's end (the forward's initial-state buffer)
     a.seg_out = w.segL;    // the local pass's dS at each segment's start
     int nw = kda_scan_warps(p, 1), VB = 16 * nw;
@@ -1724,6 +1723,7 @@ static cudaError_t launch_rscan_pass(const kda_params *p, const KWs &w, int mode
 template <int K, bool SPLIT>
 static cudaError_t launch_rscan(const kda_params *p, const KWs &w) {
     if (w.nseg <= 1) return launch_rscan_pass<K, SPLIT>(p, w, RS_PLAIN);
+    if (w.seg0c != w.segc) return cudaErrorInvalidValue;   // a backward's layout has equal segments (kda_ws_layout)
     cudaError_t e = launch_rscan_pass<K, SPLIT>(p, w, RS_LOCAL);
     if (e != cudaSuccess) return e;
     if ((e = kda_seg_carry(p, w, true)) != cudaSuccess) return e;

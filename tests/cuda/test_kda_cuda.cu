@@ -210,20 +210,31 @@ static void desc(char *s, size_t n, const Prob &P, const char *what) {
 }
 
 // forward vs CPU
-static void test_fwd(const Prob &P, const char *tag = "") {
+// the GPU forward's o and S_out (bf16 and fp32, widened), and the CPU reference's
+static void gpu_fwd(const Prob &P, std::vector<float> &o, std::vector<float> &S) {
     Dev D;
     dev_setup(D, P, 0);
     D.o.poison(); D.S.poison();
     CU(kda_fwd(&D.p));
     CU(cudaDeviceSynchronize());
-    std::vector<float> o = down_bf16(D.o), S = down_f32(D.S);
-    std::vector<float> oref(o.size()), Sref(S.size());
+    o = down_bf16(D.o);
+    S = down_f32(D.S);
+}
+static void cpu_fwd(const Prob &P, std::vector<float> &oref, std::vector<float> &Sref) {
+    oref.assign((size_t)P.Ttot * P.H * P.V, 0.f);
+    Sref.assign((size_t)P.N * P.H * P.K * P.V, 0.f);
     for (int n = 0; n < P.N; n++) {
         lm_kda_args a = cpu_args(P, n);
         a.o = oref.data() + (size_t)P.cu[n] * P.H * P.V;
         a.S_out = Sref.data() + (size_t)n * P.H * P.K * P.V;
         cpu_kda_fwd(&a);
     }
+}
+
+static void test_fwd(const Prob &P, const char *tag = "") {
+    std::vector<float> o, S, oref, Sref;
+    gpu_fwd(P, o, S);
+    cpu_fwd(P, oref, Sref);
     char s[200], w[300];
     desc(s, sizeof s, P, "fwd");
     snprintf(w, sizeof w, "%s%s: o", s, tag);
@@ -241,24 +252,13 @@ static void test_fwd(const Prob &P, const char *tag = "") {
 // same bits (the carried-in part decays below the state's rounding)
 static void test_first_vs_uniform(Prob P, const char *tag) {
     for (float &x : P.f) x = -10.f;
-    std::vector<float> o[2], S[2];
+    std::vector<float> o[2], S[2], oref, Sref;
     for (int u = 0; u < 2; u++) {
         if (u) setenv("KDA_SCAN_FIRST", "0", 1);
-        Dev D;
-        dev_setup(D, P, 0);
-        D.o.poison(); D.S.poison();
-        CU(kda_fwd(&D.p));
-        CU(cudaDeviceSynchronize());
-        o[u] = down_bf16(D.o); S[u] = down_f32(D.S);
+        gpu_fwd(P, o[u], S[u]);
         unsetenv("KDA_SCAN_FIRST");
     }
-    std::vector<float> oref(o[0].size()), Sref(S[0].size());
-    for (int n = 0; n < P.N; n++) {
-        lm_kda_args a = cpu_args(P, n);
-        a.o = oref.data() + (size_t)P.cu[n] * P.H * P.V;
-        a.S_out = Sref.data() + (size_t)n * P.H * P.K * P.V;
-        cpu_kda_fwd(&a);
-    }
+    cpu_fwd(P, oref, Sref);
     char s[200], w[300];
     desc(s, sizeof s, P, "fwd");
     for (int u = 0; u < 2; u++) {
