@@ -73,7 +73,7 @@ enum { RS_PLAIN = 0, RS_LOCAL = 1, RS_SEEDED = 2 };
 // four warps hold 64 value rows of dSᵀ, whose bf16 fragments are the register A operand):
 // dV'ᵀ = dOᵀ M + dSᵀ Krᵀ is one chain of m64n16k16 products (M and KrT read as MN-major B
 // tiles), then dSᵀ ← dSᵀ Diag(gl) + dOᵀ Qg − dV'ᵀ W as two m64nKk16 products (Qg, W
-// MN-major). Writes the chunk's dS' and dV' (KWs::cstates). len: the chunk's valid token
+// MN-major). Writes the chunk's dS' (where dst) and dV' (DU) (KWs::cstates). len: the chunk's valid token
 // rows (dO's rows past them, another sequence's or past the end, enter as zeros). DU: write
 // dU (not in the two-level scan's local pass, whose dV' the seeded pass writes; a template
 // argument, as the kinds of the other stores are)

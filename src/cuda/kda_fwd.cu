@@ -24,6 +24,7 @@
 #include "tma.cuh"
 #include "mbarrier.cuh"
 #include <cudaTypedefs.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <type_traits>
 
@@ -582,8 +583,8 @@ struct ScanArgs {
     float *S_out, *ckpt;
     bf16 *Sc, *Vp;   // per-chunk states instead of ckpt (KWs::cstates)
     CSlots cs;       // which chunks keep their state in Sc, and where
-    // the two-level scan (fixed-length batches): block (n, h, σ) of nseg runs chunks
-    // [σ·segc, (σ+1)·segc) of its sequence. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
+    // the two-level scan (fixed-length batches): block (n, h, σ) runs chunks [seg_start(σ),
+    // seg_start(σ + 1)) of its sequence, σ = sg0 + blockIdx.x % sgn. mode: SCAN_PLAIN (nseg 1), SCAN_LOCAL (from S = 0,
     // final state to seg_out), SCAN_TRANS (U = 0 from S = I, V = K: the segment's transition
     // to seg_out), SCAN_SEEDED (from seg_S0[σ]; S_out from the last segment), SCAN_FIRST
     // (segment 0 from S0 with output, its final state to seg_out[1]: the forward-only
@@ -689,7 +690,8 @@ __device__ __forceinline__ void scan_step_wg(const ScanArgs &a, const ScanStage 
     wg_wait<0>();
 }
 
-// grid (N·H, V/VB), block (VB/16)·KS warps; OUT: write o and S_out; CKPT: what the backward keeps.
+// grid (N·H·sgn, V/VB), block (VB/16)·KS warps (WG: + a producer warpgroup); OUT: write o and
+// S_out; CKPT: what the backward keeps.
 // Warp w owns value rows v0 .. v0+15 (v0 = vb0 + 16·(w / KS)) and, when KS > 1, only the
 // state columns kp0 .. kp0 + K/KS − 1 (kp0 = (w % KS)·K/KS): the KS warps of a value slice
 // add their partial Sᵀ Wᵀ through shared memory (a named barrier per slice), each then has
@@ -894,7 +896,9 @@ __global__ void __launch_bounds__(WG ? 384 : 256, OUT || WG ? 1 : 2) kda_scan_ke
 }
 
 // The two-level scans' carry, serial over a sequence's segments: S_start(0) = S0 (or 0),
-// S_start(σ+1) = A(σ) S_start(σ) + L(σ), written to segS0 [N·H·nseg, K, V]; REV (the
+// S_start(σ+1) = A(σ) S_start(σ) + L(σ), written to segS0 [N·H·nseg, K, V] (from segment it0:
+// S_start(it0) read at S0 + (sequence, head)·s0_stride — the forward-only schedule starts at 1
+// from segS0 itself); REV (the
 // backward): from the last segment down, dS_end(last) = dS_out, dS_end(σ−1) = A(σ)ᵀ dS_end(σ)
 // + L(σ). Block: one (sequence, head) and CW value columns, 256 threads; a thread holds 4 rows
 // × TC adjacent columns of the state in registers (rows 4g .. 4g + 3 for REV, g + K/4·i
@@ -1121,7 +1125,8 @@ int kda_scan_ks(const kda_params *p) {
 // initial state. An SM runs a second or third scan block at only ~1.9× the rate of one
 // (H200, bench_kda, session 8: forced on at 128–192 blocks it was 1.5–1.9× slower), so the
 // passes pay only when the plain scan leaves two thirds of the SMs idle: then two blocks per
-// SM per pass (session 9, whole-head blocks, B2·T16384·H16 scan 1.174 → 1.079 ms and state-
+// SM per pass (the warpgroup passes, which take one block per SM, run them in two waves —
+// session 37) (session 9, whole-head blocks, B2·T16384·H16 scan 1.174 → 1.079 ms and state-
 // gradient scan 1.201 → 1.096 with 8 segments instead of 4; 6 segments, a wave and a half,
 // were slower than 4), segments of at least 8 checkpoint groups (32 chunks). KDA_SCAN_SEGS
 // overrides (1 = off). Fixed-length batches only (packed ones keep the plain scan).
@@ -1143,8 +1148,8 @@ int kda_scan_segs(const kda_params *p) {
 
 // The forward-only schedule (launch_scan_first): segment 0, of seg0c chunks, runs its output
 // pass beside the local and transition passes of segments 1 .. nseg − 2, then the seeded pass
-// runs segments 1 .. nseg − 1 in one wave of blocks: nseg − 1 = SMs / (blocks a segment)
-// (KDA_SCAN_SEGS forced: that many). Segment 0 is KDA_SCAN_SEG0 % (default 150) of the
+// runs segments 1 .. nseg − 1 in one wave of blocks: nseg − 1 ≤ SMs / (blocks a segment)
+// (KDA_SCAN_SEGS forced: that many), and never more segments than the uniform layout's. Segment 0 is KDA_SCAN_SEG0 % (default 150) of the
 // others' length, so that it ends with the second wave of local and transition blocks on the
 // SMs it leaves (its steps have output and cost more). Only where the scans take a block
 // per SM (the warpgroup passes); KDA_SCAN_FIRST=0 keeps the uniform schedule.
@@ -1162,7 +1167,7 @@ static void scan_first_plan(const kda_params *p, int *nseg, int *segc, int *seg0
     int s0 = (nc - m * sc + KDA_SEG - 1) / KDA_SEG * KDA_SEG;
     if (s0 <= sc) return;
     const int n = 1 + (nc - s0 + sc - 1) / sc;
-    if (n < 3) return;
+    if (n < 3 || n > *nseg) return;   // never more segment buffers than the uniform layout's
     *nseg = n; *segc = sc; *seg0c = s0;
 }
 
@@ -1263,7 +1268,7 @@ cudaError_t kda_tma_map2(CUtensorMap *m, const void *base, uint64_t inner, uint6
     return kda_tma_map(m, base, 2, dims, strides, box, sw);
 }
 
-cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO) {
+cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO, bool val) {
     const uint64_t K = p->K, V = p->V, rows = (uint64_t)p->H * w.NC * 16;
     cudaError_t e;
     if ((e = kda_tma_map2(&m->W, w.W, K, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess ||
@@ -1272,6 +1277,7 @@ cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool
         (e = kda_tma_map2(&m->M, w.M, 16, rows * 2, 16, 32, CU_TENSOR_MAP_SWIZZLE_32B)) != cudaSuccess ||
         (e = kda_tma_map2(&m->gl, w.gl, 2 * K, rows / 16, (uint32_t)(2 * K), 1, CU_TENSOR_MAP_SWIZZLE_NONE)) != cudaSuccess)
         return e;
+    if (!val) return cudaSuccess;
     if (!dO) return kda_tma_map2(&m->val, w.U, V, rows, 64, 16, CU_TENSOR_MAP_SWIZZLE_128B);
     // dO [tokens][H][V] in 64-column boxes, 128-byte swizzled like the stage's other tiles
     return kda_rows_map(&m->val, p->d_o, p, (int)V, 64, CU_TENSOR_MAP_SWIZZLE_128B);
@@ -1303,7 +1309,7 @@ static cudaError_t launch_scan_t(const kda_params *p, const KWs &w, int nw, cons
     a.stages = kda_scan_stages(blocks, sb, fixed, WG);
     size_t smem = (size_t)a.stages * sb + fixed + (WG ? 1024 + 16 * a.stages : 0);   // WG: alignment, mbarriers
     if (WG) {
-        cudaError_t e = kda_chunk_maps(&a.maps, p, w, false);
+        cudaError_t e = kda_chunk_maps(&a.maps, p, w, false, sp.mode != SCAN_TRANS);
         if (e != cudaSuccess) return e;
     }
     auto kern = kda_scan_kernel<K, SPLIT, OUT, CKPT, KS, G, WG>;
@@ -1367,49 +1373,79 @@ static cudaError_t launch_scan_pass(const kda_params *p, const KWs &w, bool out,
 // segment 0 — longer than the others — runs its output pass from S0 on a second stream while
 // the local and transition passes run over segments 1 .. nseg − 2 beside it; then the carry
 // from segment 1 and the seeded pass over segments 1 .. nseg − 1, one wave of blocks.
-static cudaError_t scan_side_stream(cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join) {
+//
+// The side stream and its two events are made once, on the device current then, and used under
+// a lock, so that each forward's fork and join records are the ones its waits take. Where they
+// cannot serve — another device, their creation failed, or p->stream is being captured into a
+// graph (a shared stream must not join another thread's capture) — the uniform schedule runs
+// instead: it is correct on these segments too (every pass over all of them, the carry from S0).
+static pthread_mutex_t side_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool scan_side_stream(cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join) {
+    static int state = 0, dev = -1;   // 0: not tried, 1: made, −1: failed
     static cudaStream_t s;
     static cudaEvent_t f, j;
-    if (!s) {
-        cudaError_t e;
-        if ((e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess) return e;
-        if ((e = cudaEventCreateWithFlags(&f, cudaEventDisableTiming)) != cudaSuccess) return e;
-        if ((e = cudaEventCreateWithFlags(&j, cudaEventDisableTiming)) != cudaSuccess) return e;
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) return false;
+    if (state == 0) {
+        state = -1;
+        if (cudaEventCreateWithFlags(&f, cudaEventDisableTiming) != cudaSuccess) return false;
+        if (cudaEventCreateWithFlags(&j, cudaEventDisableTiming) != cudaSuccess) {
+            cudaEventDestroy(f);
+            return false;
+        }
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+            cudaEventDestroy(f);
+            cudaEventDestroy(j);
+            return false;
+        }
+        state = 1;
+        dev = cur;
     }
+    if (state != 1 || cur != dev) return false;
     *side = s; *fork = f; *join = j;
-    return cudaSuccess;
+    return true;
 }
 
 template <int K>
+static cudaError_t launch_scan_uniform(const kda_params *p, const KWs &w, bool out, bool ckpt);
+
+template <int K>
 static cudaError_t launch_scan_first(const kda_params *p, const KWs &w) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(p->stream, &cap);
+    if (e != cudaSuccess) return e;
     cudaStream_t side;
     cudaEvent_t fork, join;
-    cudaError_t e = scan_side_stream(&side, &fork, &join);
+    pthread_mutex_lock(&side_lock);
+    if (cap != cudaStreamCaptureStatusNone || !scan_side_stream(&side, &fork, &join)) {
+        pthread_mutex_unlock(&side_lock);
+        return launch_scan_uniform<K>(p, w, true, false);
+    }
+    if ((e = cudaEventRecord(fork, p->stream)) == cudaSuccess && (e = cudaStreamWaitEvent(side, fork, 0)) == cudaSuccess) {
+        kda_params ps = *p;   // segment 0 on the side stream, launched first (default priority)
+        ps.stream = side;
+        e = launch_scan_pass<K>(&ps, w, true, false, ScanPass{SCAN_FIRST, w.nseg, w.segc, NULL, w.segS0, 0, 1});
+        const int mid = w.nseg - 2;   // segments 1 .. nseg − 2
+        if (e == cudaSuccess)
+            e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL, 1, mid});
+        kda_params q = *p;   // the transitions: K × K "states", value index over K
+        q.V = p->K;
+        if (e == cudaSuccess)
+            e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA, 1, mid});
+        // the join, also after a failed launch: nothing queued on the side stream outlives this call
+        cudaError_t ej = cudaEventRecord(join, side);
+        if (ej == cudaSuccess) ej = cudaStreamWaitEvent(p->stream, join, 0);
+        if (e == cudaSuccess) e = ej;
+    }
+    pthread_mutex_unlock(&side_lock);
     if (e != cudaSuccess) return e;
-    if ((e = cudaEventRecord(fork, p->stream)) != cudaSuccess || (e = cudaStreamWaitEvent(side, fork, 0)) != cudaSuccess)
-        return e;
-    kda_params ps = *p;   // segment 0 on the side stream, launched first so that its blocks start first
-    ps.stream = side;
-    if ((e = launch_scan_pass<K>(&ps, w, true, false, ScanPass{SCAN_FIRST, w.nseg, w.segc, NULL, w.segS0, 0, 1})) != cudaSuccess)
-        return e;
-    if ((e = cudaEventRecord(join, side)) != cudaSuccess) return e;
-    const int mid = w.nseg - 2;   // segments 1 .. nseg − 2
-    if ((e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL, 1, mid})) != cudaSuccess)
-        return e;
-    kda_params q = *p;   // the transitions: K × K "states", value index over K
-    q.V = p->K;
-    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA, 1, mid})) != cudaSuccess)
-        return e;
-    if ((e = cudaStreamWaitEvent(p->stream, join, 0)) != cudaSuccess) return e;
     if ((e = kda_seg_carry(p, w, false, true)) != cudaSuccess) return e;
     return launch_scan_pass<K>(p, w, true, false, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL, 1, w.nseg - 1});
 }
 
-// the forward scan: one plain pass, or the two-level scan over w.nseg segments
+// every pass over all the segments (any lengths: seg_start), the carry from S0
 template <int K>
-static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
-    if (w.nseg <= 1) return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_PLAIN, 1, 0, NULL, NULL});
-    if (w.seg0c > w.segc) return out && !ckpt ? launch_scan_first<K>(p, w) : cudaErrorInvalidValue;
+static cudaError_t launch_scan_uniform(const kda_params *p, const KWs &w, bool out, bool ckpt) {
     cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL});
     if (e != cudaSuccess) return e;
     kda_params q = *p;   // the transitions: K × K "states", value index over K
@@ -1418,6 +1454,14 @@ static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bo
         return e;
     if ((e = kda_seg_carry(p, w, false)) != cudaSuccess) return e;
     return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL});
+}
+
+// the forward scan: one plain pass, or the two-level scan over w.nseg segments
+template <int K>
+static cudaError_t launch_scan_k(const kda_params *p, const KWs &w, bool out, bool ckpt) {
+    if (w.nseg <= 1) return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_PLAIN, 1, 0, NULL, NULL});
+    if (w.seg0c > w.segc && out && !ckpt) return launch_scan_first<K>(p, w);
+    return launch_scan_uniform<K>(p, w, out, ckpt);
 }
 
 // the chunk products, and the 64-token steps' merged W~, U~ when the scans take them

@@ -135,7 +135,8 @@ __host__ __device__ inline int scan_stage_wg_tx(int K, int VB, bool out = true, 
 struct ChunkMaps {
     CUtensorMap W, Qg, KrT, M, gl, val;
 };
-cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO);
+// val = false: no value-tile map (the transitions, U = 0, whose p has V = K)
+cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool dO, bool val = true);
 // chunk hc (= h·NC + gc) into the stage at st, counted on the mbarrier bar; the value tile's
 // VB/64 boxes at (vc0 + 64·b, vc1) of U, or (vc0 + 64·b, h = vc1, token vc2) of dO (DO). One
 // thread issues it all. OUT = false leaves out Qg and M, val = false the value tile (the

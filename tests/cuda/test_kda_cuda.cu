@@ -22,6 +22,7 @@ extern "C" {
 }
 #undef _Noreturn
 #include "cuda/kda.cuh"
+#include "cuda/kda_common.cuh"   // kda_ws_layout: which scan schedule a problem gets
 #include "cuda/cuda_exit_check.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -209,7 +210,22 @@ static void desc(char *s, size_t n, const Prob &P, const char *what) {
     else snprintf(s, n, "%s N=%d T=%d H=%d K=%d V=%d %s", what, P.N, P.lens[0], P.H, P.K, P.V, gname(P));
 }
 
-// forward vs CPU
+// an environment switch set for a scope, the caller's value (or its absence) restored after it,
+// so that a whole run under e.g. KDA_VGROUP=4 stays under it around the tests that set their own
+struct ScopedEnv {
+    const char *name;
+    bool had;
+    std::string old;
+    ScopedEnv(const char *n, const char *value) : name(n), had(getenv(n) != NULL), old(had ? getenv(n) : "") {
+        setenv(name, value, 1);
+    }
+    void set(const char *value) { setenv(name, value, 1); }
+    ~ScopedEnv() {
+        if (had) setenv(name, old.c_str(), 1);
+        else unsetenv(name);
+    }
+};
+
 // the GPU forward's o and S_out (bf16 and fp32, widened), and the CPU reference's
 static void gpu_fwd(const Prob &P, std::vector<float> &o, std::vector<float> &S) {
     Dev D;
@@ -231,6 +247,7 @@ static void cpu_fwd(const Prob &P, std::vector<float> &oref, std::vector<float> 
     }
 }
 
+// forward vs CPU
 static void test_fwd(const Prob &P, const char *tag = "") {
     std::vector<float> o, S, oref, Sref;
     gpu_fwd(P, o, S);
@@ -243,24 +260,46 @@ static void test_fwd(const Prob &P, const char *tag = "") {
     check(w, rel_rms(S.data(), Sref.data(), S.size()), 5e-3);
 }
 
+// whether a forward of P (keeping nothing for a backward) gets the two-level scan's forward-only
+// schedule: its layout's segment 0 longer than the others (kda_ws_layout, scan_first_plan)
+static bool first_schedule(const Prob &P) {
+    if (P.varlen) return false;   // packed batches keep the plain scan
+    kda_params p = {};
+    p.N = P.N; p.T = P.lens[0]; p.H = P.H; p.K = P.K; p.V = P.V;
+    const KWs w = kda_ws_layout(&p, NULL, 0);
+    return w.nseg > 2 && w.seg0c > w.segc;
+}
+
+// test_fwd on a problem whose layout must take the forward-only schedule
+static void test_fwd_first(const Prob &P, const char *tag) {
+    char s[200], w[300];
+    desc(s, sizeof s, P, "fwd");
+    snprintf(w, sizeof w, "%s%s: the layout takes the forward-only schedule", s, tag);
+    check(w, first_schedule(P) ? 0.0 : 1.0, 0.5);
+    test_fwd(P, tag);
+}
+
 // the two-level scan's forward-only schedule (segment 0 beside the middle segments' passes)
-// and the uniform one (KDA_SCAN_FIRST=0) on the same inputs, each against the CPU; and not
-// the same bits in S_out, which would mean the schedule was not taken. Both carry bf16-rounded
-// products of the state (the scans' tensor-core operands) differently, so they differ by up to
-// the tolerance, not by fp32 rounding. The gates are made weak (f = −10: g ≈ −1e-4 a token) so
+// and the uniform one (KDA_SCAN_FIRST=0) on the same inputs, each against the CPU; the layout
+// asked for each, and S_out's bits told apart (each schedule carries bf16-rounded products of
+// the state — the scans' tensor-core operands — differently, so they differ by up to the
+// tolerance, not by fp32 rounding). The gates are made weak (f = −10: g ≈ −1e-4 a token) so
 // that the carried states still count at the end: under strong decay both schedules reach the
 // same bits (the carried-in part decays below the state's rounding)
 static void test_first_vs_uniform(Prob P, const char *tag) {
     for (float &x : P.f) x = -10.f;
     std::vector<float> o[2], S[2], oref, Sref;
+    bool taken[2];
     for (int u = 0; u < 2; u++) {
-        if (u) setenv("KDA_SCAN_FIRST", "0", 1);
+        ScopedEnv first("KDA_SCAN_FIRST", u ? "0" : "1");
+        taken[u] = first_schedule(P);
         gpu_fwd(P, o[u], S[u]);
-        unsetenv("KDA_SCAN_FIRST");
     }
     cpu_fwd(P, oref, Sref);
     char s[200], w[300];
     desc(s, sizeof s, P, "fwd");
+    snprintf(w, sizeof w, "%s%s: the layouts' schedules (first, then uniform)", s, tag);
+    check(w, taken[0] && !taken[1] ? 0.0 : 1.0, 0.5);
     for (int u = 0; u < 2; u++) {
         const char *sch = u ? "uniform" : "first";
         snprintf(w, sizeof w, "%s%s, weak gates, %s schedule: o", s, tag, sch);
@@ -355,22 +394,6 @@ static void test_saved_and_determinism(const Prob &P) {
     snprintf(w, sizeof w, "%s: separate saved home == shared workspace (max abs)", s);
     check(w, m, 0);
 }
-
-// an environment switch set for a scope, the caller's value (or its absence) restored after it,
-// so that a whole run under e.g. KDA_VGROUP=4 stays under it around the tests that set their own
-struct ScopedEnv {
-    const char *name;
-    bool had;
-    std::string old;
-    ScopedEnv(const char *n, const char *value) : name(n), had(getenv(n) != NULL), old(had ? getenv(n) : "") {
-        setenv(name, value, 1);
-    }
-    void set(const char *value) { setenv(name, value, 1); }
-    ~ScopedEnv() {
-        if (had) setenv(name, old.c_str(), 1);
-        else unsetenv(name);
-    }
-};
 
 // the backward from the scans' per-chunk states (KDA_VGROUP=1) == from 64-token checkpoints
 // (KDA_CSTATES=0: the segment kernel's serial recompute), bit for bit, recomputed and saved —
@@ -1014,7 +1037,7 @@ int main(int argc, char **argv) {
         unsetenv("KDA_SCAN_WARPS"); unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
         // the forward-only schedule of the two-level scan (segment 0 on a second stream)
         setenv("KDA_SCAN_KS", "1", 1); setenv("KDA_SCAN_SEGS", "3", 1);
-        make_prob(P, {1200}, 1, 128, 128, 0, 0, 17); test_fwd(P, " [first schedule]");
+        make_prob(P, {1200}, 1, 128, 128, 0, 0, 17); test_fwd_first(P, " [first schedule]");
         unsetenv("KDA_SCAN_KS"); unsetenv("KDA_SCAN_SEGS");
         test_conv_decode(3, 4, 96, 4);
         setenv("KDA_SCAN_SEGS", "3", 1); setenv("KDA_CARRY_CW", "32", 1);   // the widest carry blocks
@@ -1164,22 +1187,23 @@ int main(int argc, char **argv) {
         // local and transition passes of the middle segments; the carry from segment 1; the
         // seeded pass over the rest): whole-warpgroup blocks (KS = 1), forced segment counts on
         // sequences long enough for it (T = 2000: 3 and 5 segments, a ragged last one), K ≠ V,
-        // both gates, gates at the bound, packed sequences of equal length, a longer segment 0
+        // both gates, gates at the bound, two sequences, segment 0 at KDA_SCAN_SEG0 = 300% (48
+        // chunks to 20 after rounding to whole 64-token groups)
         setenv("KDA_SCAN_KS", "1", 1);
         const char *fsegs[] = {"3", "5"};
         for (const char *sg : fsegs) {
             char tag[48];
             snprintf(tag, sizeof tag, " [first schedule, segs=%s]", sg);
             setenv("KDA_SCAN_SEGS", sg, 1);
-            make_prob(P, {2000}, 2, 128, 128, 0, 0, 180); test_fwd(P, tag);
-            make_prob(P, {2000, 2000}, 2, 64, 128, 1, 0, 181); test_fwd(P, tag);
-            make_prob(P, {2000}, 3, 128, 64, 0, 0, 182); test_fwd(P, tag);
-            make_prob(P, {2000}, 2, 128, 128, 0, 0, 183, 1); test_fwd(P, " [first schedule, g = lb everywhere]");
+            make_prob(P, {2000}, 2, 128, 128, 0, 0, 180); test_fwd_first(P, tag);
+            make_prob(P, {2000, 2000}, 2, 64, 128, 1, 0, 181); test_fwd_first(P, tag);
+            make_prob(P, {2000}, 3, 128, 64, 0, 0, 182); test_fwd_first(P, tag);
+            make_prob(P, {2000}, 2, 128, 128, 0, 0, 183, 1); test_fwd_first(P, " [first schedule, g = lb everywhere]");
             make_prob(P, {2000}, 2, 128, 128, 0, 0, 185); test_first_vs_uniform(P, tag);
         }
         setenv("KDA_SCAN_SEGS", "5", 1);
         setenv("KDA_SCAN_SEG0", "300", 1);
-        make_prob(P, {2000}, 2, 128, 128, 1, 0, 184); test_fwd(P, " [first schedule, segment 0 at 3x]");
+        make_prob(P, {2000}, 2, 128, 128, 1, 0, 184); test_fwd_first(P, " [first schedule, KDA_SCAN_SEG0=300]");
         unsetenv("KDA_SCAN_SEG0");
         unsetenv("KDA_SCAN_SEGS");
         unsetenv("KDA_SCAN_KS");
