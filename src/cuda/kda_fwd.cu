@@ -1388,14 +1388,14 @@ static bool scan_side_stream(cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t 
     if (cudaGetDevice(&cur) != cudaSuccess) return false;
     if (state == 0) {
         state = -1;
-        if (cudaEventCreateWithFlags(&f, cudaEventDisableTiming) != cudaSuccess) return false;
-        if (cudaEventCreateWithFlags(&j, cudaEventDisableTiming) != cudaSuccess) {
-            cudaEventDestroy(f);
-            return false;
-        }
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        bool ok = cudaEventCreateWithFlags(&f, cudaEventDisableTiming) == cudaSuccess;
+        if (ok && !(ok = cudaEventCreateWithFlags(&j, cudaEventDisableTiming) == cudaSuccess)) cudaEventDestroy(f);
+        if (ok && !(ok = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess)) {
             cudaEventDestroy(f);
             cudaEventDestroy(j);
+        }
+        if (!ok) {
+            (void)cudaGetLastError();   // the launches after this one report their own errors, not this
             return false;
         }
         state = 1;
