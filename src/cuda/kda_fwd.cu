@@ -1409,6 +1409,16 @@ static bool scan_side_stream(cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t 
 template <int K>
 static cudaError_t launch_scan_uniform(const kda_params *p, const KWs &w, bool out, bool ckpt);
 
+// the local and transition passes over segments [sg0, sg0 + sgn) (sgn 0: all of them)
+template <int K>
+static cudaError_t launch_local_trans(const kda_params *p, const KWs &w, int sg0, int sgn) {
+    cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL, sg0, sgn});
+    if (e != cudaSuccess) return e;
+    kda_params q = *p;   // the transitions: K × K "states", value index over K
+    q.V = p->K;
+    return launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA, sg0, sgn});
+}
+
 template <int K>
 static cudaError_t launch_scan_first(const kda_params *p, const KWs &w) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -1425,13 +1435,7 @@ static cudaError_t launch_scan_first(const kda_params *p, const KWs &w) {
         kda_params ps = *p;   // segment 0 on the side stream, launched first (default priority)
         ps.stream = side;
         e = launch_scan_pass<K>(&ps, w, true, false, ScanPass{SCAN_FIRST, w.nseg, w.segc, NULL, w.segS0, 0, 1});
-        const int mid = w.nseg - 2;   // segments 1 .. nseg − 2
-        if (e == cudaSuccess)
-            e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL, 1, mid});
-        kda_params q = *p;   // the transitions: K × K "states", value index over K
-        q.V = p->K;
-        if (e == cudaSuccess)
-            e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA, 1, mid});
+        if (e == cudaSuccess) e = launch_local_trans<K>(p, w, 1, w.nseg - 2);   // segments 1 .. nseg − 2
         // the join, also after a failed launch: nothing queued on the side stream outlives this call
         cudaError_t ej = cudaEventRecord(join, side);
         if (ej == cudaSuccess) ej = cudaStreamWaitEvent(p->stream, join, 0);
@@ -1446,12 +1450,8 @@ static cudaError_t launch_scan_first(const kda_params *p, const KWs &w) {
 // every pass over all the segments (any lengths: seg_start), the carry from S0
 template <int K>
 static cudaError_t launch_scan_uniform(const kda_params *p, const KWs &w, bool out, bool ckpt) {
-    cudaError_t e = launch_scan_pass<K>(p, w, false, false, ScanPass{SCAN_LOCAL, w.nseg, w.segc, NULL, w.segL});
+    cudaError_t e = launch_local_trans<K>(p, w, 0, 0);
     if (e != cudaSuccess) return e;
-    kda_params q = *p;   // the transitions: K × K "states", value index over K
-    q.V = p->K;
-    if ((e = launch_scan_pass<K>(&q, w, false, false, ScanPass{SCAN_TRANS, w.nseg, w.segc, NULL, w.segA})) != cudaSuccess)
-        return e;
     if ((e = kda_seg_carry(p, w, false)) != cudaSuccess) return e;
     return launch_scan_pass<K>(p, w, out, ckpt, ScanPass{SCAN_SEEDED, w.nseg, w.segc, w.segS0, NULL});
 }

@@ -144,15 +144,14 @@ cudaError_t kda_chunk_maps(ChunkMaps *m, const kda_params *p, const KWs &w, bool
 template <int K, bool DO, bool OUT = true>
 __device__ __forceinline__ void chunk_load_wg(const ChunkMaps &m, const ScanStage &L, uint32_t st, uint32_t bar, int hc,
                                               int VB, int vc0, int vc1, int vc2, bool val = true) {
-    constexpr bool out = OUT;
-    mb_expect_tx(bar, scan_stage_wg_tx(K, VB, out, val));
+    mb_expect_tx(bar, scan_stage_wg_tx(K, VB, OUT, val));
 #pragma unroll
     for (int kb = 0; kb < K / 64; kb++) {
         tma_2d(st + L.oW + 4096 * kb, &m.W, 64 * kb, 16 * hc, bar);
-        if (out) tma_2d(st + L.oQg + 4096 * kb, &m.Qg, 64 * kb, 16 * hc, bar);
+        if (OUT) tma_2d(st + L.oQg + 4096 * kb, &m.Qg, 64 * kb, 16 * hc, bar);
     }
     tma_2d(st + L.oKrT, &m.KrT, 0, K * hc, bar);
-    if (out) tma_2d(st + L.oM, &m.M, 0, 32 * hc, bar);
+    if (OUT) tma_2d(st + L.oM, &m.M, 0, 32 * hc, bar);
     if (val)
         for (int b = 0; b < VB / 64; b++) {
             if (DO) tma_3d(st + L.oVal + 2048 * b, &m.val, vc0 + 64 * b, vc1, vc2, bar);
