@@ -1063,6 +1063,13 @@ int kda_scan_wg(void) { return env_int("KDA_SCAN_WG", 1); }
 // the two-level scans' passes without output (forward: local, transitions; backward: local) on
 // the warpgroup step too (KDA_SCAN_WG_SEGS=0: the warp-level step, two blocks per SM)
 int kda_scan_wg_segs(void) { return env_int("KDA_SCAN_WG_SEGS", 1); }
+// whether a forward scan pass of ks-way blocks of nw value-slice warps takes the warpgroup step
+// (launch_scan_ks): whole warpgroups holding whole state rows, one chunk a step; out = false, a
+// pass without output (the two-level scan's local and transition passes), only under
+// KDA_SCAN_WG_SEGS. The forward-only schedule (scan_first_plan) is planned on the same rule
+static bool scan_wg_step(const kda_params *p, int ks, int nw, bool out) {
+    return ks == 1 && nw % 4 == 0 && !scan_split() && kda_scan_group(p) == 1 && kda_scan_wg() && (out || kda_scan_wg_segs());
+}
 
 // Few (sequence, head) pairs of long fixed-length sequences: a scan block per pair with all
 // its value rows (eight warps at V = 128, each with the state's columns whole), and the
@@ -1156,7 +1163,7 @@ int kda_scan_segs(const kda_params *p) {
 static void scan_first_plan(const kda_params *p, int *nseg, int *segc, int *seg0c) {
     if (!env_int("KDA_SCAN_FIRST", 1)) return;
     const int ks = kda_scan_ks(p), nw = kda_scan_warps(p, ks);
-    if (ks != 1 || nw % 4 || scan_split() || !kda_scan_wg() || !kda_scan_wg_segs() || kda_scan_group(p) > 1) return;
+    if (!scan_wg_step(p, ks, nw, false)) return;   // its passes with and without output on the warpgroup step
     const int nc = (p->T + KDA_C - 1) / KDA_C, forced = env_int("KDA_SCAN_SEGS", 0);
     const long long blocks = (long long)p->N * p->H * (p->V / (16 * nw));
     const int m = forced > 0 ? forced - 1 : (int)(kda_num_sms() / blocks);   // segments after the first
@@ -1338,10 +1345,10 @@ static cudaError_t launch_scan_ks(const kda_params *p, const KWs &w, bool out, b
     // which the segment kernel recomputes the states by the warp-level step; and for the
     // two-level scan's local and transition passes (one block per SM, where the warp-level
     // step runs two: its state, A fragments and products do not fit 128 registers)
-    if (KS == 1 && !split && nw % 4 == 0 && kda_scan_wg()) {
+    if (scan_wg_step(p, KS, nw, out)) {
         if (out && ck == SCAN_NOCKPT) return launch_scan_t<K, false, true, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
         if (out && ck == SCAN_CSTATES) return launch_scan_t<K, false, true, SCAN_CSTATES, KS, 1, KS == 1>(p, w, nw, sp);
-        if (!out && ck == SCAN_NOCKPT && (sp.mode == SCAN_LOCAL || sp.mode == SCAN_TRANS) && kda_scan_wg_segs())
+        if (!out && ck == SCAN_NOCKPT && (sp.mode == SCAN_LOCAL || sp.mode == SCAN_TRANS))
             return launch_scan_t<K, false, false, SCAN_NOCKPT, KS, 1, KS == 1>(p, w, nw, sp);
     }
 #define SCAN_CASE(S, O, C) if (split == S && out == O && ck == C) return launch_scan_t<K, S, O, C, KS, 1>(p, w, nw, sp)
