@@ -1086,10 +1086,16 @@ static bool scan_wg_step(const kda_params *p, int ks, int nw, bool out) {
 // B1·T8192·H128 1.614 / 7.82 → 1.546 / 7.30, B8·T2048·H32 0.847 / 3.97 → 0.795 / 3.63,
 // B4·T4096·H64 1.604 / 7.91 → 1.546 / 7.24; at 64 pairs (B4·T2048·H16, half the SMs idle)
 // it was slower, 0.257 / 1.08 → 0.304 / 1.21.
+// Packed batches too, by the first rule only (their lengths are on the device). Session 39
+// (H200, bench/bench_flashkda.py --split --bwd, 8,192 packed tokens at 96 heads, four-warp →
+// eight-warp blocks in one call): lengths 1300, 547, 2048, 963, 271, 3063 scan 0.507 → 0.361 ms,
+// forward 1.137 → 1.001, forward + backward 4.47 → 3.98–4.00; 8 × 1024 scan 0.517 → 0.348–0.360,
+// forward 1.214 → 1.022–1.040 (fixed-length B8·T1024·H96: scan 0.362–0.367, forward 0.97–1.02).
 static bool scan_whole_heads(const kda_params *p) {
-    if (p->cu_seqlens || p->N <= 0 || p->T <= 0 || p->V > 128) return false;
+    if (p->N <= 0 || p->T <= 0 || p->V > 128) return false;
     const long long pairs = (long long)p->N * p->H, sms = kda_num_sms(), want = sms / pairs;
     if (3 * pairs >= 2 * sms) return true;
+    if (p->cu_seqlens) return false;
     const int most = (p->T + KDA_C - 1) / KDA_C / (8 * KDA_SEG);
     return want >= 3 && most >= want;
 }

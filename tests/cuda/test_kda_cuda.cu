@@ -260,6 +260,17 @@ static void test_fwd(const Prob &P, const char *tag = "") {
     check(w, rel_rms(S.data(), Sref.data(), S.size()), 5e-3);
 }
 
+int kda_scan_warps(const kda_params *p, int ks);   // kda_fwd.cu
+int kda_scan_ks(const kda_params *p);
+// the forward scan's warps per block for P (8: a whole head per block, at V = 128)
+static int scan_warps(const Prob &P) {
+    static const int cu_dummy = 0;   // only whether the batch is packed is read on the host
+    kda_params p = {};
+    p.N = P.N; p.T = P.varlen ? P.Ttot : P.lens[0]; p.H = P.H; p.K = P.K; p.V = P.V;
+    if (P.varlen) p.cu_seqlens = &cu_dummy;
+    return kda_scan_warps(&p, kda_scan_ks(&p));
+}
+
 // whether a forward of P (keeping nothing for a backward) gets the two-level scan's forward-only
 // schedule: its layout's segment 0 longer than the others (kda_ws_layout, scan_first_plan)
 static bool first_schedule(const Prob &P) {
@@ -1046,6 +1057,8 @@ int main(int argc, char **argv) {
         setenv("KDA_SCAN_KS", "1", 1);   // four-warp blocks of whole warpgroups: the warpgroup step
         make_prob(P, {15, 1, 70}, 2, 64, 128, 0, 1, 16); test_fwd(P, " [scan WG, 4 warps]"); test_bwd(P, " [scan WG, 4 warps]");
         unsetenv("KDA_SCAN_KS");
+        make_prob(P, {15, 1, 40, 0, 33, 17, 3, 20}, 16, 128, 128, 0, 1, 44);   // packed, whole-head scan blocks
+        test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
         make_prob(P, {15, 1, 70}, 2, 128, 64, 0, 1, 14); test_cstates_vs_checkpoints(P);
         make_prob(P, {37, 37}, 2, 64, 128, 1, 0, 15); test_cstates_vs_checkpoints(P);
     } else {
@@ -1075,6 +1088,16 @@ int main(int argc, char **argv) {
         make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 0, 1, 38); test_fwd(P);
         make_prob(P, {15, 1, 100, 300, 64, 1200, 17}, 4, 128, 128, 1, 1, 39); test_fwd(P);
         make_prob(P, {0, 65, 2048, 0, 3}, 2, 64, 64, 0, 1, 40); test_fwd(P);
+        // packed with sequence × head pairs enough for whole-head scan blocks (by default since
+        // session 39): forward and backward
+        make_prob(P, {15, 1, 100, 0, 300, 64, 17, 33}, 16, 128, 128, 0, 1, 43);
+        {
+            char w[200];
+            desc(w, sizeof w, P, "fwd");
+            strncat(w, ": eight-warp (whole-head) scan blocks", sizeof w - strlen(w) - 1);
+            check(w, scan_warps(P) == 8 ? 0.0 : 1.0, 0.5);
+        }
+        test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
 
         // backward
         int Tb[] = {1, 15, 63, 500, 1000};
