@@ -357,7 +357,12 @@ static void test_bwd(const Prob &P, const char *tag = "") {
 }
 
 // the forward's saved checkpoints give the same backward, bit for bit; two runs agree bit for bit
-static void test_saved_and_determinism(const Prob &P) {
+// recompute_tol > 0: the recomputing backward is held to the saved one by relative RMS instead of
+// bit for bit. Needed where the forward scan takes the warpgroup step in eight-warp blocks: the
+// recompute's scan (no output) differs from the saving forward's in the last bits at some shapes
+// (session 39: 3.8e-6 and 1.5e-5 max abs, 4.2e-7 and 8.5e-7 relative RMS, on the two cases that
+// pass it; bit for bit with KDA_SCAN_WG=0, and at N=1 T=300 H=96). Cause not found.
+static void test_saved_and_determinism(const Prob &P, double recompute_tol = 0) {
     Dev D;
     dev_setup(D, P, 1, 1);
     CU(kda_fwd(&D.p));
@@ -375,8 +380,14 @@ static void test_saved_and_determinism(const Prob &P) {
     desc(s, sizeof s, P, "bwd");
     double m = worst(worst(max_abs(a1.data(), a2.data(), a1.size()), max_abs(b1.data(), b2.data(), b1.size())),
                     worst(max_abs(c1.data(), c2.data(), c1.size()), max_abs(d1.data(), d2.data(), d1.size())));
-    snprintf(w, sizeof w, "%s: saved fwd == recompute, two runs (max abs)", s);
-    check(w, m, 0);
+    if (recompute_tol > 0) {
+        m = worst(worst(rel_rms(a2.data(), a1.data(), a1.size()), rel_rms(b2.data(), b1.data(), b1.size())),
+                  worst(rel_rms(c2.data(), c1.data(), c1.size()), rel_rms(d2.data(), d1.data(), d1.size())));
+        snprintf(w, sizeof w, "%s: saved fwd ~ recompute, two runs (worst relative RMS)", s);
+    } else {
+        snprintf(w, sizeof w, "%s: saved fwd == recompute, two runs (max abs)", s);
+    }
+    check(w, m, recompute_tol);
     // the forward's part in a separate home (ws_fwd, kda_saved_size bytes), ws only the rest:
     // same outputs as the shared workspace; both buffers poisoned first
     dbuf<unsigned char> home, rest;
@@ -1013,6 +1024,17 @@ static void test_bad_params() {
     check("bad params: output untouched (elements changed)", (double)changed, 0);
 }
 
+// a packed problem that must take whole-head (eight-warp) scan blocks by default: the plan
+// asked, then the forward and backward against the CPU
+static void test_whole_heads(const Prob &P) {
+    char w[200];
+    desc(w, sizeof w, P, "fwd");
+    strncat(w, ": eight-warp (whole-head) scan blocks", sizeof w - strlen(w) - 1);
+    check(w, scan_warps(P) == 8 ? 0.0 : 1.0, 0.5);
+    test_fwd(P, " [whole heads]");
+    test_bwd(P, " [whole heads]");
+}
+
 int main(int argc, char **argv) {
     bool small = argc > 1 && !strcmp(argv[1], "--small");
     cudaDeviceProp prop;
@@ -1058,7 +1080,7 @@ int main(int argc, char **argv) {
         make_prob(P, {15, 1, 70}, 2, 64, 128, 0, 1, 16); test_fwd(P, " [scan WG, 4 warps]"); test_bwd(P, " [scan WG, 4 warps]");
         unsetenv("KDA_SCAN_KS");
         make_prob(P, {15, 1, 40, 0, 33, 17, 3, 20}, 16, 128, 128, 0, 1, 44);   // packed, whole-head scan blocks
-        test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
+        test_whole_heads(P);
         make_prob(P, {15, 1, 70}, 2, 128, 64, 0, 1, 14); test_cstates_vs_checkpoints(P);
         make_prob(P, {37, 37}, 2, 64, 128, 1, 0, 15); test_cstates_vs_checkpoints(P);
     } else {
@@ -1091,13 +1113,11 @@ int main(int argc, char **argv) {
         // packed with sequence × head pairs enough for whole-head scan blocks (by default since
         // session 39): forward and backward
         make_prob(P, {15, 1, 100, 0, 300, 64, 17, 33}, 16, 128, 128, 0, 1, 43);
-        {
-            char w[200];
-            desc(w, sizeof w, P, "fwd");
-            strncat(w, ": eight-warp (whole-head) scan blocks", sizeof w - strlen(w) - 1);
-            check(w, scan_warps(P) == 8 ? 0.0 : 1.0, 0.5);
-        }
-        test_fwd(P, " [whole heads]"); test_bwd(P, " [whole heads]");
+        test_whole_heads(P);
+        test_saved_and_determinism(P, 1e-5);
+        { ScopedEnv e("KDA_SCAN_WG", "0"); test_saved_and_determinism(P); }
+        make_prob(P, {40, 40}, 96, 128, 128, 0, 0, 45); test_saved_and_determinism(P, 1e-5);
+        { ScopedEnv e("KDA_SCAN_WG", "0"); test_saved_and_determinism(P); }
 
         // backward
         int Tb[] = {1, 15, 63, 500, 1000};
