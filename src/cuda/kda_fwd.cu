@@ -29,6 +29,16 @@
 #include <type_traits>
 
 #define PREP_THREADS 128
+// prep blocks per SM the registers are held to. The shared memory allows six (PrepSmem); the
+// unbounded variant fits 80 registers without spills and takes six, the bounded ones spill at 80
+// (the factored one ran 8% slower for it at equal occupancy) and take five (bench/RESULTS.md,
+// session 40)
+#ifndef PREP_BLOCKS_BOUNDED
+#define PREP_BLOCKS_BOUNDED 5
+#endif
+#ifndef PREP_BLOCKS_UNBOUNDED
+#define PREP_BLOCKS_UNBOUNDED 6
+#endif
 #define PREP_GRID_Y 32768   // the prep grid's chunks per y row (gridDim.y ≤ 65535; 1M tokens are 65536 chunks)
 
 // ---------------------------------------------------------------------------------------
@@ -223,8 +233,11 @@ __device__ __forceinline__ uint4 *prep_fac_row(const bf16 (*T)[16], int c, int h
 
 template <int K, int V>
 struct PrepSmem {
-    bf16 VT[V][KDA_LD16];                  // raw v, transposed: B of U = (INV·Diag β)·V (exact bf16)
-    bf16 KeT[K][KDA_LD16];                 // k̂⊙e^G, transposed: B of W = (INV·Diag β)·(K̂⊙e^G)
+    // B operands of [W | U] = (INV·Diag β)·[K̂⊙e^G | V], transposed [channel][token] and swizzled
+    // as the factor tiles (prep_fac_row; 32-byte rows, no padding: the 4 KB the padded rows took
+    // were what kept a sixth block off an SM)
+    bf16 VT[V][16];                        // raw v (exact bf16)
+    bf16 KeT[K][16];                       // k̂⊙e^G
     float L[16][17], Mm[16][17], INV[16][17];
     float rq[16], rk[16], beta[16], qk[16];   // qk: the exact path's diagonal of M
     uint64_t bar;   // the input copies' mbarrier
@@ -242,7 +255,7 @@ struct PrepSmem {
 };
 
 template <int K, int V, int MODE>
-__global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
+__global__ void __launch_bounds__(PREP_THREADS, MODE == KDA_UNBOUNDED ? PREP_BLOCKS_UNBOUNDED : PREP_BLOCKS_BOUNDED) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -342,9 +355,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
         for (int r = 0; r < 16; r += 2)
             pk[r / 2] = (uint32_t)__bfloat16_as_ushort(S.u.in.v[r][tid]) |
                         ((uint32_t)__bfloat16_as_ushort(S.u.in.v[r + 1][tid]) << 16);
-        uint4 *dst = reinterpret_cast<uint4 *>(&S.VT[tid][0]);
-        dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+        *prep_fac_row(S.VT, tid, 0) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        *prep_fac_row(S.VT, tid, 1) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
     }
     __syncthreads();
 
@@ -352,7 +364,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
     // and kr holds k̂ (the exact path's tree levels read them with Gs)
     float Gs[16];
     uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
-    uint32_t kep[8];   // its K̂⊙e^G rows, likewise, for KeT (two 16-byte stores, as VT above)
+    uint32_t kep[4];   // its K̂⊙e^G rows, four pairs at a time, for KeT (16-byte stores, as VT above)
     float fx[3][2];             // bounded: this row pair's factors A0, A1, A2 ...
     uint32_t fh[3][4], fl[3][4];   // ... split, four row pairs at a time
     if (cch < K) {
@@ -369,13 +381,16 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
             float E = ex2f_(G);
             if (r & 1) qgp[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(qs * E)) << 16;
             else qgp[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(qs * E));
-            if (r & 1) kep[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(kr[r] * E)) << 16;
-            else kep[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(kr[r] * E));
+            if (r & 1) kep[(r >> 1) & 3] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(kr[r] * E)) << 16;
+            else kep[(r >> 1) & 3] = __bfloat16_as_ushort(__float2bfloat16(kr[r] * E));
+            if ((r & 7) == 7)   // rows r − 7 .. r: one 16-byte half of KeT's row cch
+                *prep_fac_row(S.KeT, cch, r >> 3) = make_uint4(kep[0], kep[1], kep[2], kep[3]);
             if constexpr (!EXACT) {
                 float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
                 fx[0][r & 1] = qs * Fd;
                 fx[1][r & 1] = kr[r] * Fd;
                 fx[2][r & 1] = kr[r] * Fi;
+                kr[r] = fx[2][r & 1];   // k̂⊙2^{c0−G}: Kr below by one exponential (Gs, kr not kept)
                 if (r & 1) {
 #pragma unroll
                     for (int i = 0; i < 3; i++) split_bf16(fx[i][0], fx[i][1], fh[i][(r >> 1) & 3], fl[i][(r >> 1) & 3]);
@@ -393,14 +408,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
             tree_store<K, 3>(S.u.tree[0], cch, Gs, kr, qr);
             tree_store<K, 2>(S.u.tree[1], cch, Gs, kr, qr);
         }
-        uint4 *ke = reinterpret_cast<uint4 *>(&S.KeT[cch][0]);
-        ke[0] = make_uint4(kep[0], kep[1], kep[2], kep[3]);
-        ke[1] = make_uint4(kep[4], kep[5], kep[6], kep[7]);
         a.gl[hc * K + cch] = ex2f_(G);
         uint32_t pk[8];
+        if constexpr (!EXACT) {   // Kr = k̂⊙2^{c0−G}·2^{G_last−c0}, the backward chunk kernel's factoring
+            const float El = ex2f_(G - a.c0);
 #pragma unroll
-        for (int r = 0; r < 16; r += 2)
-            pk[r / 2] = pack_bf16(kr[r] * ex2f_(G - Gs[r]), kr[r + 1] * ex2f_(G - Gs[r + 1]));
+            for (int r = 0; r < 16; r += 2) pk[r / 2] = pack_bf16(kr[r] * El, kr[r + 1] * El);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 16; r += 2)
+                pk[r / 2] = pack_bf16(kr[r] * ex2f_(G - Gs[r]), kr[r + 1] * ex2f_(G - Gs[r + 1]));
+        }
         uint4 *dst = reinterpret_cast<uint4 *>(a.KrT + (hc * K + cch) * 16);
         dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
         dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
@@ -521,7 +539,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 5) kda_prep_kernel(const __grid_
             const bool isW = ps < K / 16 / NWP;
             const int n0 = 16 * (warp + NWP * (isW ? ps : ps - K / 16 / NWP));
             uint32_t bb[4];
-            ldb_nk2_sm(bb, isW ? &S.KeT[0][0] : &S.VT[0][0], KDA_LD16, n0, 0, lane);
+            // ldb_nk2_sm's lanes: rows n0 + 0..15 by lane bits 0–2 and 4, token half by bit 3
+            ldsm_x4(bb, (const bf16 *)prep_fac_row(isW ? S.KeT : S.VT, n0 + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1));
             bf16 *dst = isW ? &S.u.out.W[0][0] : &S.u.out.U[0][0];
             const int ld = isW ? K + 8 : V + 8;
 #pragma unroll
