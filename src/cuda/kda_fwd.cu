@@ -29,15 +29,10 @@
 #include <type_traits>
 
 #define PREP_THREADS 128
-// prep blocks per SM the registers are held to. The shared memory allows six (PrepSmem); the
-// unbounded variant fits 80 registers without spills and takes six, the bounded ones spill at 80
-// (the factored one ran 8% slower for it at equal occupancy) and take five (bench/RESULTS.md,
-// session 40)
-#ifndef PREP_BLOCKS_BOUNDED
-#define PREP_BLOCKS_BOUNDED 5
-#endif
-#ifndef PREP_BLOCKS_UNBOUNDED
-#define PREP_BLOCKS_UNBOUNDED 6
+// prep blocks per SM: the shared memory (PrepSmem, 36 KB at K = V = 128) and 80 registers allow
+// six; five (96 registers, 40 KB) until session 40, which measured six 5–8% faster (bench/RESULTS.md)
+#ifndef PREP_BLOCKS
+#define PREP_BLOCKS 6
 #endif
 #define PREP_GRID_Y 32768   // the prep grid's chunks per y row (gridDim.y ≤ 65535; 1M tokens are 65536 chunks)
 
@@ -255,7 +250,7 @@ struct PrepSmem {
 };
 
 template <int K, int V, int MODE>
-__global__ void __launch_bounds__(PREP_THREADS, MODE == KDA_UNBOUNDED ? PREP_BLOCKS_UNBOUNDED : PREP_BLOCKS_BOUNDED) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
+__global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
     constexpr int GATE = MODE == KDA_UNBOUNDED ? 1 : 0;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -365,10 +360,12 @@ __global__ void __launch_bounds__(PREP_THREADS, MODE == KDA_UNBOUNDED ? PREP_BLO
     float Gs[16];
     uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
     uint32_t kep[4];   // its K̂⊙e^G rows, four pairs at a time, for KeT (16-byte stores, as VT above)
+    float qe0 = 0.f, ke0 = 0.f;   // an even row's Qg and K̂⊙e^G until its pair is packed
     float fx[3][2];             // bounded: this row pair's factors A0, A1, A2 ...
     uint32_t fh[3][4], fl[3][4];   // ... split, four row pairs at a time
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
+        const float Cd = ex2f_(-a.c0);   // bounded: 2^{−c0}
         float G = 0.f;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
@@ -378,17 +375,23 @@ __global__ void __launch_bounds__(PREP_THREADS, MODE == KDA_UNBOUNDED ? PREP_BLO
             float qs = qr[r] * S.rq[r] * a.scale;
             qr[r] = qs;
             kr[r] *= S.rk[r];
-            float E = ex2f_(G);
-            if (r & 1) qgp[r >> 1] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(qs * E)) << 16;
-            else qgp[r >> 1] = __bfloat16_as_ushort(__float2bfloat16(qs * E));
-            if (r & 1) kep[(r >> 1) & 3] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16(kr[r] * E)) << 16;
-            else kep[(r >> 1) & 3] = __bfloat16_as_ushort(__float2bfloat16(kr[r] * E));
+            const float E = ex2f_(G), qe = qs * E, ke = kr[r] * E;
+            // Qg and K̂⊙e^G rounded a row pair at a time (one packing conversion for two rows)
+            if (r & 1) {
+                qgp[r >> 1] = pack_bf16(qe0, qe);
+                kep[(r >> 1) & 3] = pack_bf16(ke0, ke);
+            } else {
+                qe0 = qe;
+                ke0 = ke;
+            }
             if ((r & 7) == 7)   // rows r − 7 .. r: one 16-byte half of KeT's row cch
                 *prep_fac_row(S.KeT, cch, r >> 3) = make_uint4(kep[0], kep[1], kep[2], kep[3]);
             if constexpr (!EXACT) {
-                float Fd = ex2f_(G - a.c0), Fi = ex2f_(a.c0 - G);
-                fx[0][r & 1] = qs * Fd;
-                fx[1][r & 1] = kr[r] * Fd;
+                // 2^{G−c0} = 2^G·2^{−c0}: the rows of Qg and K̂⊙e^G scaled, an exponential a row fewer
+                // (G ≥ 16·lb·log2 e ≥ −116 for lb ≥ −5, so 2^G is a normal float)
+                const float Fi = ex2f_(a.c0 - G);
+                fx[0][r & 1] = qe * Cd;
+                fx[1][r & 1] = ke * Cd;
                 fx[2][r & 1] = kr[r] * Fi;
                 kr[r] = fx[2][r & 1];   // k̂⊙2^{c0−G}: Kr below by one exponential (Gs, kr not kept)
                 if (r & 1) {
