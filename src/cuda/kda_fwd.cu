@@ -219,6 +219,12 @@ struct PrepArgs {
     CUtensorMap mq, mk, mf, mv;
 };
 
+// the 16 bytes of v at token row r, channels c .. c + 7 (c a multiple of 8) in the [V/64][16][64]
+// tile the 128-byte-swizzled boxes land in (16-byte piece j of a 128-byte row at j ^ (r mod 8); the
+// tile 1024-byte aligned): ldmatrix's 8 rows of one piece fall in 8 distinct bank groups
+__device__ __forceinline__ const bf16 *prep_v_row(const bf16 (*vs)[16][64], int r, int c) {
+    return &vs[c >> 6][r][8 * (((c >> 3) & 7) ^ (r & 7))];
+}
 // 16-byte half h of row c of a [K][16] bf16 factor tile: the halves of rows c with bit 2 set
 // swapped, so 8 consecutive rows' same halves (a thread per row storing, or ldmatrix reading
 // 8 rows) fall in 8 distinct bank groups of a 32-byte-row tile
@@ -228,13 +234,16 @@ __device__ __forceinline__ uint4 *prep_fac_row(const bf16 (*T)[16], int c, int h
 
 template <int K, int V>
 struct PrepSmem {
-    // B operands of [W | U] = (INV·Diag β)·[K̂⊙e^G | V], transposed [channel][token] and swizzled
-    // as the factor tiles (prep_fac_row; 32-byte rows, no padding: the 4 KB the padded rows took
-    // were what kept a sixth block off an SM)
-    bf16 VT[V][16];                        // raw v (exact bf16)
-    bf16 KeT[K][16];                       // k̂⊙e^G
+    // the B operands of [W | U] = (INV·Diag β)·[K̂⊙e^G | V]: the chunk's v rows as they land
+    // (boxes of 64 channels, 128-byte swizzle: prep_v_row), read by ldmatrix.trans — they were
+    // transposed into a [V][16] tile by a thread per channel, 26 instructions a thread and 96
+    // shared-memory wavefronts a block (session 40); K̂⊙e^G transposed [channel][token] by its
+    // channel's thread, swizzled as the factor tiles (prep_fac_row; 32-byte rows, no padding)
+    alignas(1024) bf16 vs[V / 64][16][64];
+    bf16 KeT[K][16];
     float L[16][17], Mm[16][17], INV[16][17];
-    float rq[16], rk[16], beta[16], qk[16];   // qk: the exact path's diagonal of M
+    alignas(16) float rq[16], rk[16];   // read four rows at a time
+    float beta[16], qk[16];   // qk: the exact path's diagonal of M
     uint64_t bar;   // the input copies' mbarrier
     alignas(128) union {   // 128: the input copies' destination
         // bounded: A0 = scale·q̂⊙2^{G−c0}, A1 = k̂⊙2^{G−c0}, A2 = k̂⊙2^{c0−G} as bf16 hi + lo,
@@ -244,7 +253,7 @@ struct PrepSmem {
         // 20% of the kernel's instructions (ncu, session 26)
         struct { bf16 T[6][K][16]; } fac;
         TreeLevel<K> tree[2];   // exact: two tree levels at a time (the same bytes as fac)
-        struct { bf16 q[16][K], k[16][K], f[16][K], v[16][V]; } in;   // the chunk's rows, first (TMA)
+        struct { bf16 q[16][K], k[16][K], f[16][K]; } in;   // the chunk's rows, first (TMA)
         struct { bf16 W[16][K + 8], U[16][V + 8], Qg[16][K + 8]; } out;   // output staging, after L and M
     } u;
 };
@@ -273,6 +282,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
     // and are zeroed below
     const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&S.bar);
     if (tid == 0) {
+        // the swizzled v boxes assume a 1024-byte aligned tile (the dynamic block starts there)
+        if ((uint32_t)__cvta_generic_to_shared(&S.vs[0][0][0]) & 1023u) __trap();
         mb_init(bar, 1);
         mb_init_fence();
     }
@@ -283,14 +294,16 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
         tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.q[0][0]), &a.mq, 0, h, tk, bar);
         tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.k[0][0]), &a.mk, 0, h, tk, bar);
         tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.f[0][0]), &a.mf, 0, h, tk, bar);
-        tma_3d((uint32_t)__cvta_generic_to_shared(&S.u.in.v[0][0]), &a.mv, 0, h, tk, bar);
+#pragma unroll
+        for (int b = 0; b < V / 64; b++) tma_3d((uint32_t)__cvta_generic_to_shared(&S.vs[b][0][0]), &a.mv, 64 * b, h, tk, bar);
     }
     float rbl[RPW];
     chunk_beta_rows<RPW, PREP_THREADS>(rbl, a.beta, t0, a.H, h, len, warp);
     mb_wait(bar, 0);
     if (len < 16) {   // a sequence's last chunk: its rows past the end as zeros
         chunk_zero_tail<K, PREP_THREADS, 3>({&S.u.in.q[0][0], &S.u.in.k[0][0], &S.u.in.f[0][0]}, len, tid);
-        chunk_zero_tail<V, PREP_THREADS, 1>({&S.u.in.v[0][0]}, len, tid);
+        if constexpr (V == 64) chunk_zero_tail<64, PREP_THREADS, 1>({&S.vs[0][0][0]}, len, tid);   // whole rows:
+        else chunk_zero_tail<64, PREP_THREADS, 2>({&S.vs[0][0][0], &S.vs[1][0][0]}, len, tid);     // the swizzle moot
     }
     __syncthreads();
     const int cch = tid;
@@ -341,18 +354,6 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
     // reductions; the unbounded variant spilled)
     float fr[16], qr[16], kr[16];
     if (cch < K) chunk_channel<K>(fr, qr, kr, S.u.in.q, S.u.in.k, S.u.in.f, cch);
-    // raw v transposed: a thread per value channel, its 16 rows as two 16-byte stores (rows of
-    // VT are 48 bytes apart, so a warp's 16-byte stores fall in distinct banks; 2-byte stores
-    // from a thread per row were 16-way bank conflicts, ncu session 16)
-    if (tid < V) {
-        uint32_t pk[8];
-#pragma unroll
-        for (int r = 0; r < 16; r += 2)
-            pk[r / 2] = (uint32_t)__bfloat16_as_ushort(S.u.in.v[r][tid]) |
-                        ((uint32_t)__bfloat16_as_ushort(S.u.in.v[r + 1][tid]) << 16);
-        *prep_fac_row(S.VT, tid, 0) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        *prep_fac_row(S.VT, tid, 1) = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-    }
     __syncthreads();
 
     // per channel: gate, cumulative sum (log2), decayed rows; from here on qr holds scale·q̂
@@ -367,14 +368,21 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
         const float Cd = ex2f_(-a.c0);   // bounded: 2^{−c0}
         float G = 0.f;
+        float4 rq4, rk4;
 #pragma unroll
         for (int r = 0; r < 16; r++) {
             const float g = chunk_gate_row<GATE>(a.lb, eA, fr[r] + db, r, len);
             G = fmaf(g, KDA_LOG2E, G);
             Gs[r] = G;
-            float qs = qr[r] * S.rq[r] * a.scale;
+            if ((r & 3) == 0) {   // four rows' reciprocal norms by one broadcast load each
+                rq4 = *reinterpret_cast<const float4 *>(&S.rq[r]);
+                rk4 = *reinterpret_cast<const float4 *>(&S.rk[r]);
+            }
+            const float rqr = (r & 3) == 0 ? rq4.x : (r & 3) == 1 ? rq4.y : (r & 3) == 2 ? rq4.z : rq4.w;
+            const float rkr = (r & 3) == 0 ? rk4.x : (r & 3) == 1 ? rk4.y : (r & 3) == 2 ? rk4.z : rk4.w;
+            float qs = qr[r] * rqr * a.scale;
             qr[r] = qs;
-            kr[r] *= S.rk[r];
+            kr[r] *= rkr;
             const float E = ex2f_(G), qe = qs * E, ke = kr[r] * E;
             // Qg and K̂⊙e^G rounded a row pair at a time (one packing conversion for two rows)
             if (r & 1) {
@@ -542,8 +550,10 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
             const bool isW = ps < K / 16 / NWP;
             const int n0 = 16 * (warp + NWP * (isW ? ps : ps - K / 16 / NWP));
             uint32_t bb[4];
-            // ldb_nk2_sm's lanes: rows n0 + 0..15 by lane bits 0–2 and 4, token half by bit 3
-            ldsm_x4(bb, (const bf16 *)prep_fac_row(isW ? S.KeT : S.VT, n0 + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1));
+            if (isW)   // ldb_nk2_sm's lanes: rows n0 + 0..15 by lane bits 0–2 and 4, token half by bit 3
+                ldsm_x4(bb, (const bf16 *)prep_fac_row(S.KeT, n0 + (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1));
+            else   // [token][channel]: token rows by lane bits 0–3, channels n0 + 8·(lane bit 4)
+                ldsm_x4_t(bb, prep_v_row(S.vs, lane & 15, n0 + 8 * (lane >> 4)));
             bf16 *dst = isW ? &S.u.out.W[0][0] : &S.u.out.U[0][0];
             const int ld = isW ? K + 8 : V + 8;
 #pragma unroll
@@ -1248,7 +1258,8 @@ cudaError_t kda_rows_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int
     const cuuint32_t box[3] = {(cuuint32_t)box_w, 1, 16};
     return kda_tma_map(m, x, 3, dims, strides, box, sw);
 }
-// the prep kernel's input maps: q, k, f (W = K) and v (W = V) whole rows, no swizzle
+// the prep kernel's input maps for q, k, f (W = K): whole rows, no swizzle (v: 64-channel boxes,
+// 128-byte swizzle, PrepSmem::vs)
 static cudaError_t prep_input_map(CUtensorMap *m, const bf16 *x, const kda_params *p, int W) {
     return kda_rows_map(m, x, p, W, W, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
@@ -1267,7 +1278,8 @@ static cudaError_t launch_prep(const kda_params *p, const KWs &w) {
     if (e != cudaSuccess) return e;
     if ((long long)w.NC * p->H == 0) return cudaSuccess;
     if ((e = prep_input_map(&a.mq, p->q, p, K)) != cudaSuccess || (e = prep_input_map(&a.mk, p->k, p, K)) != cudaSuccess ||
-        (e = prep_input_map(&a.mf, p->f, p, K)) != cudaSuccess || (e = prep_input_map(&a.mv, p->v, p, V)) != cudaSuccess)
+        (e = prep_input_map(&a.mf, p->f, p, K)) != cudaSuccess ||
+        (e = kda_rows_map(&a.mv, p->v, p, V, 64, CU_TENSOR_MAP_SWIZZLE_128B)) != cudaSuccess)
         return e;
     const dim3 grid((unsigned)p->H, (unsigned)(w.NC < PREP_GRID_Y ? w.NC : PREP_GRID_Y),
                     (unsigned)((w.NC + PREP_GRID_Y - 1) / PREP_GRID_Y));
