@@ -475,9 +475,37 @@ static void test_no_checkpoints_and_end_line(void **state) {
     free(m);
 }
 
+// without --out a run goes to runs/<config file's name> or runs/<preset>, under the working folder
+static void test_default_run_folder(void **state) {
+    (void)state;
+    char env[700], args[2048], cfg[700];
+    snprintf(cfg, sizeof cfg, "%s/cfgs", dir);
+    mkdir(cfg, 0755);
+    snprintf(cfg, sizeof cfg, "%s/cfgs/mini.v2.json", dir);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fputs("{}\n", f);   // the preset as it is
+    fclose(f);
+    snprintf(env, sizeof env, "cd %s &&", dir);
+    snprintf(args, sizeof args, "train --config cfgs/mini.v2.json %s %s --steps 2 --no-checkpoints", MODEL, TRAIN);
+    result r = run(env, args);
+    if (r.status != 0) printf("stderr: %s\n", r.err);
+    assert_int_equal(r.status, 0);
+    tu_check("--config cfgs/mini.v2.json: runs/mini.v2/metrics.jsonl missing (1 = missing)", !exists("runs/mini.v2", "metrics.jsonl"), 0);
+    snprintf(args, sizeof args, "train --preset tiny %s %s --steps 2 --no-checkpoints", MODEL, TRAIN);
+    r = run(env, args);
+    assert_int_equal(r.status, 0);
+    tu_check("--preset tiny: runs/tiny/metrics.jsonl missing (1 = missing)", !exists("runs/tiny", "metrics.jsonl"), 0);
+}
+
 int main(void) {
     const char *b = getenv("LM_BIN");
     snprintf(bin, sizeof bin, "%s", b ? b : "build/f32/linmoe");
+    char *abs = realpath(bin, NULL);   // test_default_run_folder runs it from another folder
+    if (abs) {
+        snprintf(bin, sizeof bin, "%s", abs);
+        free(abs);
+    }
     snprintf(dir, sizeof dir, "/tmp/linmoe_cli_test_%d", (int)getpid());
     mkdir(dir, 0755);
     const struct CMUnitTest tests[] = {
@@ -485,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_steps),    cmocka_unit_test(test_kill_during_save),
         cmocka_unit_test(test_context_stages),     cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_ablate),             cmocka_unit_test(test_no_checkpoints_and_end_line),
+        cmocka_unit_test(test_default_run_folder),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];

@@ -4,16 +4,33 @@
 #include "train/checkpoint.h"
 #include "train/train.h"
 
+#define OUT_UNSET "\x01"   // no --out given (an empty --out is an error, reported by the run)
+// runs/<name>: the config file's name without folder and extension, else the preset's (a run of
+// `--preset small` had gone to runs/tiny, where a tiny run may already live)
+static void default_out_dir(const lm_model_flags *mf, char *out, size_t n) {
+    const char *name = mf->preset;
+    int len = (int)strlen(name);
+    if (mf->config_file[0]) {
+        const char *slash = strrchr(mf->config_file, '/'), *base = slash ? slash + 1 : mf->config_file;
+        const char *dot = strrchr(base, '.');
+        name = base;
+        len = dot && dot > base ? (int)(dot - base) : (int)strlen(base);
+    }
+    snprintf(out, n, "runs/%.*s", len, name);
+}
+
 int lm_cmd_train(int argc, char **argv) {
     lm_model_flags mf;
     lm_model_flags_default(&mf);
     lm_train_opts o;
     lm_train_opts_default(&o);
+    snprintf(o.out_dir, sizeof o.out_dir, "%s", OUT_UNSET);   // without --out: default_out_dir
     char optimizer[16] = "adamw";
     int samples = 2;
     lm_flag fl[64];
     int n = lm_model_flags_add(&mf, fl, 0);
-    fl[n++] = (lm_flag){"out", 'o', FL_STR, o.out_dir, sizeof o.out_dir, "output folder (metrics.jsonl, checkpoints)"};
+    fl[n++] = (lm_flag){"out", 'o', FL_STR, o.out_dir, sizeof o.out_dir,
+                        "output folder (metrics.jsonl, checkpoints); default runs/<preset or config file name>"};
     fl[n++] = (lm_flag){"seed", 's', FL_U64, &o.seed, 0, "seed of weights and data"};
     fl[n++] = (lm_flag){"data", 0, FL_STR, o.data, sizeof o.data,
                         "'tasks' (built-in synthetic tasks), a text file, or shards:a.bin,b.bin"};
@@ -55,6 +72,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"debug-stop-at", 0, FL_INT, &o.stop_at, 0, "testing: stop after this step as if interrupted"};
     int rc = lm_flags_run("train", "usage: linmoe train [flags]\n\nTrains a model; writes <out>/metrics.jsonl and checkpoints.\n", fl, n, argc, argv);
     if (rc >= 0) return rc;
+    if (strcmp(o.out_dir, OUT_UNSET) == 0) default_out_dir(&mf, o.out_dir, sizeof o.out_dir);
     lm_config cfg;
     const lm_ops *ops;
     int k = lm_optimizer_from_name(optimizer);
