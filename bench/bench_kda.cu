@@ -150,7 +150,8 @@ int main(int argc, char **argv) {
         p.d_o = dO; p.dS_out = dSo; p.dq = dq; p.dk = dk; p.dv = dv; p.df = df; p.dbeta = dbl;
         p.dA_log = dA; p.ddt_bias = ddb; p.dS0 = dS0;
         p.save = s.bwd;
-        p.exact = getenv("KDA_BENCH_EXACT") && atoi(getenv("KDA_BENCH_EXACT")) ? 1 : 0;   // bounded rows by tree anchors
+        const char *ex = getenv("KDA_BENCH_EXACT");
+        p.exact = ex && atoi(ex) ? 1 : 0;   // the bounded rows by tree anchors
         size_t wsb = kda_workspace_size(&p, s.bwd);
         void *ws = dalloc<char>(wsb);
         p.ws = ws;

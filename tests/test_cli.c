@@ -492,10 +492,13 @@ static void test_default_run_folder(void **state) {
     if (r.status != 0) printf("stderr: %s\n", r.err);
     assert_int_equal(r.status, 0);
     tu_check("--config cfgs/mini.v2.json: runs/mini.v2/metrics.jsonl missing (1 = missing)", !exists("runs/mini.v2", "metrics.jsonl"), 0);
-    snprintf(args, sizeof args, "train --preset tiny %s %s --steps 2 --no-checkpoints", MODEL, TRAIN);
+    // the small preset (its sizes overridden by MODEL): runs/small — runs/tiny until session 40
+    snprintf(args, sizeof args, "train --preset small %s %s --steps 2 --no-checkpoints", MODEL, TRAIN);
     r = run(env, args);
+    if (r.status != 0) printf("stderr: %s\n", r.err);
     assert_int_equal(r.status, 0);
-    tu_check("--preset tiny: runs/tiny/metrics.jsonl missing (1 = missing)", !exists("runs/tiny", "metrics.jsonl"), 0);
+    tu_check("--preset small: runs/small/metrics.jsonl missing (1 = missing)", !exists("runs/small", "metrics.jsonl"), 0);
+    tu_check("no --out: a run went to runs/tiny (exists = 1)", exists("runs/tiny", "metrics.jsonl"), 0);
 }
 
 int main(void) {

@@ -4,7 +4,9 @@
 #include "train/checkpoint.h"
 #include "train/train.h"
 
-#define OUT_UNSET "\x01"   // no --out given (an empty --out is an error, reported by the run)
+// no --out given: a value no one types (an empty --out stays an error, reported by the run; --help
+// shows no default for a value that starts with a control character)
+#define OUT_UNSET "\x01"
 // runs/<name>: the config file's name without folder and extension, else the preset's (a run of
 // `--preset small` had gone to runs/tiny, where a tiny run may already live)
 static void default_out_dir(const lm_model_flags *mf, char *out, size_t n) {
@@ -62,7 +64,7 @@ int lm_cmd_train(int argc, char **argv) {
     fl[n++] = (lm_flag){"keep", 0, FL_INT, &o.keep, 0, "checkpoints to keep"};
     fl[n++] = (lm_flag){"no-checkpoints", 0, FL_BOOL, &o.no_checkpoints, 0, "write no checkpoints (benchmark runs)"};
     fl[n++] = (lm_flag){"max-skips", 0, FL_INT, &o.max_skips, 0, "stop after N non-finite steps in a row (0 = never)"};
-    fl[n++] = (lm_flag){"resume", 'r', FL_BOOL, &o.resume, 0, "continue bit-exactly from <out>/latest"};
+    fl[n++] = (lm_flag){"resume", 'r', FL_BOOL, &o.resume, 0, "continue bit-exactly from <out>/latest (without --out: runs/<preset>, so name the preset or the folder)"};
     fl[n++] = (lm_flag){"overwrite", 0, FL_BOOL, &o.overwrite, 0, "<out> holds an earlier run: start over (removes its checkpoints)"};
     fl[n++] = (lm_flag){"init", 0, FL_STR, o.init, sizeof o.init, "start from these weights (model.safetensors)"};
     fl[n++] = (lm_flag){"samples", 0, FL_INT, &samples, 0, "at the end, print N generated answers per task (task data; needs a checkpoint)"};

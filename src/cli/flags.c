@@ -101,7 +101,8 @@ void lm_flags_print_help(const lm_flag *fl, int n, FILE *f) {
         case FL_U64: snprintf(def, sizeof def, " (default %llu)", (unsigned long long)*(uint64_t *)fl[i].ptr); break;
         case FL_REAL: snprintf(def, sizeof def, " (default %g)", (double)*(real *)fl[i].ptr); break;
         case FL_STR:
-            if (((char *)fl[i].ptr)[0]) snprintf(def, sizeof def, " (default %s)", (char *)fl[i].ptr);
+            // none for an empty value, or a sentinel below ' ' that a command resolves later
+            if ((unsigned char)((char *)fl[i].ptr)[0] >= ' ') snprintf(def, sizeof def, " (default %s)", (char *)fl[i].ptr);
             break;
         case FL_BOOL: case FL_LIST: break;
         }

@@ -29,8 +29,9 @@
 #include <type_traits>
 
 #define PREP_THREADS 128
-// prep blocks per SM: the shared memory (PrepSmem, 36 KB at K = V = 128) and 80 registers allow
-// six; five (96 registers, 40 KB) until session 40, which measured six 5–8% faster (bench/RESULTS.md)
+// prep blocks per SM: the shared memory (PrepSmem, 37,888 bytes at K = V = 128, with the 1 KB the
+// driver keeps a block: exactly a SM's 228 KB, asserted below) and 80 registers allow six; five
+// (96 registers, 41,984 bytes) until session 40, which measured six 5–8% faster (bench/RESULTS.md)
 #ifndef PREP_BLOCKS
 #define PREP_BLOCKS 6
 #endif
@@ -214,11 +215,13 @@ struct PrepArgs {
     bf16 *W, *Qg, *KrT, *U, *M;
     float *gl;
     float *Lx;   // NULL, or the solve kept for the backward (KDA_LX a chunk-head)
-    // q, k, f ([tokens][H][K]) and v ([tokens][H][V]) for the input copies: boxes of one head's
-    // 16 rows (prep_input_map)
+    // q, k, f ([tokens][H][K]) and v ([tokens][H][V]) for the input copies: q, k, f boxes of one
+    // head's 16 whole rows (prep_input_map), v 64-channel boxes with the 128-byte swizzle (PrepSmem::vs)
     CUtensorMap mq, mk, mf, mv;
 };
 
+// component i (0–3) of v
+__device__ __forceinline__ float f4_at(float4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 // the 16 bytes of v at token row r, channels c .. c + 7 (c a multiple of 8) in the [V/64][16][64]
 // tile the 128-byte-swizzled boxes land in (16-byte piece j of a 128-byte row at j ^ (r mod 8); the
 // tile 1024-byte aligned): ldmatrix's 8 rows of one piece fall in 8 distinct bank groups
@@ -258,6 +261,9 @@ struct PrepSmem {
     } u;
 };
 
+static_assert(PREP_BLOCKS * (sizeof(PrepSmem<128, 128>) + 1024) <= 228 * 1024,
+              "PrepSmem no longer lets PREP_BLOCKS prep blocks share a SM");
+
 template <int K, int V, int MODE>
 __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(const __grid_constant__ PrepArgs a) {
     constexpr bool EXACT = MODE != KDA_BOUNDED;
@@ -274,8 +280,9 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
     size_t hc = (size_t)h * a.NC + gc;
     constexpr int CPL = K / 32, RPW = 16 / (PREP_THREADS / 32);
 
-    // the chunk's rows of q, k, f, v into shared memory by four bulk tensor copies (a box of one
-    // head's 16 rows each, issued by one thread), read from there by channel and by row. 16-byte
+    // the chunk's rows of q, k, f, v into shared memory by 3 + V/64 bulk tensor copies (q, k, f a
+    // box of one head's 16 rows each, v by 64 channels; issued by one thread), read from there by
+    // channel and by row. 16-byte
     // cp.async copies before: their address arithmetic, and their shared-memory writes (two
     // wavefronts per 128 bytes) were 14% of the kernel's wavefronts with L1 75% busy (ncu, session
     // 32). Rows past the sequence's end come from the next sequence (zeros past the last token)
@@ -307,7 +314,7 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
     }
     __syncthreads();
     const int cch = tid;
-    // the rows' q, k, v as packed bf16 pairs (one vector load per row and tensor)
+    // the rows' q and k as packed bf16 pairs (one vector load per row and tensor)
     uint32_t rqx[RPW][CPL / 2], rkx[RPW][CPL / 2];
 #pragma unroll
     for (int i = 0; i < RPW; i++) {
@@ -357,16 +364,18 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
     __syncthreads();
 
     // per channel: gate, cumulative sum (log2), decayed rows; from here on qr holds scale·q̂
-    // and kr holds k̂ (the exact path's tree levels read them with Gs)
+    // and kr holds k̂ (the exact path's tree levels read them with Gs; bounded: k̂⊙2^{c0−G} after
+    // the loop)
     float Gs[16];
     uint32_t qgp[8];   // this channel's Qg rows as bf16 pairs, staged after L and M (vector stores)
-    uint32_t kep[4];   // its K̂⊙e^G rows, four pairs at a time, for KeT (16-byte stores, as VT above)
+    uint32_t kep[4];   // its K̂⊙e^G rows, four pairs at a time, for KeT (16-byte stores, as the factor tiles)
     float qe0 = 0.f, ke0 = 0.f;   // an even row's Qg and K̂⊙e^G until its pair is packed
     float fx[3][2];             // bounded: this row pair's factors A0, A1, A2 ...
     uint32_t fh[3][4], fl[3][4];   // ... split, four row pairs at a time
     if (cch < K) {
         float eA = expf(a.A_log[h]), db = a.dt_bias[(size_t)h * K + cch];
-        const float Cd = ex2f_(-a.c0);   // bounded: 2^{−c0}
+        float Cd = 0.f;   // bounded: 2^{−c0}
+        if constexpr (!EXACT) Cd = ex2f_(-a.c0);
         float G = 0.f;
         float4 rq4, rk4;
 #pragma unroll
@@ -378,11 +387,9 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
                 rq4 = *reinterpret_cast<const float4 *>(&S.rq[r]);
                 rk4 = *reinterpret_cast<const float4 *>(&S.rk[r]);
             }
-            const float rqr = (r & 3) == 0 ? rq4.x : (r & 3) == 1 ? rq4.y : (r & 3) == 2 ? rq4.z : rq4.w;
-            const float rkr = (r & 3) == 0 ? rk4.x : (r & 3) == 1 ? rk4.y : (r & 3) == 2 ? rk4.z : rk4.w;
-            float qs = qr[r] * rqr * a.scale;
+            float qs = qr[r] * f4_at(rq4, r & 3) * a.scale;
             qr[r] = qs;
-            kr[r] *= rkr;
+            kr[r] *= f4_at(rk4, r & 3);
             const float E = ex2f_(G), qe = qs * E, ke = kr[r] * E;
             // Qg and K̂⊙e^G rounded a row pair at a time (one packing conversion for two rows)
             if (r & 1) {
@@ -396,7 +403,9 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_BLOCKS) kda_prep_kernel(con
                 *prep_fac_row(S.KeT, cch, r >> 3) = make_uint4(kep[0], kep[1], kep[2], kep[3]);
             if constexpr (!EXACT) {
                 // 2^{G−c0} = 2^G·2^{−c0}: the rows of Qg and K̂⊙e^G scaled, an exponential a row fewer
-                // (G ≥ 16·lb·log2 e ≥ −116 for lb ≥ −5, so 2^G is a normal float)
+                // (G ≥ 16·lb·log2 e ≥ −116 for lb ≥ −5, so 2^G is a normal float; q̂·2^G and k̂·2^G
+                // may be subnormal, kept as such — this needs a build without flush-to-zero, which
+                // would lose those terms where 2^{G−c0} directly did not)
                 const float Fi = ex2f_(a.c0 - G);
                 fx[0][r & 1] = qe * Cd;
                 fx[1][r & 1] = ke * Cd;
