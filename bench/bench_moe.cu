@@ -278,6 +278,31 @@ int main(int argc, char **argv) {
                     3 * gemm1);
                 result("experts_ffn_tflops", 3 * gemm1 / tffn * 1e-9);
                 result("experts_gemms3_tflops", 3 * gemm1 / t3 * 1e-9);
+                // the backward's GEMMs alone, as the op runs them (torch's "dinp only" and "dW
+                // only" rows): deh = dyp · W2 and dxp = dea · W1 + deb · W3 written (bf16 where
+                // the kernel writes bf16), then dW2, dW1 and dW3 written in fp32
+                const int ki = lm_moe_bf16_kernel(d, F, 1, LM_MOE_USE_DINP_ZEROED), kw = lm_moe_bf16_kernel(d, F, 1, LM_MOE_USE_DW);
+                if (ki && kw) {
+                    const int lob = lm_moe_bf16_out_ok(ki);
+                    const __nv_bfloat16 *dypb = (const __nv_bfloat16 *)dyp2, *deab = (const __nv_bfloat16 *)dea2,
+                                        *debb = (const __nv_bfloat16 *)deb2;
+                    auto dinp3 = [&] {
+                        lm_moe_bf16_schedule(tsF, offsets, E, F, ki);
+                        lm_moe_bf16_schedule(tsC, offsets, E, d, ki);
+                        lm_moe_bf16_rows(ki, deh2, dypb, b2, offsets, tsF, E, (int)NK, F, d, 1, 1, lob);
+                        lm_moe_bf16_rows2(ki, dxp2, deab, b1, debb, b3, offsets, tsC, E, (int)NK, d, F, F, 1, lob);
+                    };
+                    auto dw3 = [&] {
+                        lm_moe_bf16_dw(kw, gw2, dypb, NULL, NULL, ehb, offsets, E, (int)NK, d, F, 1);
+                        lm_moe_bf16_dw(kw, gw1, deab, gw3, debb, xpb, offsets, E, (int)NK, F, d, 1);
+                    };
+                    const double ti3 = time_ms(dinp3, WARM, REPS), tw3 = time_ms(dw3, WARM, REPS);
+                    row(lob ? "  its 3 input-gradient GEMMs alone (bf16 in, bf16 out)"
+                            : "  its 3 input-gradient GEMMs alone (bf16 in, fp32 out)", ti3, 3 * gemm1);
+                    row("  its 3 weight-gradient GEMMs alone (bf16 in, fp32 dW written)", tw3, 3 * gemm1);
+                    result("experts_dinp3_tflops", 3 * gemm1 / ti3 * 1e-9);
+                    result("experts_dw3_tflops", 3 * gemm1 / tw3 * 1e-9);
+                }
                 cudaCheck(cudaFree(tsF));
                 cudaCheck(cudaFree(tsC));
                 op_f();   // ea2, eb2, yp2 as the op leaves them for the backward below

@@ -18,7 +18,11 @@
 // tile list, and the producer runs up to STAGES slices ahead — across tiles, so the next
 // tile's copies overlap this tile's epilogue. Two configurations: 128 × 256 tiles, one CTA per
 // SM (BIG), and 128 × 128 tiles, two CTAs per SM (PAIR: one's read-modify-write epilogue
-// overlaps the other's multiplies).
+// overlaps the other's multiplies). BIG's epilogue leaves by bulk tensor stores (adding ones
+// for Out +=) through shared memory (wt_store_tile), so the warpgroups are back at their
+// multiplies while the TMA engine writes; session 41, H200, Kimi shapes, against the stores
+// from registers: 3 forward GEMMs 479–492 → 502–517 TFLOP/s (bf16 out), input gradients
+// 504–510 → 531–534, weight gradients written 350–365 → 390–398 (bench_moe).
 //
 // Ragged edges. Rows past an expert's end and columns past N are read from the neighbouring
 // expert (or zero-filled past the tensor's end) and never stored. In fwd / dinp, k past K_p
@@ -51,22 +55,30 @@
 
 enum { WT_FWD, WT_DINP };
 
-template <int WN_, int STAGES_, int CTAS_> struct WtCfg {
-    static constexpr int WN = WN_, STAGES = STAGES_, CTAS = CTAS_;
+// EPI_BUFS: 8 KB store buffers per consumer warpgroup for the epilogue's bulk tensor stores
+// (wt_store_tile; 0: the accumulators go straight to global memory)
+template <int WN_, int STAGES_, int CTAS_, int EPI_BUFS_> struct WtCfg {
+    static constexpr int WN = WN_, STAGES = STAGES_, CTAS = CTAS_, EPI_BUFS = EPI_BUFS_, EPI = 2 * EPI_BUFS * 8192;
     static constexpr int B_BYTES = WN * WT_K * 2, STAGE = WT_A_BYTES + B_BYTES;
-    // ring (1024-aligned) + full, empty barriers per slot
-    static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
+    // ring (1024-aligned) + staging + full, empty barriers per slot
+    static constexpr int SMEM = STAGES * STAGE + EPI + 1024 + 2 * STAGES * 8;
+    static_assert(SMEM <= 232448, "a block's shared memory on sm_90");
 };
-typedef WtCfg<256, 4, 1> WtBig;    // 192 KB ring, one CTA per SM
-typedef WtCfg<128, 3, 2> WtPair;   // 96 KB ring, two CTAs per SM
+// BIG: 192 KB ring + 32 KB of store buffers, one CTA per SM. (Session 41: a 144 KB ring of
+// three slots and 80 KB of buffers — a bf16 tile's whole half per warpgroup — measured the same
+// forward and a slower weight gradient, 375–391 against 397–398 TFLOP/s at Kimi shapes.)
+typedef WtCfg<256, 4, 1, 2> WtBig;
+typedef WtCfg<128, 3, 2, 0> WtPair;   // 96 KB ring, two CTAs per SM
 
 // The tensor maps and the problem: parts p < 2 of the k range, slices [0, kt[0]) from a[0],
 // b[0] and [kt[0], kt[0] + kt[1]) from a[1], b[1] (kt[1] = 0: one part).
 struct WtArgs {
     CUtensorMap a[2], b[2];
-    void *out;   // float, or bf16 (OBF)
+    CUtensorMap out_map;   // out as [R, N] in 128-byte boxes of 64 rows (where out_tma)
+    void *out;             // float, or bf16 (OBF)
     const int *offsets, *tile_start;
     int E, N, kt[2], kdepth[2];   // kdepth: K_p (dinp: the rows of W_e in map b[p])
+    int out_tma;                  // whole 64-row halves of a tile leave by bulk tensor stores
 };
 
 // One output tile: expert e, its rows from o0, the tile at (m0, n0) of the output, KT k
@@ -98,7 +110,7 @@ template <class Cfg> struct WtRing {
     // every thread of the CTA (thread 0 initialises the barriers; a __syncthreads follows)
     __device__ explicit WtRing(uint8_t *raw) {
         base = ((uint32_t)__cvta_generic_to_shared(raw) + 1023u) & ~1023u;
-        full0 = base + Cfg::STAGES * Cfg::STAGE;
+        full0 = base + Cfg::STAGES * Cfg::STAGE + Cfg::EPI;
         empty0 = full0 + Cfg::STAGES * 8;
         if (threadIdx.x == 0) {
             for (int s = 0; s < Cfg::STAGES; s++) {
@@ -110,6 +122,8 @@ template <class Cfg> struct WtRing {
         __syncthreads();
     }
     __device__ uint32_t at() const { return base + slot * Cfg::STAGE; }
+    // consumer warpgroup wg's store buffers (Cfg::EPI > 0)
+    __device__ uint32_t epi(int wg) const { return base + Cfg::STAGES * Cfg::STAGE + wg * (Cfg::EPI / 2); }
     __device__ uint32_t full() const { return full0 + 8 * slot; }
     __device__ void advance() {
         if (++slot == Cfg::STAGES) { slot = 0; phase ^= 1; }
@@ -136,6 +150,61 @@ template <class Cfg> struct WtRing {
         if (prev >= 0 && leader) mb_arrive(empty0 + 8 * prev);
     }
 };
+
+// The epilogue by bulk tensor stores, for a consumer warpgroup whose 64 rows of the tile all
+// belong to it (the others store from registers: the rows past an expert's end are the next
+// expert's, which a box would overwrite). Its 64 × WN accumulators leave a box of 128-byte
+// rows at a time (32 fp32 or 64 bf16 columns) through two 8 KB buffers at stage, in the
+// 128-byte swizzle (a warp's stores then take two wavefronts per 256 bytes); the
+// warpgroup's thread 0 issues each box's store — an adding one with ADD — and the
+// warpgroup fills the other buffer meanwhile. Why: stored from registers, a 128 × 256 fp32
+// tile is 1,024 warp stores of eight 32-byte pieces in eight rows, during which neither
+// warpgroup multiplies (ncu, session 38: tensor pipes 79% busy at k = 2304, 65% at 1024).
+// map: the output, (c0, r0) the warpgroup's first column and row there, N the valid columns
+// from c0; nstored counts the boxes this warpgroup has stored (the buffer parity).
+template <int WN, int NB, bool ADD, bool OBF>
+__device__ __forceinline__ void wt_store_tile(const float (&acc)[WN / 2], uint32_t stage, int &nstored,
+                                              const CUtensorMap *map, int c0, int r0, int N, int tid) {
+    static_assert(!(ADD && OBF), "bf16 outputs are written");
+    constexpr int CW = OBF ? 64 : 32;   // columns per box
+    const int wg = tid >> 7, w = (tid & 127) >> 5, l = tid & 31;
+    const bool issuer = (tid & 127) == 0;
+#pragma unroll
+    for (int p = 0; p < WN / CW; p++) {
+        if (CW * p >= N) break;
+        const uint32_t buf = stage + (nstored % NB) * 8192;
+        if (issuer) tma_store_wait_read<NB - 1>();   // the box stored from buf before has been read
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            // register 4i + 2hf (+1) holds row m, columns 8i + 2(l % 4) (+1)
+            const int m = w * 16 + (l >> 2) + 8 * hf;
+            const uint32_t row = buf + m * 128;
+#pragma unroll
+            for (int j = 0; j < CW / 8; j++) {
+                const int r = 4 * (CW / 8 * p + j) + 2 * hf;
+                if constexpr (OBF) {   // 16-byte chunk j of the row, 4 bytes a lane
+                    const __nv_bfloat162 v = __floats2bfloat162_rn(acc[r], acc[r + 1]);
+                    const uint32_t a = row + ((j ^ (m & 7)) << 4) + 4 * (l & 3);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*reinterpret_cast<const uint32_t *>(&v))
+                                 : "memory");
+                } else {   // chunk 2j + (l % 4)/2, 8 bytes a lane
+                    const uint32_t a = row + (((2 * j + ((l >> 1) & 1)) ^ (m & 7)) << 4) + 8 * (l & 1);
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(acc[r]), "f"(acc[r + 1])
+                                 : "memory");
+                }
+            }
+        }
+        tma_fence_smem();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+        if (issuer) {
+            if constexpr (ADD) tma_add_2d(map, buf, c0 + CW * p, r0);
+            else tma_store_2d(map, buf, c0 + CW * p, r0);
+            tma_store_commit();
+        }
+        nstored++;
+    }
+}
 
 // MODE as above; ACC: Out += (else Out =); OBF: Out is bf16, written (not with ACC)
 template <class Cfg, int MODE, bool ACC, bool OBF>
@@ -173,6 +242,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
     const int wg = warp >> 2;
     const bool leader = (tid & 127) == 0;
     float acc[WN / 2];
+    int nstored = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         const WtTile t = wt_tile<WN>(args, tile);
         int prev = -1;
@@ -191,9 +261,18 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
             ring.consume_end(prev, leader);
         }
         ring.tile_end(prev, leader);
+        bool bulk = false;
+        if constexpr (Cfg::EPI > 0) {
+            bulk = args.out_tma && t.M >= 64 * (wg + 1);
+            if (bulk)
+                wt_store_tile<WN, Cfg::EPI_BUFS, ACC, OBF>(acc, ring.epi(wg), nstored, &args.out_map, t.n0,
+                                                           t.o0 + t.m0 + 64 * wg, t.N, tid);
+        }
+        if (bulk) continue;
         if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
         else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
     }
+    if (Cfg::EPI > 0 && leader) tma_store_wait_all();   // the staging is read before the CTA's shared memory goes
 }
 
 // ---- the weight gradient ----
@@ -202,9 +281,11 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
 // the CTAs of one expert's tiles run together and share its rows in L2.
 struct WtDwArgs {
     CUtensorMap a[2], b;
+    CUtensorMap dw_map[2];   // dW_p as [E·M_p, N] in 128-byte boxes of 64 rows (where out_tma)
     float *dW[2];
     const int *offsets;
     int E, N, M[2], ntm[2], ntn;
+    int out_tma;
 };
 struct WtDwTile {
     int e, p, o0, rows, m0, n0;
@@ -253,6 +334,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
     const int wg = warp >> 2;
     const bool leader = (tid & 127) == 0;
     float acc[WN / 2];
+    int nstored = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         const WtDwTile t = wt_dw_tile<WN>(args, tile);
         const int KT = (t.rows + WT_K - 1) / WT_K, n0 = t.n0;
@@ -292,9 +374,18 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
         }
         ring.tile_end(prev, leader);
         const int M = args.M[t.p];
-        wg_store_acc<WN, ACC>(acc, args.dW[t.p] + ((long)t.e * M + t.m0) * args.N + n0, args.N, M - t.m0,
-                              args.N - n0, tid);
+        bool bulk = false;
+        if constexpr (Cfg::EPI > 0) {
+            bulk = args.out_tma && t.m0 + 64 * (wg + 1) <= M;
+            if (bulk)
+                wt_store_tile<WN, Cfg::EPI_BUFS, ACC, false>(acc, ring.epi(wg), nstored, &args.dw_map[t.p], n0,
+                                                             t.e * M + t.m0 + 64 * wg, args.N - n0, tid);
+        }
+        if (!bulk)
+            wg_store_acc<WN, ACC>(acc, args.dW[t.p] + ((long)t.e * M + t.m0) * args.N + n0, args.N, M - t.m0,
+                                  args.N - n0, tid);
     }
+    if (Cfg::EPI > 0 && leader) tma_store_wait_all();
 }
 
 // ---- host ----
@@ -302,6 +393,28 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_dw_k(const __
 static CUtensorMap wt_map(const __nv_bfloat16 *base, long inner, long outer, int box_inner, int box_outer) {
     const long dims[2] = {inner, outer}, strides[1] = {inner * 2};
     return lm_tma_map_bf16(base, 2, dims, strides, box_inner, box_outer);
+}
+
+// LM_MOE_TMA_STORE=0 (benchmarks): the 128 × 256 kernels' epilogues store from registers
+static int wt_bulk_stores(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LM_MOE_TMA_STORE");
+        v = !(s && !strcmp(s, "0"));
+    }
+    return v;
+}
+// the output [rows, N] (elem 2: bf16, 4: fp32) as a map for wt_store_tile, if the stores can
+// take it (a 16-byte aligned base and row stride); *ok says whether they can
+static CUtensorMap wt_out_map(const void *out, int elem, long N, long rows, int *ok) {
+    CUtensorMap m;
+    memset(&m, 0, sizeof m);
+    *ok = wt_bulk_stores() && ((uintptr_t)out & 15) == 0 && (N * elem) % 16 == 0;
+    if (*ok) {
+        const long dims[2] = {N, rows}, strides[1] = {N * elem};
+        m = elem == 2 ? lm_tma_map_bf16(out, 2, dims, strides, 64, 64) : lm_tma_map_f32(out, 2, dims, strides, 32, 64);
+    }
+    return m;
 }
 
 template <class Cfg, int MODE, bool ACC, bool OBF> static void wt_launch(const WtArgs &a) {
@@ -357,6 +470,7 @@ void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *
     a.tile_start = tile_start;
     a.E = E;
     a.N = N;
+    if (wn == 256) a.out_map = wt_out_map(Out, out_bf16 ? 2 : 4, N, R, &a.out_tma);
     if (wn == 256) wt_pick<WtBig>(a, dinp, acc, out_bf16);
     else wt_pick<WtPair>(a, dinp, acc, out_bf16);
 }
@@ -402,6 +516,14 @@ void lm_wt_grouped_dw(float *dW, float *dW2, const __nv_bfloat16 *A, const __nv_
         a.ntm[p] = (M + WT_M - 1) / WT_M;
     }
     a.b = wt_map(B, N, R, 64, WT_K);
+    if (wn == 256) {
+        a.out_tma = 1;
+        for (int p = 0; p < np; p++) {
+            int ok;
+            a.dw_map[p] = wt_out_map(dWs[p], 4, N, (long)E * M, &ok);
+            a.out_tma &= ok;
+        }
+    }
     a.offsets = offsets;
     a.E = E;
     a.N = N;

@@ -2454,8 +2454,52 @@ static void t_bench(void) {
 
 // ---------------------------------------------------------------------------
 
+// The bf16 grouped GEMMs and the experts op (also alone: --moe, for the sanitizers)
+static void t_moe_gemms(void) {
+    // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
+    // 128 × 128 two-per-SM tiles on bf16 operands, mma.sync on fp32): partial row tiles, empty experts, C/OC not multiples
+    // of the column tile or the k slice, expert row counts not multiples of 4 or of the
+    // 64-deep slice (the dW k loop); then sizes that fall back: C, OC multiples of 4 but
+    // not 8 (wgmma → mma.sync), not of 4 (→ the fp32 kernel)
+    lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    for (int kernel = 1; kernel <= 5; kernel++) {
+        lm_cuda_set_moe_gemm(kernel);
+        t_grouped_matmul(300, 12, 3, 40, 72, 40);
+        t_grouped_matmul(700, 8, 2, -1, 296, 264);
+        t_grouped_matmul(2000, 6, 2, -1, 136, 520);
+        t_grouped_matmul(90, 3, 2, -1, 40, 24);   // every dimension under one 64-wide slice or block
+    }
+    lm_cuda_set_moe_gemm(0);
+    t_grouped_weight_cache();
+    t_grouped_matmul(700, 8, 2, -1, 300, 260);
+    t_grouped_matmul(300, 12, 3, 40, 70, 45);
+    // the experts op: its bf16 path under each rows kernel (mma: the finer ops; auto and
+    // tma write deh and dxp instead of adding), widths the wgmma kernels do not take, SiTU
+    for (int kernel = 0; kernel <= 5; kernel++) {
+        lm_cuda_set_moe_gemm(kernel);
+        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);
+        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);   // weight gradients written
+    }
+    lm_cuda_set_moe_gemm(0);
+    // F a multiple of the 64-deep slice: dxp's two k parts (dea · W1, deb · W3) meet at a
+    // slice boundary in the TMA kernel (F = 40, 264 above split a slice)
+    t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU, 0);
+    t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU, 1);
+    t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
+    t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0, 1);   // y, dy, dx not 16-byte aligned
+    t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1, 1);
+    // ≤ 16 rows (decode steps): the forward's warp-per-column kernels, the backward's GEMMs;
+    // the `small` preset's widths at one token, a capacity that drops rows
+    t_experts_op(1, 80, 4, -1, 1024, 256, LM_ACT_SWIGLU, 0);
+    t_experts_op(4, 12, 3, -1, 72, 40, LM_ACT_SWIGLU, 1);
+    t_experts_op(5, 8, 2, 1, 72, 40, LM_ACT_SITU, 0);
+    lm_cuda_set_gemm_mode(LM_GEMM_FP32);
+    t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);   // fp32: the finer ops, exact
+    t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);
+}
+
 int main(int argc, char **argv) {
-    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0, attn_all = 0, only_decode = 0;
+    int only_ops = 0, only_model = 0, bench = 0, only_attn = 0, attn_all = 0, only_decode = 0, only_moe = 0;
     for (int i = 1; i < argc; i++) {
         only_ops |= strcmp(argv[i], "--ops") == 0;       // skip the model level
         only_model |= strcmp(argv[i], "--model") == 0;   // skip the op checks
@@ -2463,6 +2507,7 @@ int main(int argc, char **argv) {
         only_attn |= strcmp(argv[i], "--attn") == 0;     // only the attention op checks (for the sanitizers)
         attn_all |= strcmp(argv[i], "--attn-all") == 0;  // only those, every flash shape of --ops
         only_decode |= strcmp(argv[i], "--decode") == 0; // only the MLA decode op checks (for the sanitizers)
+        only_moe |= strcmp(argv[i], "--moe") == 0;       // only the grouped GEMM checks (for the sanitizers)
     }
     lm_rng_seed(&R, 20260101);
     // the op checks hold the GEMMs to fp32 (1e-5); bf16 GEMMs get their own checks below
@@ -2479,6 +2524,10 @@ int main(int argc, char **argv) {
         t_mla_decode();
         t_mla_decode_long(4, 5000, (const int[]){5000, 1, 0, 4097});
         if (!getenv("LM_TEST_SHORT")) t_mla_decode_long(3, 70000, (const int[]){70000, 33, 69999});
+    }
+    if (only_moe) {
+        only_ops = only_model = 1;
+        t_moe_gemms();
     }
     if (!only_model) {
         printf("== CUDA ops vs CPU reference (relative RMS error; integer outputs: mismatches)\n");
@@ -2553,46 +2602,7 @@ int main(int argc, char **argv) {
         t_moe_route(20, 3000, 5, 1, 2);
         t_moe_plan();
         t_moe_experts();
-        // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
-        // 128 × 128 two-per-SM tiles on bf16 operands, mma.sync on fp32): partial row tiles, empty experts, C/OC not multiples
-        // of the column tile or the k slice, expert row counts not multiples of 4 or of the
-        // 64-deep slice (the dW k loop); then sizes that fall back: C, OC multiples of 4 but
-        // not 8 (wgmma → mma.sync), not of 4 (→ the fp32 kernel)
-        lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-        for (int kernel = 1; kernel <= 5; kernel++) {
-            lm_cuda_set_moe_gemm(kernel);
-            t_grouped_matmul(300, 12, 3, 40, 72, 40);
-            t_grouped_matmul(700, 8, 2, -1, 296, 264);
-            t_grouped_matmul(2000, 6, 2, -1, 136, 520);
-            t_grouped_matmul(90, 3, 2, -1, 40, 24);   // every dimension under one 64-wide slice or block
-        }
-        lm_cuda_set_moe_gemm(0);
-        t_grouped_weight_cache();
-        t_grouped_matmul(700, 8, 2, -1, 300, 260);
-        t_grouped_matmul(300, 12, 3, 40, 70, 45);
-        // the experts op: its bf16 path under each rows kernel (mma: the finer ops; auto and
-        // tma write deh and dxp instead of adding), widths the wgmma kernels do not take, SiTU
-        for (int kernel = 0; kernel <= 5; kernel++) {
-            lm_cuda_set_moe_gemm(kernel);
-            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);
-            t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);   // weight gradients written
-        }
-        lm_cuda_set_moe_gemm(0);
-        // F a multiple of the 64-deep slice: dxp's two k parts (dea · W1, deb · W3) meet at a
-        // slice boundary in the TMA kernel (F = 40, 264 above split a slice)
-        t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU, 0);
-        t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU, 1);
-        t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
-        t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0, 1);   // y, dy, dx not 16-byte aligned
-        t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1, 1);
-        // ≤ 16 rows (decode steps): the forward's warp-per-column kernels, the backward's GEMMs;
-        // the `small` preset's widths at one token, a capacity that drops rows
-        t_experts_op(1, 80, 4, -1, 1024, 256, LM_ACT_SWIGLU, 0);
-        t_experts_op(4, 12, 3, -1, 72, 40, LM_ACT_SWIGLU, 1);
-        t_experts_op(5, 8, 2, 1, 72, 40, LM_ACT_SITU, 0);
-        lm_cuda_set_gemm_mode(LM_GEMM_FP32);
-        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0);   // fp32: the finer ops, exact
-        t_experts_op(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1);
+        t_moe_gemms();
         t_balance();
         t_qb_select(80, 1024);
         t_qb_select(7, 1000);
