@@ -67,6 +67,10 @@ int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
 int lm_cuda_moe_gemm(void);
 void lm_cuda_set_moe_gemm(int mode);
 const char *lm_cuda_moe_gemm_name(int mode);
+// Whether the TMA kernel's 128 × 256 tiles leave by bulk tensor stores (1) or from registers
+// (0; the same values, bit for bit). Read once from LM_MOE_TMA_STORE (0 = off) unless set here first.
+int lm_cuda_moe_tma_stores(void);
+void lm_cuda_set_moe_tma_stores(int on);
 
 void cuda_add(real *out, const real *a, const real *b, size_t n);
 void cuda_acc(real *acc, const real *x, size_t n);

@@ -21,8 +21,8 @@
 // overlaps the other's multiplies). BIG's epilogue leaves by bulk tensor stores (adding ones
 // for Out +=) through shared memory (wt_store_tile), so the warpgroups are back at their
 // multiplies while the TMA engine writes; session 41, H200, Kimi shapes, against the stores
-// from registers: 3 forward GEMMs 479–492 → 502–517 TFLOP/s (bf16 out), input gradients
-// 504–510 → 531–534, weight gradients written 350–365 → 390–398 (bench_moe).
+// from registers (same binary): 3 forward GEMMs 478–486 → 506–517 TFLOP/s (bf16 out), input
+// gradients 504–519 → 531–534, weight gradients written 350–366 → 390–398 (bench_moe).
 //
 // Ragged edges. Rows past an expert's end and columns past N are read from the neighbouring
 // expert (or zero-filled past the tensor's end) and never stored. In fwd / dinp, k past K_p
@@ -174,6 +174,7 @@ __device__ __forceinline__ void wt_store_tile(const float (&acc)[WN / 2], uint32
         if (CW * p >= N) break;
         const uint32_t buf = stage + (nstored % NB) * 8192;
         if (issuer) tma_store_wait_read<NB - 1>();   // the box stored from buf before has been read
+        // named barrier 2 + wg: the warpgroup's 128 threads (0 is __syncthreads, 1 wt_dw_k's 256 consumers)
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -272,7 +273,7 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
         if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
         else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
     }
-    if (Cfg::EPI > 0 && leader) tma_store_wait_all();   // the staging is read before the CTA's shared memory goes
+    if (Cfg::EPI > 0 && leader) tma_store_wait_all();   // the stores done (their staging read) before the CTA exits
 }
 
 // ---- the weight gradient ----
@@ -395,21 +396,23 @@ static CUtensorMap wt_map(const __nv_bfloat16 *base, long inner, long outer, int
     return lm_tma_map_bf16(base, 2, dims, strides, box_inner, box_outer);
 }
 
-// LM_MOE_TMA_STORE=0 (benchmarks): the 128 × 256 kernels' epilogues store from registers
-static int wt_bulk_stores(void) {
-    static int v = -1;
-    if (v < 0) {
+// LM_MOE_TMA_STORE=0 (benchmarks) or lm_cuda_set_moe_tma_stores(0) (tests): the 128 × 256
+// kernels' epilogues store from registers
+static int wt_stores_mode = -1;
+int lm_cuda_moe_tma_stores(void) {
+    if (wt_stores_mode < 0) {
         const char *s = getenv("LM_MOE_TMA_STORE");
-        v = !(s && !strcmp(s, "0"));
+        wt_stores_mode = !(s && !strcmp(s, "0"));
     }
-    return v;
+    return wt_stores_mode;
 }
+void lm_cuda_set_moe_tma_stores(int on) { wt_stores_mode = on ? 1 : 0; }
 // the output [rows, N] (elem 2: bf16, 4: fp32) as a map for wt_store_tile, if the stores can
 // take it (a 16-byte aligned base and row stride); *ok says whether they can
 static CUtensorMap wt_out_map(const void *out, int elem, long N, long rows, int *ok) {
     CUtensorMap m;
     memset(&m, 0, sizeof m);
-    *ok = wt_bulk_stores() && ((uintptr_t)out & 15) == 0 && (N * elem) % 16 == 0;
+    *ok = lm_cuda_moe_tma_stores() && ((uintptr_t)out & 15) == 0 && (N * elem) % 16 == 0;
     if (*ok) {
         const long dims[2] = {N, rows}, strides[1] = {N * elem};
         m = elem == 2 ? lm_tma_map_bf16(out, 2, dims, strides, 64, 64) : lm_tma_map_f32(out, 2, dims, strides, 32, 64);

@@ -40,6 +40,8 @@ static int harness_moe_gemm;
 #define lm_cuda_set_moe_gemm(m) ((void)(harness_moe_gemm = (m)))
 #define lm_cuda_moe_gemm_name(m) \
     ((m) == 0 ? "auto" : (m) == 1 ? "wg256" : (m) == 2 ? "wg128" : (m) == 3 ? "wg128x2" : (m) == 4 ? "mma" : "tma")
+#define lm_cuda_set_moe_tma_stores(on) ((void)(on))
+#define lm_cuda_moe_tma_stores() 1
 #define lm_cuda_weight_copies_made() 0UL   // the CPU table keeps no copies
 #define lm_cuda_experts_keep_bf16(C, F) 0   // nor bf16 expert rows
 static int harness_fa_wg = LM_FA_TMA;
@@ -2454,6 +2456,52 @@ static void t_bench(void) {
 
 // ---------------------------------------------------------------------------
 
+// The TMA kernel's epilogue by bulk tensor stores against its stores from registers
+// (lm_cuda_set_moe_tma_stores): the same values, so the same bits — the forward written, the
+// input and weight gradients added into their contents (TMA reductions against
+// red.global.add), the pair op's gradients; with more tiles than CTAs where the sizes give them
+static void t_grouped_tma_stores(int N, int E, int k, int C, int OC) {
+    const size_t NK = (size_t)N * k, nw = (size_t)E * OC * C;
+    plan_t p = make_plan(NULL, N, E, k, -1, 1, 0);
+    const size_t rows = (size_t)p.offsets[E];
+    char op[48];
+    snprintf(op, sizeof op, "grouped_mm %dx%d E%d bulk stores", C, OC, E);
+    float *xp = hrandn(NK * C, 1), *W = hrandn(nw, 0.2), *W2 = hrandn(nw, 0.2), *dout = hrandn(NK * OC, 1);
+    float *dout2 = hrandn(NK * OC, 1), *out0 = hrandn(NK * OC, 1), *dinp0 = hrandn(NK * C, 1), *dW0 = hrandn(nw, 1);
+    float *gxp = dfl(xp, NK * C), *gW = dfl(W, nw), *gW2 = dfl(W2, nw), *gdout = dfl(dout, NK * OC);
+    float *gdout2 = dfl(dout2, NK * OC);
+    const int keep = lm_cuda_moe_tma_stores();
+    float *h[2][7];   // per epilogue (bulk, registers): out1, out2, dinp, dW, pair dinp, dW1, dW2 (host)
+    for (int m = 0; m < 2; m++) {
+        lm_cuda_set_moe_tma_stores(m == 0);
+        float *o = dfl(out0, NK * OC), *di = dfl(dinp0, NK * C), *dw = dfl(dW0, nw);
+        float *pdi = dfl(dinp0, NK * C), *pdw = dfl(dW0, nw), *pdw2 = dfl(dW0, nw), *o2 = dfl(out0, NK * OC);
+        GPU->grouped_matmul_fwd(o, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+        GPU->grouped_matmul_bwd(di, dw, gdout, gxp, gW, p.goffsets, E, C, OC, (int)NK);
+        GPU->grouped_matmul2_fwd(o, o2, gxp, gW, gW2, p.goffsets, E, C, OC, (int)NK);
+        GPU->grouped_matmul2_bwd(pdi, pdw, pdw2, gdout, gdout2, gxp, gW, gW2, p.goffsets, E, C, OC, (int)NK);
+        const float *d[7] = {o, o2, di, dw, pdi, pdw, pdw2};
+        const size_t n[7] = {rows * OC, rows * OC, rows * C, nw, rows * C, nw, nw};
+        for (int i = 0; i < 7; i++) {
+            h[m][i] = lm_malloc(n[i] * sizeof(float));
+            GPU->to_host(h[m][i], d[i], n[i] * sizeof(float));
+        }
+        DFREE(o, di, dw, pdi, pdw, pdw2, o2);
+    }
+    lm_cuda_set_moe_tma_stores(keep);
+    const char *what[7] = {"pair fwd out1 (exact)", "pair fwd out2 (exact)", "bwd dinp += (exact)",
+                           "bwd dW += (exact)", "pair bwd dinp += (exact)", "pair bwd dW1 += (exact)",
+                           "pair bwd dW2 += (exact)"};
+    const size_t n[7] = {rows * OC, rows * OC, rows * C, nw, rows * C, nw, nw};
+    for (int i = 0; i < 7; i++) {
+        record(op, what[i], tu_rel_rms(h[0][i], h[1][i], n[i]), 0);
+        HFREE(h[0][i], h[1][i]);
+    }
+    DFREE(gxp, gW, gW2, gdout, gdout2);
+    HFREE(xp, W, W2, dout, dout2, out0, dinp0, dW0);
+    free_plan(&p);
+}
+
 // The bf16 grouped GEMMs and the experts op (also alone: --moe, for the sanitizers)
 static void t_moe_gemms(void) {
     // bf16 tensor-core grouped GEMMs, every kernel (wgmma 128 × 256, 128 × 128 and
@@ -2469,6 +2517,13 @@ static void t_moe_gemms(void) {
         t_grouped_matmul(2000, 6, 2, -1, 136, 520);
         t_grouped_matmul(90, 3, 2, -1, 40, 24);   // every dimension under one 64-wide slice or block
     }
+    // the TMA kernel over more tiles than CTAs (2,000-row experts, 16 row tiles each: a CTA's
+    // stores of one tile still in flight when it stores the next); its bulk stores against its
+    // register stores, bit for bit
+    lm_cuda_set_moe_gemm(5);
+    t_grouped_matmul(6000, 6, 2, -1, 768, 1024);
+    t_grouped_tma_stores(6000, 6, 2, 768, 1024);
+    t_grouped_tma_stores(700, 8, 2, 296, 264);
     lm_cuda_set_moe_gemm(0);
     t_grouped_weight_cache();
     t_grouped_matmul(700, 8, 2, -1, 300, 260);
@@ -2486,6 +2541,9 @@ static void t_moe_gemms(void) {
     t_experts_op(500, 8, 2, -1, 192, 128, LM_ACT_SWIGLU, 0);
     t_experts_op(700, 8, 2, -1, 136, 264, LM_ACT_SITU, 1);
     t_experts_op(300, 12, 3, 40, 70, 45, LM_ACT_SWIGLU, 0);
+    // ~1,000 rows an expert: bf16 outputs and written weight gradients by bulk stores over more
+    // tiles than CTAs (the gate and up products 144 tiles, dW1 and dW3 144)
+    t_experts_op(3000, 6, 2, -1, 512, 768, LM_ACT_SWIGLU, 1);
     t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 0, 1);   // y, dy, dx not 16-byte aligned
     t_experts_op_at(300, 12, 3, 40, 72, 40, LM_ACT_SWIGLU, 1, 1);
     // ≤ 16 rows (decode steps): the forward's warp-per-column kernels, the backward's GEMMs;
