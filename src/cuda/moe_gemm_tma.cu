@@ -55,10 +55,11 @@
 
 enum { WT_FWD, WT_DINP };
 
-// EPI_BUFS: 8 KB store buffers per consumer warpgroup for the epilogue's bulk tensor stores
-// (wt_store_tile; 0: the accumulators go straight to global memory)
+// EPI_BUFS: store buffers per consumer warpgroup for the epilogue's bulk tensor stores
+// (wt_store_tile; 0: the accumulators go straight to global memory), a box each: 64 rows of 128 bytes
+#define WT_EPI_BUF 8192
 template <int WN_, int STAGES_, int CTAS_, int EPI_BUFS_> struct WtCfg {
-    static constexpr int WN = WN_, STAGES = STAGES_, CTAS = CTAS_, EPI_BUFS = EPI_BUFS_, EPI = 2 * EPI_BUFS * 8192;
+    static constexpr int WN = WN_, STAGES = STAGES_, CTAS = CTAS_, EPI_BUFS = EPI_BUFS_, EPI = 2 * EPI_BUFS * WT_EPI_BUF;
     static constexpr int B_BYTES = WN * WT_K * 2, STAGE = WT_A_BYTES + B_BYTES;
     // ring (1024-aligned) + staging + full, empty barriers per slot
     static constexpr int SMEM = STAGES * STAGE + EPI + 1024 + 2 * STAGES * 8;
@@ -172,7 +173,7 @@ __device__ __forceinline__ void wt_store_tile(const float (&acc)[WN / 2], uint32
 #pragma unroll
     for (int p = 0; p < WN / CW; p++) {
         if (CW * p >= N) break;
-        const uint32_t buf = stage + (nstored % NB) * 8192;
+        const uint32_t buf = stage + (nstored % NB) * WT_EPI_BUF;
         if (issuer) tma_store_wait_read<NB - 1>();   // the box stored from buf before has been read
         // named barrier 2 + wg: the warpgroup's 128 threads (0 is __syncthreads, 1 wt_dw_k's 256 consumers)
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
@@ -269,9 +270,10 @@ __global__ static void __launch_bounds__(WT_THREADS, Cfg::CTAS) wt_gemm_k(const 
                 wt_store_tile<WN, Cfg::EPI_BUFS, ACC, OBF>(acc, ring.epi(wg), nstored, &args.out_map, t.n0,
                                                            t.o0 + t.m0 + 64 * wg, t.N, tid);
         }
-        if (bulk) continue;
-        if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
-        else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
+        if (!bulk) {
+            if constexpr (OBF) wg_store_bf16<WN>(acc, (__nv_bfloat16 *)args.out + t.c0, args.N, t.M, t.N, tid);
+            else wg_store_acc<WN, ACC>(acc, (float *)args.out + t.c0, args.N, t.M, t.N, tid);   // ACC: reductions in L2
+        }
     }
     if (Cfg::EPI > 0 && leader) tma_store_wait_all();   // the stores done (their staging read) before the CTA exits
 }
