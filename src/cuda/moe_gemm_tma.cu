@@ -197,7 +197,7 @@ __device__ __forceinline__ void wt_store_tile(const float (&acc)[WN / 2], uint32
                 }
             }
         }
-        tma_fence_smem();
+        wg_fence_proxy();   // the buffer's generic writes before the copy engine reads it
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
         if (issuer) {
             if constexpr (ADD) tma_add_2d(map, buf, c0 + CW * p, r0);
@@ -475,9 +475,12 @@ void lm_wt_grouped_rows(void *Out, const __nv_bfloat16 *A, const __nv_bfloat16 *
     a.tile_start = tile_start;
     a.E = E;
     a.N = N;
-    if (wn == 256) a.out_map = wt_out_map(Out, out_bf16 ? 2 : 4, N, R, &a.out_tma);
-    if (wn == 256) wt_pick<WtBig>(a, dinp, acc, out_bf16);
-    else wt_pick<WtPair>(a, dinp, acc, out_bf16);
+    if (wn == 256) {
+        a.out_map = wt_out_map(Out, out_bf16 ? 2 : 4, N, R, &a.out_tma);
+        wt_pick<WtBig>(a, dinp, acc, out_bf16);
+    } else {
+        wt_pick<WtPair>(a, dinp, acc, out_bf16);
+    }
 }
 
 

@@ -5,7 +5,8 @@
 // expect). A load's completion is counted in bytes on an mbarrier (mbarrier.cuh); boxes that
 // reach past the tensor's edges are zero-filled, and still count their whole size. A store
 // (or an adding store) writes only the box's elements inside the tensor; its completion is
-// tracked per thread in bulk groups.
+// tracked per thread in bulk groups; the threads that wrote its shared memory order those writes
+// before it by wg_fence_proxy (wgmma.cuh).
 #ifndef LM_TMA_CUH
 #define LM_TMA_CUH
 #include <cuda.h>
@@ -51,8 +52,6 @@ template <int N> __device__ __forceinline__ void tma_store_wait_read() {
 }
 // waits until every bulk group of this thread has completed (its writes done)
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// orders this thread's generic shared-memory writes before later bulk copies that read them
-__device__ __forceinline__ void tma_fence_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Host: a bf16 tensor of `rank` (2 or 3) dimensions, dims[0] innermost (contiguous), strides[i]
 // the byte step of dimension i + 1; boxes of box[0] × box[1] (× 1) elements, box[0]·2 = 128
