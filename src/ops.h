@@ -485,6 +485,11 @@ typedef struct lm_ops {
     void (*graph_run)(void *graph);
     void (*graph_free)(void *graph);
     unsigned long (*graph_epoch)(void);
+
+    // ---- profiling (optional: NULL where nothing can listen) ----
+    // on = 1 / 0 opens / closes a region for a profiler started with collection off (CUDA:
+    // cudaProfilerStart / Stop, for `ncu --profile-from-start off`)
+    void (*profile_range)(int on);
 } lm_ops;
 
 extern const lm_ops lm_cpu_ops;

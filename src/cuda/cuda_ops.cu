@@ -432,4 +432,5 @@ extern "C" const lm_ops lm_cuda_ops = {
     .graph_run = cuda_graph_run,
     .graph_free = cuda_graph_free,
     .graph_epoch = cuda_graph_epoch,
+    .profile_range = lm_cuda_profiler,
 };

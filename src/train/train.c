@@ -388,6 +388,10 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
     // phases' wall times (a diagnostic: the waits expose launch latency the pipelined step hides)
     const char *phases_env = getenv("LINMOE_STEP_PHASES");
     const int show_phases = phases_env && phases_env[0] == '1';
+    // LINMOE_PROFILE_STEP=n: step n (1-based, as printed) inside the backend's profiling region,
+    // so that a profiler started with collection off records exactly one step's kernels
+    const char *prof_env = getenv("LINMOE_PROFILE_STEP");
+    const long prof_step = prof_env && ops->profile_range ? atol(prof_env) : 0;
     double ph[6] = {0};
     int consecutive_skips = 0;
     const int use_qk_clip = o->opt.kind == LM_OPT_MUON && o->qk_clip > 0;
@@ -417,6 +421,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
         const int capacity = lm_moe_capacity(cfg->capacity_factor, cfg->capacity_relax_steps, (int)ts.step,
                                              micro * T, cfg->n_experts, cfg->top_k);
         double tp = 0;   // the phases' clock, started once the device is idle
+        if (prof_step == ts.step + 1) ops->profile_range(1);
         if (show_phases) phase_mark(m, &tp);
         lm_model_zero_grads(m);
         if (show_phases) ph[0] += phase_mark(m, &tp);
@@ -464,6 +469,7 @@ int lm_train_run(const lm_train_opts *o, const lm_config *cfg, const lm_ops *ops
             fprintf(stderr, "linmoe: warning: step %ld skipped: non-finite %s (%d in a row)\n", ts.step,
                     isfinite(loss) ? "gradients" : "loss", consecutive_skips);
         }
+        if (prof_step == ts.step + 1) ops->profile_range(0);
         ts.step++;
         double dt = lm_time_sec() - t0;
         if (show_phases) {
