@@ -1598,6 +1598,28 @@ static void t_qb_select(int E, int nbins) {
     DFREE(ghist, gsel); HFREE(hist, sel);
 }
 
+// the margin histogram at the small preset's shape (16,384 tokens × 80 experts, 1,024 bins)
+// with the margins crowded into ~20 bins (the atomics' worst case), at 37 experts (expert
+// groups of unequal size in shared memory) and at bins too many for shared memory (the
+// global-atomic kernel): exact against the CPU, into a histogram that already holds counts
+static void t_qb_hist(int N, int E, int nbins, double spread) {
+    char op[64];
+    snprintf(op, sizeof op, "qb_hist_accum N%d E%d bins%d", N, E, nbins);
+    float *s = hrandn((size_t)N * E, spread), *alpha = hrandn(N, spread);
+    int *hist = lm_malloc((size_t)E * nbins * sizeof(int));
+    for (size_t i = 0; i < (size_t)E * nbins; i++) hist[i] = (int)lm_rng_below(&R, 5);
+    float *gs = dfl(s, (size_t)N * E), *galpha = dfl(alpha, N);
+    int *ghist = dint(hist, (size_t)E * nbins);
+    const float width = 1.0f / 1024;
+    CPU->qb_hist_accum(hist, s, alpha, -0.25f, width, N, E, nbins);
+    GPU->qb_hist_accum(ghist, gs, galpha, -0.25f, width, N, E, nbins);
+    CPU->qb_hist_accum(hist, s, alpha, -0.25f, width, N, E, nbins);   // twice: counts add up
+    GPU->qb_hist_accum(ghist, gs, galpha, -0.25f, width, N, E, nbins);
+    cmp_int(op, "hist (exact)", ghist, hist, (size_t)E * nbins);
+    DFREE(gs, galpha, ghist);
+    HFREE(s, alpha, hist);
+}
+
 static void t_balance(void) {
     const int N = 300, E = 12, k = 3, nbins = 16;
     float *z = hrandn((size_t)N * E, 2), *bias = hrandn(E, 0.1);
@@ -2662,6 +2684,9 @@ int main(int argc, char **argv) {
         t_moe_experts();
         t_moe_gemms();
         t_balance();
+        t_qb_hist(16384, 80, 1024, 0.01);
+        t_qb_hist(3000, 37, 1024, 0.2);
+        t_qb_hist(2000, 5, 32768, 0.3);
         t_qb_select(80, 1024);
         t_qb_select(7, 1000);
         t_qb_select(5, 3);
