@@ -57,6 +57,74 @@ __global__ static void route_fwd_warp_k(int *idx, float *gate, float *s, float *
         gate[i * k + t] = renorm ? route_scale * (si[top[t]] / sum) : route_scale * si[top[t]];
     }
 }
+// The same selection with a token's scores in registers: lane l holds experts l + 32b, b < VPL
+// (E ≤ 32·VPL), and the k + 1 ≤ MR rounds are unrolled, so that nothing is read back from
+// memory and the ranks stay in registers; lane t < k writes rank t. A round's warp arg-max is
+// two warp reductions (redux.sync): the largest value as an order-preserving unsigned key,
+// then the lowest index among the lanes holding it — the order above (ties to the lower index,
+// NaN as −∞ and so below every number). Why: the loop kernel's 5-step shuffle arg-max of
+// (value, index) pairs made it issue-bound — 28–30 µs a `small` B4 call (ncu, session 42:
+// SM throughput 73%, DRAM 4%), and so did the scores in registers with that arg-max (29.6
+// µs); with the reductions 18.6 µs (0.44 → 0.28 ms a B4 step).
+__device__ __forceinline__ unsigned route_key(float v) {   // a < b ⇔ key(a) < key(b); −∞ > 0
+    if (v == 0.f) v = 0.f;   // −0 as +0: equal values, as the comparisons above see them
+    const unsigned u = __float_as_uint(v);
+    return u >> 31 ? ~u : u | 0x80000000u;
+}
+template <int VPL, int MR>
+__global__ static void __launch_bounds__(32 * ROUTE_WARPS) route_fwd_reg_k(int *idx, float *gate, float *s, float *alpha,
+                                                                        const float *z, const float *bias, int N,
+                                                                        int E, int k, float route_scale, int renorm) {
+    const int lane = threadIdx.x & 31;
+    const long i = (long)blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (i >= N) return;
+    float sv[VPL], vv[VPL];   // s and the ranking value s + bias (NaN → −∞)
+#pragma unroll
+    for (int b = 0; b < VPL; b++) {
+        const int j = lane + 32 * b;
+        sv[b] = vv[b] = -INFINITY;
+        if (j < E) {
+            sv[b] = lm_sigm(z[i * E + j]);
+            s[i * E + j] = sv[b];
+            const float v = sv[b] + (bias ? bias[j] : 0.f);
+            vv[b] = v != v ? -INFINITY : v;
+        }
+    }
+    const int m = k < E ? k + 1 : E, ka = k < E ? k : k - 1;
+    unsigned taken = 0;   // bit b: expert lane + 32·b chosen
+    float sum = 0.f, mine_s = 0.f, al = 0.f;   // sum: Σ s over the k ranks in rank order, as lm_route_token
+    int mine = 0;   // lane t < k: rank t's expert (mine_s its s)
+#pragma unroll
+    for (int t = 0; t < MR; t++) {
+        if (t >= m) break;
+        unsigned key = 0;   // this lane's best untaken expert: key 0 (below −∞) when it has none
+        int bi = 0x7fffffff;
+        float bs = 0.f;
+#pragma unroll
+        for (int b = 0; b < VPL; b++) {   // j rises: equal values keep the lower index
+            const int j = lane + 32 * b;
+            const unsigned kb = route_key(vv[b]);
+            if (j < E && !(taken >> b & 1u) && kb > key) { key = kb; bi = j; bs = sv[b]; }
+        }
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, key);
+        // the winner is its lane's own best: that lane's bi, key kmax, lowest index of the lane
+        const int win = (int)__reduce_min_sync(0xffffffffu, key == kmax ? (unsigned)bi : 0x7fffffffu);
+        const float ws = __shfl_sync(0xffffffffu, bs, win & 31);
+        if ((win & 31) == lane) taken |= 1u << (win >> 5);
+        if (t < k) sum += ws;
+        if (t < k && t == lane) { mine = win; mine_s = ws; }
+        if (t == ka) {   // the value back from its key (route_key is a bijection)
+            const float wv = __uint_as_float(kmax >> 31 ? kmax & 0x7fffffffu : ~kmax);
+            al = k < E ? wv : wv - 1;
+        }
+    }
+    if (lane == 0) alpha[i] = al;
+    if (lane < k) {
+        idx[i * k + lane] = mine;
+        gate[i * k + lane] = renorm ? route_scale * (mine_s / sum) : route_scale * mine_s;
+    }
+}
+
 __global__ static void route_fwd_k(int *idx, float *gate, float *s, float *alpha, const float *z, const float *bias,
                                    int N, int E, int k, float route_scale, int renorm) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -70,7 +138,14 @@ void cuda_moe_route_fwd(int *idx, real *gate, real *s, real *alpha, const real *
     LM_CHECK(k >= 1 && k <= E && k <= LM_MAX_TOPK, "moe_route: need 1 <= k <= min(E, %d), got k=%d E=%d",
              LM_MAX_TOPK, k, E);
     if (N <= 0) return;
-    if (E <= 2048)
+    const unsigned nb = (unsigned)((N + ROUTE_WARPS - 1) / ROUTE_WARPS), nt = 32 * ROUTE_WARPS;
+    if (E <= 128 && k + 1 <= 9)   // `small`: top-4 of 80
+        route_fwd_reg_k<4, 9><<<nb, nt, 0, lm_cuda_stream()>>>(idx, gate, s, alpha, z, bias, N, E, k, route_scale, renorm);
+    else if (E <= 256 && k + 1 <= 9)   // Kimi Linear: top-8 of 256
+        route_fwd_reg_k<8, 9><<<nb, nt, 0, lm_cuda_stream()>>>(idx, gate, s, alpha, z, bias, N, E, k, route_scale, renorm);
+    else if (E <= 256 && k + 1 <= 17)   // up to top-16 of 256 (K3's 896 experts take the loop kernel)
+        route_fwd_reg_k<8, 17><<<nb, nt, 0, lm_cuda_stream()>>>(idx, gate, s, alpha, z, bias, N, E, k, route_scale, renorm);
+    else if (E <= 2048)
         route_fwd_warp_k<<<(N + ROUTE_WARPS - 1) / ROUTE_WARPS, 32 * ROUTE_WARPS, 0, lm_cuda_stream()>>>(
             idx, gate, s, alpha, z, bias, N, E, k, route_scale, renorm);
     else

@@ -2676,6 +2676,12 @@ int main(int argc, char **argv) {
         t_moe_route(300, 256, 8, 1, 0);   // Kimi Linear
         t_moe_route(300, 80, 4, 1, 1);
         t_moe_route(100, 300, 16, 0, 1);
+        t_moe_route(300, 256, 16, 1, 0);  // the register kernel's 17 rounds
+        t_moe_route(300, 200, 16, 0, 1);
+        t_moe_route(300, 256, 16, 1, 2);
+        t_moe_route(100, 8, 8, 1, 0);     // k = E: no (k+1)-th score
+        t_moe_route(100, 8, 8, 0, 1);
+        t_moe_route(200, 257, 4, 1, 0);   // past 256 experts: the warp loop kernel
         t_moe_route(20, 3000, 5, 1, 0);   // more than 2048 experts: a thread per token
         t_moe_route(300, 80, 4, 1, 2);    // NaN logits
         t_moe_route(300, 256, 8, 1, 2);
