@@ -21,12 +21,12 @@ import re
 import sys
 
 FAMILIES = [  # first match wins
-    ("expert GEMMs", r"wt_gemm_k|wt_dw_k|moe_gemm|grouped"),
+    ("expert GEMMs", r"wt_gemm_k|wt_dw_k|tc_rows|tc_dw|tc_sched|moe_gemm|grouped"),
     ("cuBLAS dense GEMMs", r"nvjet|cublas|splitKreduce|gemm|sm90_xmma|cutlass"),
     ("KDA", r"kda_|conv_|gated_"),
     ("AttnRes mixers", r"attnres"),
     ("MoE besides the GEMMs", r"route|plan|gather|combine|glu|qb_|moe|expert|balanc"),
-    ("MLA attention", r"fa_|mla|attn|split|sigmoid_gate"),
+    ("MLA attention", r"fa_|mla|attn|split|sgate"),
     ("optimizer and gradient norm", r"adamw|muon|sumsq"),
     ("the rest", r"."),
 ]

@@ -2685,6 +2685,7 @@ int main(int argc, char **argv) {
         t_moe_route(20, 3000, 5, 1, 0);   // more than 2048 experts: a thread per token
         t_moe_route(300, 80, 4, 1, 2);    // NaN logits
         t_moe_route(300, 256, 8, 1, 2);
+        t_moe_route(100, 300, 16, 1, 2);  // NaN logits on the warp loop kernel (past 256 experts)
         t_moe_route(20, 3000, 5, 1, 2);
         t_moe_plan();
         t_moe_experts();
