@@ -63,9 +63,9 @@ __global__ static void route_fwd_warp_k(int *idx, float *gate, float *s, float *
 // two warp reductions (redux.sync): the largest value as an order-preserving unsigned key,
 // then the lowest index among the lanes holding it — the order above (ties to the lower index,
 // NaN as −∞ and so below every number). Why: the loop kernel's 5-step shuffle arg-max of
-// (value, index) pairs made it issue-bound — 28–30 µs a `small` B4 call (ncu, session 42:
-// SM throughput 73%, DRAM 4%), and so did the scores in registers with that arg-max (29.6
-// µs); with the reductions 18.6 µs (0.44 → 0.28 ms a B4 step).
+// (value, index) pairs made it issue-bound — 28 µs a `small` B4 call (ncu, session 42:
+// SM throughput 73%, DRAM 4% for the scores in registers with that arg-max); with the
+// reductions 29.6 → 18.6 µs (ncu at its locked clock, the same kernel otherwise).
 __device__ __forceinline__ unsigned route_key(float v) {   // a < b ⇔ key(a) < key(b); −∞ > 0
     if (v == 0.f) v = 0.f;   // −0 as +0: equal values, as the comparisons above see them
     const unsigned u = __float_as_uint(v);
