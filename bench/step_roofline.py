@@ -2,8 +2,8 @@
 
 Reads Nsight Compute's raw CSV of one step (`LINMOE_PROFILE_STEP=n` brackets step n):
 
-    LINMOE_PROFILE_STEP=3 ncu --profile-from-start off --clock-control none --csv --page raw \
-        --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
+    LINMOE_PROFILE_STEP=3 ncu --profile-from-start off --clock-control none --cache-control none \
+        --csv --page raw --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
 dram__bytes_write.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed \
         build/cuda/linmoe train --device cuda --preset small --seq 4096 --batch 4 --steps 3 \
         --no-checkpoints > step.csv
