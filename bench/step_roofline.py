@@ -67,6 +67,13 @@ def family(name):
     return "the rest"
 
 
+def add(sums, k):
+    """Adds kernel k's time, bytes and floors into the running sums of a family or a kernel name."""
+    for key, val in (("n", 1), ("ms", k["ns"] * 1e-6), ("gb", k["bytes"] * 1e-9), ("mem", k["mem_ms"]),
+                     ("tcm", k["tc_ms"]), ("floor", k["floor_ms"])):
+        sums[key] = sums.get(key, 0) + val
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -81,13 +88,7 @@ def main():
         k["mem_ms"] = k["bytes"] / (a.bw * 1e12) * 1e3
         k["tc_ms"] = k["ns"] * 1e-6 * k["tc"] / 100.0
         k["floor_ms"] = max(k["mem_ms"], k["tc_ms"])
-        f = fams.setdefault(family(k["name"]), dict(n=0, ms=0.0, gb=0.0, mem=0.0, tcm=0.0, floor=0.0))
-        f["n"] += 1
-        f["ms"] += k["ns"] * 1e-6
-        f["gb"] += k["bytes"] * 1e-9
-        f["mem"] += k["mem_ms"]
-        f["tcm"] += k["tc_ms"]
-        f["floor"] += k["floor_ms"]
+        add(fams.setdefault(family(k["name"]), {}), k)
     tot = {key: sum(f[key] for f in fams.values()) for key in ("n", "ms", "gb", "mem", "tcm", "floor")}
     print(f"{int(tot['n'])} kernels, {tot['ms']:.2f} ms of kernel time; floors: DRAM bytes at {a.bw} TB/s, "
           f"tensor pipe busy time")
@@ -109,12 +110,7 @@ def main():
     # the kernels (by name) furthest above their floors
     by = {}
     for k in ks:
-        b = by.setdefault(k["name"][:60], dict(n=0, ms=0.0, floor=0.0, gb=0.0, tcm=0.0))
-        b["n"] += 1
-        b["ms"] += k["ns"] * 1e-6
-        b["floor"] += k["floor_ms"]
-        b["gb"] += k["bytes"] * 1e-9
-        b["tcm"] += k["tc_ms"]
+        add(by.setdefault(k["name"][:60], {}), k)
     print(f"\n| kernel | launches | ms | floor ms | over | DRAM GB | TB/s | tensor busy |")
     print("|---|---|---|---|---|---|---|---|")
     for name, b in sorted(by.items(), key=lambda kv: kv[1]["floor"] - kv[1]["ms"])[:a.top]:

@@ -144,7 +144,7 @@ def compare(tag, T, H, gate, seed, varlen=None, with_ref64=False):
     ref = None
     if with_ref64 and not varlen:
         ro, rht, rg = ref64(q, k, v, f, beta, A_log, dt_bias, h0, do, dht, gate)
-        ref = [ro, rht] + rg[:7] + [rg[7]]   # o, ht, dq, dk, dv, df, dβ, dA_log, ddt_bias, dh0
+        ref = [ro, rht] + rg   # o, ht, dq, dk, dv, df, dβ, dA_log, ddt_bias, dh0 (ref64's input order)
     for nm, ours_t, fla_t, tol, ri in rows:
         err = rel(ours_t, fla_t)
         if ref is not None and err > tol and rel(fla_t, ref[ri]) > tol >= rel(ours_t, ref[ri]):
