@@ -126,7 +126,7 @@ cuda: $(CUDA_OBJ)
 	@echo "== CUDA sources compiled: $(words $(CUDA_SRC))"
 # every CUDA program (CI builds them all: a changed op signature must not leave a bench behind)
 CUDA_PROGRAMS := build/cuda/linmoe build/cuda/tests/test_cuda_ops build/cuda/test_kda_cuda build/cuda/bench_kda \
-                 build/cuda/bench_moe build/cuda/bench_generate
+                 build/cuda/bench_moe build/cuda/bench_generate build/cuda/bench_linres
 cuda-all: $(CUDA_PROGRAMS)
 	@echo "== CUDA programs built: $(words $(CUDA_PROGRAMS))"
 build/cuda/obj/%.o: src/cuda/%.cu $(wildcard src/cuda/*.cuh) $(wildcard src/cuda/*.h) src/ops.h
@@ -145,20 +145,23 @@ build/cuda/obj/tests/%.o: tests/cuda/%.c src/ops.h $(wildcard src/cuda/*.h) | de
 	$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
 build/cuda/tests/test_cuda_ops: build/cuda/obj/tests/test_cuda_ops.o build/f32/obj/tests/compare.o $(CUDA_OBJ) build/f32/liblinmoe.a
 	@mkdir -p $(dir $@)
-	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas -lcublasLt $(LDLIBS) -lgomp
 # the `linmoe` program with the CUDA backend (--device cuda)
 build/cuda/obj/cli/%.o: src/cli/%.c | deps-quiet
 	@mkdir -p $(dir $@)
 	@$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
 build/cuda/linmoe: $(patsubst src/cli/%.c,build/cuda/obj/cli/%.o,$(CLI_SRC)) $(CUDA_OBJ) build/f32/liblinmoe.a
-	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas -lcublasLt $(LDLIBS) -lgomp
 cuda-cli: build/cuda/linmoe
 # generation benchmark of the `small` preset, hybrid vs all-MLA (bench/RESULTS.md; needs a GPU to run)
 build/cuda/obj/bench/%.o: bench/%.c src/ops.h $(wildcard src/cuda/*.h) | deps-quiet
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_f32) -DLM_CUDA -MMD -MP -c $< -o $@
 build/cuda/bench_generate: build/cuda/obj/bench/bench_generate.o $(CUDA_OBJ) build/f32/liblinmoe.a
-	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas $(LDLIBS) -lgomp
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas -lcublasLt $(LDLIBS) -lgomp
+# a sublayer's output linear added onto the residual (lm_linears.res) against linear + add
+build/cuda/bench_linres: build/cuda/obj/bench/bench_linres.o $(CUDA_OBJ) build/f32/liblinmoe.a
+	$(NVCC) -arch=sm_90a $^ -o $@ -lcublas -lcublasLt $(LDLIBS) -lgomp
 cuda-tests: build/cuda/tests/test_cuda_ops
 test-cuda-ops: build/cuda/tests/test_cuda_ops
 	build/cuda/tests/test_cuda_ops
@@ -174,7 +177,7 @@ build/cuda/ref/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(REF_FLAGS) -MMD -MP -c $< -o $@
 build/cuda/test_kda_cuda: tests/cuda/test_kda_cuda.cu $(CUDA_OBJ) $(REF_OBJ)
-	$(NVCC) $(NVFLAGS) $^ -o $@ -Xcompiler -fopenmp -lcublas -lm
+	$(NVCC) $(NVFLAGS) $^ -o $@ -Xcompiler -fopenmp -lcublas -lcublasLt -lm
 build/cuda/bench_kda: bench/bench_kda.cu $(KDA_OBJ)
 	$(NVCC) $(NVFLAGS) $^ -o $@
 build/cuda/libkda_cuda.so: $(KDA_OBJ)
@@ -183,7 +186,7 @@ build/cuda/libkda_cuda.so: $(KDA_OBJ)
 # the MoE layer at Kimi-Linear shapes (bench/bench_moe.cu; bench/bench_moe_torch.py is the
 # PyTorch side)
 build/cuda/bench_moe: bench/bench_moe.cu $(CUDA_OBJ) build/f32/liblinmoe.a
-	$(NVCC) $(NVFLAGS) $^ -o $@ -lcublas $(LDLIBS) -lgomp
+	$(NVCC) $(NVFLAGS) $^ -o $@ -lcublas -lcublasLt $(LDLIBS) -lgomp
 bench-moe: build/cuda/bench_moe
 	build/cuda/bench_moe
 

@@ -150,13 +150,17 @@ typedef struct {
 // biases. Backward: dinp [N, C] += Σ_i dout_i · W_i (the CPU adds in list order; the CUDA
 // bf16 path sums the list in one product), and
 // dW_i [OC_i, C] += dout_iᵀ · inp (a NULL dW_i is skipped). out is read by the forward,
-// dout and dW by the backward.
+// dout and dW by the backward. A given res_i makes the forward out_i = res_i + inp · W_iᵀ
+// (res_i [N, OC_i], not out_i itself): a sublayer's output linear adding its result to the
+// residual stream, so that no separate add pass writes and reads the sublayer's output
+// (the CUDA bf16 path adds it in the GEMM's epilogue).
 #define LM_MAX_LINEARS 8
 typedef struct {
     int n;
     int OC[LM_MAX_LINEARS];
     const real *W[LM_MAX_LINEARS];
     real *out[LM_MAX_LINEARS];
+    const real *res[LM_MAX_LINEARS];   // forward: NULL, or the tensor out_i is added onto
     const real *dout[LM_MAX_LINEARS];
     real *dW[LM_MAX_LINEARS];
     int dinp_assign;   // backward: dinp is written (its contents on entry do not matter), not added into

@@ -554,6 +554,61 @@ static void test_mix_norm_plan(void **state) {
     }
 }
 
+// The ADDs of a sublayer's output onto the partial sum run inside the sublayer (plan_fused_adds;
+// LM_FUSE_ADD=0 keeps them apart): every ADD of the block and prenorm plans is fused, and a step
+// gives the same loss and gradients up to fp32 rounding — the MoE sublayer now adds the partial
+// sum before its routed experts, not after (the attention and dense sublayers form the same sum
+// the ADD did). Variants: MLA and KDA layers, a dense FFN, MoE with and without a shared expert.
+static void test_fused_add_plan(void **state) {
+    (void)state;
+    for (int v = 0; v < 3; v++) {
+        lm_config c = small_hybrid("KMKM");
+        if (v == 1) c.residual = LM_RES_PRENORM;
+        if (v == 2) { c.n_shared = 0; c.first_dense = 2; }
+        assert_int_equal(lm_config_finalize(&c), LM_OK);
+        lm_rng r;
+        lm_rng_seed(&r, 31);
+        int *tok, *tgt;
+        make_batch(2, 30, c.vocab, &r, &tok, &tgt);
+        real *g[2];
+        double loss[2];
+        for (int k = 0; k < 2; k++) {
+            if (k == 0) setenv("LM_FUSE_ADD", "0", 1);
+            lm_model *m = lm_model_create(&c, ops, 8);
+            unsetenv("LM_FUSE_ADD");
+            int adds = 0, fused_adds = 0, fused_subs = 0;
+            for (int t = 0; t < m->n_tape; t++) {
+                adds += m->tape[t].kind == LM_TP_ADD;
+                fused_adds += m->tape[t].kind == LM_TP_ADD && m->tape[t].fused;
+                fused_subs += m->tape[t].kind != LM_TP_ADD && m->tape[t].fused;
+            }
+            char what[120];
+            snprintf(what, sizeof what, "variant %d, LM_FUSE_ADD %s: ADDs not fused (of %d), sublayers unpaired", v,
+                     k ? "unset" : "0", adds);
+            tu_check(what, (k ? adds - fused_adds : fused_adds) + abs(fused_subs - fused_adds), 0);
+            assert_true(adds >= 4);
+            lm_rng pr;
+            lm_rng_seed(&pr, 32);
+            perturb_special(m, &pr);
+            lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
+            lm_model_zero_grads(m);
+            loss[k] = lm_model_forward(m, tok, tgt, 2, 30, o);
+            lm_model_backward(m, (real)(1.0 / m->last_count));
+            g[k] = tu_alloc(m->playout.numel);
+            lm_model_get_grads(m, g[k]);
+            if (k) {
+                double gmax = 0;
+                for (size_t i = 0; i < m->playout.numel; i++) gmax = fmax(gmax, fabs((double)g[0][i]));
+                snprintf(what, sizeof what, "variant %d: fused vs separate ADDs, relative |loss diff| + max |grad diff|", v);
+                tu_check(what, fabs(loss[1] - loss[0]) / fabs(loss[0]) + tu_max_abs_diff(g[0], g[1], m->playout.numel) / gmax,
+                         2e-5);
+            }
+            lm_model_free(m);
+        }
+        free(g[0]); free(g[1]); free(tok); free(tgt);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_param_counts),
@@ -572,6 +627,7 @@ int main(void) {
         cmocka_unit_test(test_micro_batches_sum),
         cmocka_unit_test(test_written_gradients),
         cmocka_unit_test(test_mix_norm_plan),
+        cmocka_unit_test(test_fused_add_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

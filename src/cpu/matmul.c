@@ -36,8 +36,15 @@ void cpu_matmul_bwd(real *dinp, real *dW, real *dbias, const real *dout, const r
 }
 
 // linears of one input (lm_linears): the loop the op interface describes
+// (out_i = res_i + the product: the product first, then the same sum an add op would form)
 void cpu_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
-    for (int i = 0; i < L->n; i++) cpu_matmul_fwd(L->out[i], inp, L->W[i], NULL, N, C, L->OC[i]);
+    for (int i = 0; i < L->n; i++) {
+        real *out = L->out[i];
+        const real *res = L->res[i];
+        LM_CHECK(!res || res != out, "linears_fwd: res aliases its output");
+        cpu_matmul_fwd(out, inp, L->W[i], NULL, N, C, L->OC[i]);
+        if (res) cpu_add(out, res, out, (size_t)N * L->OC[i]);
+    }
 }
 void cpu_linears_bwd(const lm_linears *L, real *dinp, const real *inp, int N, int C) {
     if (L->dinp_assign && dinp) memset(dinp, 0, (size_t)N * C * sizeof(real));   // written = added onto zeros

@@ -63,6 +63,17 @@ cublasHandle_t lm_cublas(void) {
     return g_cublas;
 }
 
+static cublasLtHandle_t g_cublaslt;
+cublasLtHandle_t lm_cublaslt(void) {
+    if (!g_cublaslt) cublasCheck(cublasLtCreate(&g_cublaslt));
+    return g_cublaslt;
+}
+void *lm_cublas_workspace(size_t *bytes) {
+    lm_cublas();   // allocates it
+    *bytes = CUBLAS_WS_BYTES;
+    return g_cublas_ws;
+}
+
 void *lm_cuda_scratch(size_t bytes) {
     if (bytes == 0) bytes = 256;
     if (bytes > g_scratch_cap) {
@@ -118,6 +129,7 @@ const char *lm_cuda_device_name(double *total_bytes) {
 
 void lm_cuda_backend_shutdown(void) {
     if (g_cublas) { cublasDestroy(g_cublas); g_cublas = NULL; }
+    if (g_cublaslt) { cublasLtDestroy(g_cublaslt); g_cublaslt = NULL; }
     if (g_cublas_ws) { cudaFree(g_cublas_ws); g_cublas_ws = NULL; }
     if (g_scratch) { cudaFree(g_scratch); g_scratch = NULL; g_scratch_cap = 0; }
     lm_cuda_weight_cache_free();

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <initializer_list>
 #include <stdint.h>
 #include "cuda_backend.h"
@@ -31,6 +32,10 @@ void lm_cuda_fail(const char *what, const char *expr, const char *file, int line
 #define cudaLaunchCheck() cudaCheck(cudaGetLastError())
 
 cublasHandle_t lm_cublas(void);
+// cuBLASLt (GEMMs with an epilogue cublasGemmEx lacks: matmul.cu's residual) and the cuBLAS
+// handle's workspace, which its calls share: both run in order on the op stream
+cublasLtHandle_t lm_cublaslt(void);
+void *lm_cublas_workspace(size_t *bytes);
 // One device workspace shared by all ops (each op carves what it needs from one call;
 // the previous contents are not kept). Growing it frees the old buffer with cudaFree,
 // which waits for the device, so work already queued on the old buffer is finished.

@@ -9,6 +9,7 @@
 // product below is issued as the column-major product of the transposes.
 #include "cuda_common.cuh"
 #include <cuda_bf16.h>
+#include <string.h>
 
 // Skinny products (decode: a few rows) stay on SGEMM (TF32 in the bf16 mode): they are
 // bound by reading the weights, which SGEMM reads once in fp32, while the bf16 path would
@@ -22,6 +23,87 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
     const float one = 1.0f;
     cublasCheck(cublasGemmEx(lm_cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
                              CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// column-major D [m,n] = Aᵀ · B + R (A [k,m] ld k, B [k,n] ld k: bf16; R, D fp32, ld m; R ≠ D)
+// through cuBLASLt, whose epilogue reads R (cublasGemmEx's C is also its output). The plan of
+// a shape — descriptors and the heuristic's first algorithm, for the pointers' alignment — is
+// made once. Returns 0 when cuBLASLt offers no algorithm (the caller adds R itself).
+#define LT_PLANS 32
+struct LtPlan {
+    int m, n, k, align;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, cd;
+    cublasLtMatmulAlgo_t algo;
+    int ok;
+};
+static LtPlan g_lt[LT_PLANS];
+static int g_nlt;
+// the largest power of two up to 256 dividing every address (cuBLASLt's alignment preference)
+static int lt_align(const void *const *p, int n) {
+    uintptr_t bits = 256;
+    for (int i = 0; i < n; i++) bits |= (uintptr_t)p[i];
+    return (int)(bits & (~bits + 1));
+}
+static const LtPlan *lt_plan(int m, int n, int k, int align) {
+    for (int i = 0; i < g_nlt; i++)
+        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].align == align) return &g_lt[i];
+    LM_CHECK(g_nlt < LT_PLANS, "cuBLASLt: more than %d residual GEMM shapes", LT_PLANS);
+    LtPlan *P = &g_lt[g_nlt++];
+    memset(P, 0, sizeof *P);
+    P->m = m, P->n = n, P->k = k, P->align = align;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&P->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(P->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    cublasCheck(cublasLtMatmulDescSetAttribute(P->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&P->a, CUDA_R_16BF, k, m, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&P->b, CUDA_R_16BF, k, n, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&P->cd, CUDA_R_32F, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws_bytes;
+    lm_cublas_workspace(&ws_bytes);
+    const uint32_t al = (uint32_t)align;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                     sizeof ws_bytes));
+    const cublasLtMatmulPreferenceAttributes_t als[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, als[i], &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t r[8];
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lm_cublaslt(), P->op, P->a, P->b, P->cd, P->cd, pref, 8, r,
+                                                       &found);
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    P->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    // the first 128 × 128-tile algorithm, else the first: the heuristic ranks 256 × 128 tiles
+    // first, whose epilogue's read of R is not hidden (bench_linres, H200, N 16384 → 1024 from
+    // C 1024 / 4096 / 256, µs: 256 × 128 128.0 / 320.9 / 80.6, 128 × 128 88.2 / 304.5 / 50.1,
+    // the product alone with its input's rounding 86.8 / 280.4 / 38.1, and + the add op
+    // 136.3 / 335.0 / 88.5)
+    if (P->ok) P->algo = r[0].algo;
+    for (int i = 0; P->ok && i < found; i++) {
+        int tile = 0;
+        size_t w;
+        cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w));
+        if (tile == CUBLASLT_MATMUL_TILE_128x128) {
+            P->algo = r[i].algo;
+            break;
+        }
+    }
+    return P;
+}
+static int gemm_bf16_res(int m, int n, int k, const __nv_bfloat16 *A, const __nv_bfloat16 *B, const float *R,
+                         float *D) {
+    const void *ptrs[4] = {A, B, R, D};
+    const LtPlan *P = lt_plan(m, n, k, lt_align(ptrs, 4));
+    if (!P->ok) return 0;
+    size_t ws_bytes;
+    void *ws = lm_cublas_workspace(&ws_bytes);
+    const float one = 1.0f;
+    cublasCheck(cublasLtMatmul(lm_cublaslt(), P->op, &one, A, P->a, B, P->b, &one, R, P->cd, D, P->cd, &P->algo, ws,
+                               ws_bytes, lm_cuda_stream()));
+    return 1;
 }
 
 __global__ static void add_bias_k(float *out, const float *bias, int N, int OC) {
@@ -146,16 +228,25 @@ static int few_rows_linears(const lm_linears *L, const real *inp, int N, int C) 
     return 1;
 }
 
-// out_i [N,OC_i] = inp [N,C] · W_i [OC_i,C]ᵀ; in the bf16 mode inp is rounded once for the list
+// out_i [N,OC_i] = (res_i +) inp [N,C] · W_i [OC_i,C]ᵀ; in the bf16 mode inp is rounded once
+// for the list, and a res_i added in the GEMM's epilogue (else by an add pass after it)
 void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
     if (N <= 0) return;
-    if (few_rows_linears(L, inp, N, C)) return;
+    for (int i = 0; i < L->n; i++)
+        LM_CHECK(!L->res[i] || L->res[i] != L->out[i], "linears_fwd: res aliases its output");
+    if (few_rows_linears(L, inp, N, C)) {
+        for (int i = 0; i < L->n; i++)
+            if (L->res[i] && L->OC[i] > 0) cuda_add(L->out[i], L->res[i], L->out[i], (size_t)N * L->OC[i]);
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     const __nv_bfloat16 *xb = NULL;
     for (int i = 0; i < L->n; i++) {
         const int OC = L->OC[i];
         float *out = L->out[i];
+        const float *res = L->res[i];
         if (OC <= 0) continue;
+        int res_added = 0;
         if (C <= 0) {
             cudaCheck(cudaMemsetAsync(out, 0, (size_t)N * OC * sizeof(float), lm_cuda_stream()));
         } else if (use_bf16(N)) {   // column-major: outᵀ [OC,N] = W (Wᵀ stored [C,OC]) ᵀ · inpᵀ [C,N]
@@ -167,11 +258,13 @@ void cuda_linears_fwd(const lm_linears *L, const real *inp, int N, int C) {
                 lm_cuda_to_bf16(x, inp, (size_t)N * C);
                 xb = x;
             }
-            gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
+            if (res) res_added = gemm_bf16_res(OC, N, C, wb, xb, res, out);
+            if (!res_added) gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, wb, C, xb, C, 0.0f, out, OC);
         } else {
             cublasCheck(cublasSgemm(lm_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, L->W[i], C, inp, C, &zero,
                                     out, OC));
         }
+        if (res && !res_added) cuda_add(out, res, out, (size_t)N * OC);
     }
 }
 

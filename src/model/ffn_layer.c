@@ -7,7 +7,8 @@
 // goes through RMSNorm and W_up back to d_model.
 #include "model/layers.h"
 
-void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out) {
+void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out,
+                        const real *res) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
@@ -18,7 +19,7 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     o->linears_fwd(&L, a->xn, N, d);
     void *h_lo = lm_lo(s, LM_LO_FFN_H);   // written by the GLU
     o->glu_fwd(a->h, a->a, a->b, (size_t)N * F, c->expert_act, h_lo);
-    lm_linear_fwd(o, out, a->h, p->ffn_w2, N, F, d, h_lo, 1);
+    lm_linear_res_fwd(o, out, res, a->h, p->ffn_w2, N, F, d, h_lo, 1);
 }
 
 void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
@@ -69,7 +70,7 @@ static lm_experts routed_experts(const lm_step_ctx *s, const lm_layer_params *p,
 }
 
 void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal, lm_moe_acts *a, const real *x,
-                      real *out) {
+                      real *out, const real *res) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, E = c->n_experts, k = c->top_k, F = c->d_ff_expert, dl = expert_width(c);
@@ -88,12 +89,14 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
     if (!c->moe_latent_dim) ex.x_lo = L.lo;   // xn's bf16 copy, filled by the norm
     const int Fs = c->n_shared * F;
     if (!c->moe_latent_dim) {
-        // the experts op adds its sum into out, which already holds the shared experts' output
-        // (or zeros): no routed tensor and no separate sum pass
+        // the experts op adds its sum into out, which already holds res + the shared experts'
+        // output (or res, or zeros): no routed tensor and no separate sum pass
         if (c->n_shared > 0) {
             void *sh_lo = lm_lo(s, LM_LO_FFN_H);   // written by the GLU
             o->glu_fwd(a->sh, a->sa, a->sb, (size_t)N * Fs, c->expert_act, sh_lo);
-            lm_linear_fwd(o, out, a->sh, p->sh_w2, N, Fs, d, sh_lo, 1);
+            lm_linear_res_fwd(o, out, res, a->sh, p->sh_w2, N, Fs, d, sh_lo, 1);
+        } else if (res) {
+            o->copy(out, res, (size_t)N * d * sizeof(real));
         } else {
             o->zero(out, (size_t)N * d * sizeof(real));
         }
@@ -111,6 +114,7 @@ void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal
         } else {
             o->copy(out, a->routed, (size_t)N * d * sizeof(real));
         }
+        if (res) o->add(out, out, res, (size_t)N * d);
     }
     // the balancing losses (host values: the backend waits for them) are not formed when
     // generating with a cache, whose steps may be recorded and replayed (lm_model_forward)

@@ -43,7 +43,8 @@ static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_kd
     return L;
 }
 
-void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out) {
+void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out,
+                      const real *res) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, H = c->kda_heads, K = c->kda_head_dim, HK = H * K, W = c->kda_conv;
@@ -86,7 +87,7 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     if (!c->kda_full_rank_gate) lm_linear_fwd(o, a->gz, a->ga, p->g_b, N, K, HK, lm_lo(s, LM_LO_ATTN_B), 0);
     void *on_lo = lm_lo(s, LM_LO_ATTN_OUT);   // written by the gated norm
     o->gated_rmsnorm_fwd(a->on, a->on_rstd, a->o, a->gz, p->o_norm, N, H, K, c->norm_eps, on_lo, k.o_lo);
-    lm_linear_fwd(o, out, a->on, p->o_proj, N, HK, d, on_lo, 1);
+    lm_linear_res_fwd(o, out, res, a->on, p->o_proj, N, HK, d, on_lo, 1);
 }
 
 // The [N, ΣOC] matrix of the xn projections' output gradients in the linears' GEMM precision

@@ -164,21 +164,34 @@ static inline void lm_linear_fwd(const lm_ops *o, real *out, const real *inp, co
     const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo, .lo_filled = lo_filled};
     o->linears_fwd(&L, inp, N, C);
 }
+// out [N,OC] = res [N,OC] + inp [N,C] · W [OC,C]ᵀ (res NULL: lm_linear_fwd): a sublayer's
+// output linear writing the residual stream's next tensor (lm_linears.res)
+static inline void lm_linear_res_fwd(const lm_ops *o, real *out, const real *res, const real *inp, const real *W,
+                                     int N, int C, int OC, void *lo, int lo_filled) {
+    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .res = {res}, .lo = lo, .lo_filled = lo_filled};
+    o->linears_fwd(&L, inp, N, C);
+}
 #define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \
     lm_linears_add(&(L), (p)->w, (oc), (a) ? (a)->t : NULL, (da) ? (da)->t : NULL, (g) ? (g)->w : NULL)
 
-void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out);
+// The sublayers: out [N, d] = res + sublayer(x) (res NULL: out = sublayer(x)); res is the
+// partial sum the residual stream adds the output onto, which the output linear adds in (the
+// sublayer's own output is then never stored). Their backwards need neither out nor res.
+void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, const real *x, real *out,
+                      const real *res);
 void lm_kda_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_kda_acts *a,
                       lm_kda_acts *da, const real *x, const real *dout, real *dx);
-void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out);
+void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out,
+                      const real *res);
 void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,
                       lm_mla_acts *da, const real *x, const real *dout, real *dx);
-void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out);
+void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts *a, const real *x, real *out,
+                        const real *res);
 void lm_dense_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_dense_acts *a,
                         lm_dense_acts *da, const real *x, const real *dout, real *dx);
 // bal may be NULL (no statistics, e.g. evaluation)
 void lm_moe_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_balancer *bal, lm_moe_acts *a, const real *x,
-                      real *out);
+                      real *out, const real *res);
 void lm_moe_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_moe_acts *a,
                       lm_moe_acts *da, const real *x, const real *dout, real *dx);
 

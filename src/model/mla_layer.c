@@ -102,7 +102,8 @@ static lm_linears xn_linears(const lm_config *c, const lm_layer_params *p, lm_ml
     return L;
 }
 
-void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out) {
+void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, const real *x, real *out,
+                      const real *res) {
     const lm_ops *o = s->ops;
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, Hm = c->mla_heads, Dqk = lm_mla_qk_dim(c);
@@ -143,7 +144,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
         o->sigmoid_gate_fwd(a->og, a->o, a->z, (size_t)N * Hm * Dv, out_lo);
         og = a->og;
     }
-    lm_linear_fwd(o, out, og, p->o_proj, N, Hm * Dv, d, out_lo, c->mla_gated);
+    lm_linear_res_fwd(o, out, res, og, p->o_proj, N, Hm * Dv, d, out_lo, c->mla_gated);
 }
 
 void lm_mla_layer_bwd(lm_step_ctx *s, const lm_layer_params *p, lm_layer_params *g, const lm_mla_acts *a,

@@ -92,8 +92,9 @@ static void build_tape(lm_model *m) {
 // output added to the partial sum), takes the ADD output's gradient buffer: its gradient
 // equals that one, which is complete when the ADD's backward runs (every reader of the
 // output comes later in the tape) and is only read afterwards (a sublayer's dout is const).
-static void plan_grad_aliases(lm_model *m) {
-    int uses[LM_MAX_STREAM] = {0};
+// uses[s]: how many times the forward reads stream s (the final norm or mixer counting once)
+static void stream_uses(const lm_model *m, int *uses) {
+    for (int s = 0; s < m->n_stream; s++) uses[s] = 0;
     for (int t = 0; t < m->n_tape; t++) {
         const lm_tape_op *op = &m->tape[t];
         if (op->kind == LM_TP_MIX) {
@@ -105,6 +106,11 @@ static void plan_grad_aliases(lm_model *m) {
         }
     }
     uses[m->stream_final]++;
+}
+
+static void plan_grad_aliases(lm_model *m) {
+    int uses[LM_MAX_STREAM];
+    stream_uses(m, uses);
     for (int s = 0; s < m->n_stream; s++) m->grad_alias[s] = -1;
     for (int t = 0; t < m->n_tape; t++) {
         const lm_tape_op *op = &m->tape[t];
@@ -221,9 +227,29 @@ static void plan_dout_lo(lm_model *m) {
     }
 }
 
+// Which ADDs run inside the sublayer before them (lm_tape_op.fused): those adding a sublayer's
+// output, read by nothing else, onto the partial sum (prenorm and block residuals; the full
+// one has no ADD). Saves the output's store and the ADD's pass: of three [N, d] tensors' traffic,
+// the GEMM epilogue reads one. The backwards are unchanged: neither the ADD's nor the
+// sublayer's reads the output. LM_FUSE_ADD=0 keeps them apart (A/B measurements).
+static void plan_fused_adds(lm_model *m) {
+    const char *env = getenv("LM_FUSE_ADD");
+    const int on = !(env && strcmp(env, "0") == 0);
+    int uses[LM_MAX_STREAM];
+    stream_uses(m, uses);
+    for (int t = 0; t < m->n_tape; t++) m->tape[t].fused = 0;
+    for (int t = 0; on && t + 1 < m->n_tape; t++) {
+        lm_tape_op *op = &m->tape[t], *next = &m->tape[t + 1];
+        if ((op->kind == LM_TP_ATTN || op->kind == LM_TP_FFN) && next->kind == LM_TP_ADD && next->in[1] == op->out &&
+            next->in[0] != op->out && uses[op->out] == 1)
+            op->fused = next->fused = 1;
+    }
+}
+
 static void build_plan(lm_model *m) {
     build_tape(m);
     plan_mix_norms(m);
+    plan_fused_adds(m);
     plan_grad_aliases(m);
     plan_grad_writes(m);
     plan_dout_lo(m);
@@ -456,12 +482,17 @@ static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
     lm_layer_acts *a = &m->acts.layer[op->layer];
     const real *x = m->acts.stream[op->in[0]];
     real *out = m->acts.stream[op->out];
+    const real *res = NULL;
+    if (op->fused) {   // the ADD after it: out = partial sum + sublayer (plan_fused_adds)
+        out = m->acts.stream[op[1].out];
+        res = m->acts.stream[op[1].in[0]];
+    }
     if (op->kind == LM_TP_ATTN) {
-        if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_fwd(s, p, &a->mla, x, out);
-        else lm_kda_layer_fwd(s, p, &a->kda, x, out);
+        if (lm_layer_is_mla(&m->cfg, op->layer)) lm_mla_layer_fwd(s, p, &a->mla, x, out, res);
+        else lm_kda_layer_fwd(s, p, &a->kda, x, out, res);
     } else {
-        if (lm_layer_is_moe(&m->cfg, op->layer)) lm_moe_layer_fwd(s, p, &m->bal[op->layer], &a->moe, x, out);
-        else lm_dense_layer_fwd(s, p, &a->dense, x, out);
+        if (lm_layer_is_moe(&m->cfg, op->layer)) lm_moe_layer_fwd(s, p, &m->bal[op->layer], &a->moe, x, out, res);
+        else lm_dense_layer_fwd(s, p, &a->dense, x, out, res);
     }
 }
 
@@ -494,7 +525,8 @@ static void forward_body(lm_model *m) {
         case LM_TP_ATTN:
         case LM_TP_FFN: run_sublayer_fwd(m, op); break;
         case LM_TP_ADD:
-            o->add(a->stream[op->out], a->stream[op->in[0]], a->stream[op->in[1]], (size_t)N * d);
+            if (!op->fused)
+                o->add(a->stream[op->out], a->stream[op->in[0]], a->stream[op->in[1]], (size_t)N * d);
             break;
         }
     }

@@ -32,6 +32,10 @@ typedef struct {
     // j ≥ 0 whose gradient it also writes in that precision to lm_model.lo_dstream (−1: none);
     // ATTN/FFN, 1 if its output gradient arrives there (lm_step_ctx.dout_lo)
     int dout_lo;
+    // ATTN/FFN: the ADD right after it (its output + the partial sum in[0]) runs inside it, as
+    // its output linear's residual (lm_linears.res): it writes the ADD's output, and its own
+    // output stream, read by that ADD alone, is never stored. ADD: it ran so (plan_fused_adds)
+    int fused;
 } lm_tape_op;
 
 typedef struct {

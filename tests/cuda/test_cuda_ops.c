@@ -513,6 +513,45 @@ static void t_linears(int N, int C) {
             cmp_dev_exact(op, what, gdW[i], gdW1[i], nw);
         }
     }
+    {   // outputs added onto a residual (res_i): against the CPU, and against the same list's
+        // outputs plus res_i by the add op — bit for bit where the sum is its own pass (fp32
+        // modes, ≤ 8 rows), up to fp32 rounding where the bf16 GEMM's epilogue adds it
+        // (cuBLASLt's kernel may sum the products in another order than cublasGemmEx's)
+        lm_linears Lr = L, Gr = G;
+        float *res[3], *gres[3], *outr[3], *goutr[3], *gsum[3];
+        for (int i = 0; i < n; i++) {
+            const size_t no = (size_t)N * OC[i];
+            res[i] = hrandn(no, 2);
+            gres[i] = dfl(res[i], no);
+            outr[i] = lm_malloc(no * sizeof(float));
+            goutr[i] = dpoison(no);
+            gsum[i] = dpoison(no);
+            Lr.out[i] = outr[i]; Gr.out[i] = goutr[i];
+            Lr.res[i] = i == 1 ? NULL : res[i];   // one without: the list mixes both
+            Gr.res[i] = i == 1 ? NULL : gres[i];
+        }
+        CPU->linears_fwd(&Lr, x, N, C);
+        GPU->linears_fwd(&Gr, gx, N, C);
+        for (int i = 0; i < n; i++) {
+            const size_t no = (size_t)N * OC[i];
+            snprintf(what, sizeof what, "fwd out[%d]%s", i, i == 1 ? ", res elsewhere" : " + res");
+            float *ref = lm_malloc(no * sizeof(float));
+            for (size_t j = 0; j < no; j++) ref[j] = (i == 1 ? 0.0f : res[i][j]) + out[i][j];
+            cmp(op, what, goutr[i], ref, no, TOLM);
+            snprintf(what, sizeof what, "cpu fwd out[%d] + res == add op", i);
+            record(op, what, (double)(memcmp(ref, outr[i], no * sizeof(float)) != 0), 0);
+            if (i == 1) GPU->copy(gsum[i], gout[i], no * sizeof(float));
+            else GPU->add(gsum[i], gres[i], gout[i], no);
+            snprintf(what, sizeof what, "fwd out[%d] + res %s add op", i, mode == LM_GEMM_BF16 && N > 8 ? "~" : "==");
+            if (mode == LM_GEMM_BF16 && N > 8) cmp_dev(op, what, goutr[i], gsum[i], no, 1e-6);
+            else cmp_dev_exact(op, what, goutr[i], gsum[i], no);
+            free(ref);
+        }
+        for (int i = 0; i < n; i++) {
+            DFREE(gres[i], goutr[i], gsum[i]);
+            HFREE(res[i], outr[i]);
+        }
+    }
     cmp(op, "bwd dinp", gdx, dx, NC, TOLM);
     if (mode == LM_GEMM_BF16) cmp_dev(op, "bwd dinp ~ matmul_bwd in turn", gdx, gdx1, NC, 1e-6);
     else cmp_dev_exact(op, "bwd dinp == matmul_bwd in turn", gdx, gdx1, NC);
