@@ -571,7 +571,7 @@ static void test_fused_add_plan(void **state) {
         int *tok, *tgt;
         make_batch(2, 30, c.vocab, &r, &tok, &tgt);
         real *g[2];
-        double loss[2];
+        double loss[2], bytes[2];
         for (int k = 0; k < 2; k++) {
             if (k == 0) setenv("LM_FUSE_ADD", "0", 1);
             lm_model *m = lm_model_create(&c, ops, 8);
@@ -587,6 +587,13 @@ static void test_fused_add_plan(void **state) {
                      k ? "unset" : "0", adds);
             tu_check(what, (k ? adds - fused_adds : fused_adds) + abs(fused_subs - fused_adds), 0);
             assert_true(adds >= 4);
+            // the fused sublayers' outputs have no activation or gradient slot
+            bytes[k] = (double)lm_model_acts_bytes(m, 2, 30, 1);
+            if (k) {
+                const double slot = 2.0 * 2 * 30 * c.d_model * sizeof(real);
+                snprintf(what, sizeof what, "variant %d: activation bytes saved / 2 slots per fused ADD, - 1", v);
+                tu_check(what, fabs((bytes[0] - bytes[1]) / (slot * adds) - 1), 0.02);
+            }
             lm_rng pr;
             lm_rng_seed(&pr, 32);
             perturb_special(m, &pr);

@@ -424,9 +424,24 @@ static void acts_layout(const lm_model *m, int B, int T, lm_acts *a, lm_layout *
     const lm_config *c = &m->cfg;
     lm_layout_init(L, a);
     const int64_t N = (int64_t)B * T, d = c->d_model;
-    for (int s = 0; s < m->n_stream; s++)   // a stream whose gradient is another's: its own slot is unused
+    // a fused sublayer's output (plan_fused_adds) has no slot: it is never stored, and its
+    // gradient is the ADD output's (grad_alias)
+    unsigned char unstored[LM_MAX_STREAM] = {0};
+    for (int t = 0; t < m->n_tape; t++) {
+        const lm_tape_op *op = &m->tape[t];
+        if (op->fused && op->kind != LM_TP_ADD) {
+            LM_ASSERT(m->grad_alias[op->out] >= 0);
+            unstored[op->out] = 1;
+        }
+    }
+    for (int s = 0; s < m->n_stream; s++) {   // a stream whose gradient is another's: its own slot is unused
+        if (unstored[s]) {
+            a->stream[s] = NULL;
+            continue;
+        }
         lm_layout_add(L, &a->stream[s], m->grad_alias[s] >= 0 || m->grad_unzeroed[s] ? LM_T_NO_GRAD_ZERO : 0, 2,
                       LM_SHAPE(N, d), "stream.%d", s);
+    }
     for (int k = 0; k < m->n_mix; k++)
         lm_layout_add(L, &a->alpha[k], 0, 2, LM_SHAPE(N, m->mix[k].n), "mix.%d.alpha", k);
     for (int i = 0; i < c->n_layers; i++) lm_layer_acts_layout(c, i, B, T, &a->layer[i], L);
