@@ -1,7 +1,7 @@
 // bench_linres.c — a sublayer's output linear added onto the residual stream (lm_linears.res)
 // against the same linear and a separate add pass, at the `small` preset's output linears
 // (N = 16,384 tokens → d 1024 from C = 1024: KDA / MLA o_proj; 4096: the dense FFN; 256: the
-// shared expert). Medians of 30 samples of 10 calls back to back (the host clock around
+// shared expert), the input's bf16 copy given (lm_linears.lo_filled). Medians of 30 samples of 10 calls back to back (the host clock around
 // device waits).
 //
 // Usage: bench_linres   (needs a CUDA GPU; LM_LT_ALGO=i picks cuBLASLt's i-th algorithm)
@@ -51,13 +51,18 @@ int main(void) {
         const int C = Cs[ci];
         float *x = dev_randn(&r, (size_t)N * C, 1), *W = dev_randn(&r, (size_t)OC * C, 0.03f);
         float *res = dev_randn(&r, (size_t)N * OC, 1), *out = OPS->alloc((size_t)N * OC * sizeof(float));
-        lm_linears plain = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}}, fused = plain;
+        // the input's bf16 copy filled once, as the norm or GLU before these linears fills it
+        void *lo = OPS->alloc(OPS->linears_lo_bytes(N, C));
+        lm_linears plain = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo};
+        OPS->linears_fwd(&plain, x, N, C);
+        plain.lo_filled = 1;
+        lm_linears fused = plain;
         fused.res[0] = res;
         const double a = time_us(&plain, x, N, C, NULL, 0), b = time_us(&plain, x, N, C, res, 1);
         const double c = time_us(&fused, x, N, C, NULL, 0);
         printf("C %4d: linear %.1f us | linear + add op %.1f us | linear with res %.1f us (saves %.1f us)\n", C, a, b,
                c, b - c);
-        OPS->free(x); OPS->free(W); OPS->free(res); OPS->free(out);
+        OPS->free(x); OPS->free(W); OPS->free(res); OPS->free(out); OPS->free(lo);
     }
     return 0;
 }

@@ -78,9 +78,10 @@ static const LtPlan *lt_plan(int m, int n, int k, int align) {
     P->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
     // the first 128 × 128-tile algorithm, else the first: the heuristic ranks 256 × 128 tiles
     // first, whose epilogue's read of R is not hidden (bench_linres, H200, N 16384 → 1024 from
-    // C 1024 / 4096 / 256, µs: 256 × 128 128.0 / 320.9 / 80.6, 128 × 128 88.2 / 304.5 / 50.1,
-    // the product alone with its input's rounding 86.8 / 280.4 / 38.1, and + the add op
-    // 136.3 / 335.0 / 88.5)
+    // C 1024 / 4096 / 256, the input's rounding included, µs: 256 × 128 128.0 / 320.9 / 80.6,
+    // 128 × 128 88.2 / 304.5 / 50.1, the product alone 86.8 / 280.4 / 38.1, then + the add op
+    // 136.3 / 335.0 / 88.5; with the input's bf16 copy given, as in training: 128 × 128
+    // 65.5–65.9 / 222–231 / 41.8–41.9 against 109.6–110.3 / 262–263 / 79.5–79.8)
     if (P->ok) P->algo = r[0].algo;
     for (int i = 0; P->ok && i < found; i++) {
         int tile = 0;
