@@ -233,7 +233,9 @@ typedef struct lm_ops {
     // ---- RMSNorm with gain: out = inp · rstd · gain, rstd[N] = (mean(inp²) + eps)^-1/2 ----
     // lo: NULL, or an lm_linears.lo home for out (linears_lo_bytes(N, C) bytes): a backend that
     // keeps such copies writes out there too, as the linears reading out would round it, so
-    // that they need not (lm_linears.lo_filled); the CPU ignores it
+    // that they need not (lm_linears.lo_filled); the CPU ignores it. On a backend that keeps
+    // copies, out may be NULL when lo is given: only the copy is written (for readers that
+    // take it alone: linears in that backend's GEMM precision)
     void (*rmsnorm_fwd)(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps,
                         void *lo);
     // dinp accumulates (assign: written, its contents on entry do not matter); dgain accumulates
@@ -447,7 +449,7 @@ typedef struct lm_ops {
                         const real *alpha, const real *w, const real *gamma, int N, int C, real eps);
     // The mixer fused with the RMSNorm that reads its output (the next sublayer's input norm,
     //   or the final norm; SPEC §1.4's fused mixer): xn = RMSNorm(attnres(src)) ⊙ gain [N,C],
-    //   rstd [N], alpha [N,n] as attnres_fwd's, lo as rmsnorm_fwd's. x [N,C] is the backend's:
+    //   rstd [N], alpha [N,n] as attnres_fwd's, lo as rmsnorm_fwd's (xn NULL as its out). x [N,C] is the backend's:
     //   it may hold the mix there for its backward, or nothing (a fused kernel recomputes the
     //   mix from the sources and α); the caller keeps it unchanged until that backward.
     void (*attnres_norm_fwd)(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src,

@@ -3,6 +3,7 @@
 
 // out, inp [N,C]; gain [C]; rstd [N]; lo unused (the CPU's linears read out itself)
 void cpu_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps, void *lo) {
+    LM_CHECK(out, "rmsnorm_fwd: no output (this backend keeps no GEMM-precision copies)");
     #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const real *x = inp + (size_t)i * C;

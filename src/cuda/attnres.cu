@@ -106,7 +106,7 @@ __global__ static void attnres_fwd_reg_k(float *out, float *alpha, lm_sources sr
 
 // The mixer and the RMSNorm of its output in one pass (attnres_norm_fwd): as attnres_fwd_reg_k,
 // then rmsnorm_fwd_reg_k on the mix y, which stays in registers (neither stored nor read back).
-// xn [N, C], rstd [N], lo: xn in bf16 (or NULL).
+// xn [N, C] (or NULL, lo given), rstd [N], lo: xn in bf16 (or NULL).
 template <int NS>
 __global__ static void attnres_norm_fwd_reg_k(float *xn, float *rstd, __nv_bfloat16 *lo, float *alpha,
                                               lm_sources src, const float *w, const float *gamma, const float *gain,
@@ -467,6 +467,7 @@ static size_t ar_norm_pf_bytes(int th) {
 void cuda_attnres_norm_fwd(real *xn, real *rstd, void *lo, real *alpha, real *x, lm_sources src, const real *w,
                            const real *gamma, const real *gain, int N, int C, real eps) {
     LM_CHECK(src.n >= 1 && src.n <= LM_MAX_SOURCES, "attnres: %d sources", src.n);
+    LM_CHECK(xn || lo, "attnres_norm_fwd: no output");
     if (N <= 0 || C <= 0) return;
     if (!ar_norm_fused_ok(src.n, C)) {   // the two ops in turn, the mix kept in x for the backward
         cuda_attnres_fwd(x, alpha, src, w, gamma, N, C, eps);

@@ -217,7 +217,7 @@ __device__ __forceinline__ void rms_row_out(float4 x, float *out, __nv_bfloat16 
     const int c = 4 * threadIdx.x;
     const float4 g = ld4(gain + c, true);
     const float4 y = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
-    *reinterpret_cast<float4 *>(out + e) = y;
+    if (out) *reinterpret_cast<float4 *>(out + e) = y;   // NULL: the bf16 copy alone (rmsnorm_fwd)
     if (lo) st4_bf16(lo + e, y);
 }
 __device__ __forceinline__ float block_max(float v, float *sh) {

@@ -30,12 +30,12 @@ __global__ static void rmsnorm_fwd_reg_k(float *out, float *rstd, const float *i
     rms_row_out(ld4(inp + e, on), out, lo, rstd + blockIdx.x, gain, e, on, C, eps, red, tot);
 }
 
-// out, inp [N,C]; gain [C]; rstd [N]
+// out (or NULL, lo given), inp [N,C]; gain [C]; rstd [N]
 __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *gain, int C, float eps,
                                      __nv_bfloat16 *lo) {
     __shared__ float sh[32];
     const float *x = inp + (size_t)blockIdx.x * C;
-    float *y = out + (size_t)blockIdx.x * C;
+    float *y = out ? out + (size_t)blockIdx.x * C : NULL;
     float ss = 0;
     for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
     ss = block_sum(ss, sh);
@@ -43,13 +43,15 @@ __global__ static void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, 
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     __nv_bfloat16 *yl = lo ? lo + (size_t)blockIdx.x * C : NULL;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        y[c] = x[c] * r * gain[c];
-        if (yl) yl[c] = __float2bfloat16(y[c]);
+        const float v = x[c] * r * gain[c];
+        if (y) y[c] = v;
+        if (yl) yl[c] = __float2bfloat16(v);
     }
 }
 
 void cuda_rmsnorm_fwd(real *out, real *rstd, const real *inp, const real *gain, int N, int C, real eps, void *lo) {
     if (N <= 0 || C <= 0) return;
+    LM_CHECK(out || lo, "rmsnorm_fwd: no output");
     __nv_bfloat16 *lb = (__nv_bfloat16 *)lo;
     if (rms_reg_ok(C))
         rmsnorm_fwd_reg_k<<<N, lm_reg_row_threads(C), 0, lm_cuda_stream()>>>(out, rstd, inp, gain, C, eps, lb);

@@ -13,7 +13,7 @@ void lm_dense_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_dense_acts 
     const lm_config *c = s->c;
     const int N = s->N, d = c->d_model, F = c->d_ff_dense;
     lm_linears L = {.lo = lm_lo(s, LM_LO_FFN_XN), .lo_filled = 1};   // the norm writes xn's copy
-    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->ffn_norm, L.lo);
+    lm_input_norm_fwd(s, lm_norm_out(s, a->xn, L.lo), a->rstd, x, p->ffn_norm, L.lo);   // xn: read as L.lo
     lm_linears_add(&L, p->ffn_w1, F, a->a, NULL, NULL);
     lm_linears_add(&L, p->ffn_w3, F, a->b, NULL, NULL);
     o->linears_fwd(&L, a->xn, N, d);

@@ -51,7 +51,7 @@ void lm_kda_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_kda_acts *a, 
     lm_linears L = xn_linears(c, p, a, NULL, NULL);   // q, k, v, f_a, β, gate projections
     L.lo = lm_lo(s, LM_LO_ATTN_XN);
     L.lo_filled = 1;   // by the norm
-    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->attn_norm, L.lo);
+    lm_input_norm_fwd(s, lm_norm_out(s, a->xn, L.lo), a->rstd, x, p->attn_norm, L.lo);   // xn: read as L.lo
     o->linears_fwd(&L, a->xn, N, d);
     lm_linear_fwd(o, a->f, a->fa, p->f_b, N, K, HK, lm_lo(s, LM_LO_ATTN_A), 0);
     lm_kda_args k = kda_args(s, p, a);

@@ -103,7 +103,18 @@ typedef struct {
     // (ops attnres_norm_fwd): the sublayer skips it, and its backward leaves ∂xn to that mixer
     // instead of computing dx
     int in_normed;
+    // training on a backend that keeps GEMM-precision copies, with its GEMMs in that precision:
+    // a norm output whose readers all take the copy (the attention and dense sublayers' input,
+    // the final norm's output) is written only there (lm_norm_out); the MoE sublayer's experts
+    // may read its xn itself, so that one is always written
+    int xn_lo_only;
 } lm_step_ctx;
+
+// where a norm writes the output xn whose copy is lo, when every reader of xn takes lo: NULL
+// (the copy alone) under xn_lo_only, else xn
+static inline real *lm_norm_out(const lm_step_ctx *s, real *xn, const void *lo) {
+    return s->xn_lo_only && lo ? NULL : xn;
+}
 
 // The sublayer's input norm xn = RMSNorm(x) ⊙ gain (lo: rmsnorm_fwd's), unless the mixer
 // before it ran it (in_normed)

@@ -111,7 +111,7 @@ void lm_mla_layer_fwd(lm_step_ctx *s, const lm_layer_params *p, lm_mla_acts *a, 
     lm_linears L = xn_linears(c, p, a, NULL, NULL);
     L.lo = lm_lo(s, LM_LO_ATTN_XN);
     L.lo_filled = 1;   // by the norm
-    lm_input_norm_fwd(s, a->xn, a->rstd, x, p->attn_norm, L.lo);
+    lm_input_norm_fwd(s, lm_norm_out(s, a->xn, L.lo), a->rstd, x, p->attn_norm, L.lo);   // xn: read as L.lo
     o->linears_fwd(&L, a->xn, N, d);
     if (Rq > 0) {
         void *qan_lo = lm_lo(s, LM_LO_ATTN_B);   // written by its norm

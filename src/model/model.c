@@ -250,6 +250,8 @@ static void build_plan(lm_model *m) {
     build_tape(m);
     plan_mix_norms(m);
     plan_fused_adds(m);
+    const char *keep = getenv("LM_KEEP_XN");
+    m->keep_xn = keep && strcmp(keep, "1") == 0;
     plan_grad_aliases(m);
     plan_grad_writes(m);
     plan_dout_lo(m);
@@ -471,22 +473,23 @@ typedef struct {
     real *xn, *rstd, *dxn, *dgain;
     const real *gain;
     void *lo;
+    int lo_read;   // every reader of xn takes lo (lm_norm_out): not the MoE sublayer
 } reader_norm;
 static reader_norm mix_reader_norm(lm_model *m, int t) {
     const lm_config *c = &m->cfg;
     if (t + 1 == m->n_tape)
         return (reader_norm){m->acts.fn, m->acts.fn_rstd, m->dacts.fn, m->grads.final_norm, m->params.final_norm,
-                             m->ctx.lo ? m->lo_head : NULL};
+                             m->ctx.lo ? m->lo_head : NULL, 1};
     const lm_tape_op *op = &m->tape[t + 1];
     const int i = op->layer, attn = op->kind == LM_TP_ATTN;
     lm_layer_acts *a = &m->acts.layer[i], *da = &m->dacts.layer[i];
     const real *gain = attn ? m->params.layer[i].attn_norm : m->params.layer[i].ffn_norm;
     real *dgain = attn ? m->grads.layer[i].attn_norm : m->grads.layer[i].ffn_norm;
     void *lo = m->ctx.lo ? m->ctx.lo[i][attn ? LM_LO_ATTN_XN : LM_LO_FFN_XN] : NULL;
-    if (attn && lm_layer_is_mla(c, i)) return (reader_norm){a->mla.xn, a->mla.rstd, da->mla.xn, dgain, gain, lo};
-    if (attn) return (reader_norm){a->kda.xn, a->kda.rstd, da->kda.xn, dgain, gain, lo};
-    if (lm_layer_is_moe(c, i)) return (reader_norm){a->moe.xn, a->moe.rstd, da->moe.xn, dgain, gain, lo};
-    return (reader_norm){a->dense.xn, a->dense.rstd, da->dense.xn, dgain, gain, lo};
+    if (attn && lm_layer_is_mla(c, i)) return (reader_norm){a->mla.xn, a->mla.rstd, da->mla.xn, dgain, gain, lo, 1};
+    if (attn) return (reader_norm){a->kda.xn, a->kda.rstd, da->kda.xn, dgain, gain, lo, 1};
+    if (lm_layer_is_moe(c, i)) return (reader_norm){a->moe.xn, a->moe.rstd, da->moe.xn, dgain, gain, lo, 0};
+    return (reader_norm){a->dense.xn, a->dense.rstd, da->dense.xn, dgain, gain, lo, 1};
 }
 
 static void run_sublayer_fwd(lm_model *m, const lm_tape_op *op) {
@@ -531,7 +534,7 @@ static void forward_body(lm_model *m) {
             mixer_params(m, p, &w, &g);
             if (op->normed) {
                 const reader_norm rn = mix_reader_norm(m, t);
-                o->attnres_norm_fwd(rn.xn, rn.rstd, rn.lo, a->alpha[op->mix], a->stream[op->out], src, w, g, rn.gain,
+                o->attnres_norm_fwd(rn.lo_read ? lm_norm_out(&m->ctx, rn.xn, rn.lo) : rn.xn, rn.rstd, rn.lo, a->alpha[op->mix], a->stream[op->out], src, w, g, rn.gain,
                                     N, d, c->norm_eps);
             } else {
                 o->attnres_fwd(a->stream[op->out], a->alpha[op->mix], src, w, g, N, d, c->norm_eps);
@@ -547,7 +550,8 @@ static void forward_body(lm_model *m) {
     }
     void *fn_lo = m->ctx.lo ? m->lo_head : NULL;
     if (!lm_final_normed(m))
-        o->rmsnorm_fwd(a->fn, a->fn_rstd, a->stream[m->stream_final], m->params.final_norm, N, d, c->norm_eps, fn_lo);
+        o->rmsnorm_fwd(lm_norm_out(&m->ctx, a->fn, fn_lo), a->fn_rstd, a->stream[m->stream_final], m->params.final_norm,
+                       N, d, c->norm_eps, fn_lo);
     lm_linear_fwd(o, a->logits, a->fn, m->params.lm_head, N, d, c->vocab, fn_lo, 1);   // fn_lo: by the norm
 }
 
@@ -584,6 +588,8 @@ double lm_model_forward(lm_model *m, const int *tokens, const int *targets, int 
                            .capacity = opts.capacity, .aux_dloss = opts.aux_weight, .cache = opts.cache,
                            .kda_saved = opts.training && !opts.cache ? reserve_kda_saved(m) : NULL,
                            .lo = opts.training && !opts.cache ? reserve_lo(m) : NULL};
+    // the linears read the norms' copies (lm_linears.lo_filled) in the backend's present GEMM precision
+    m->ctx.xn_lo_only = m->ctx.lo && o->linears_lo_bytes && o->linears_lo_bytes(N, c->d_model) > 0 && !m->keep_xn;
     LM_CHECK(!opts.cache || opts.cache->B == B, "cache holds %d sequences, batch has %d", opts.cache ? opts.cache->B : 0, B);
     o->to_device(a->tokens, tokens, (size_t)N * sizeof(int));
     lm_cache *kc = opts.cache;

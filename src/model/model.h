@@ -90,6 +90,9 @@ typedef struct lm_model {
     // nothing yet: lm_model_zero_grads skipped them, and the next backward writes them instead
     // of adding (no memset and no read of the zeros, 3 × E·F·C fp32 each way per MoE layer)
     int expert_grads_fresh;
+    // LM_KEEP_XN=1 (A/B measurements): the norms write their fp32 outputs even where every reader
+    // takes the GEMM-precision copy (lm_step_ctx.xn_lo_only)
+    int keep_xn;
     lm_tape_op tape[LM_MAX_TAPE];
     lm_mix_plan mix[LM_MAX_MIX];
     // balancing state of each MoE layer

@@ -2029,8 +2029,12 @@ typedef struct {
     int B, T, optimizer, capacity;
     int special;      // perturb the AttnRes queries/norms and router biases (perturb())
     int warmup;       // −1: constant lr 3e-3 from step 0; else the default schedule (warmup 20)
+    int poison_b;     // side B's activations NaN before its first step: a tensor read but never written shows
 } train_setup;
-typedef struct { double loss, params, grads0; } train_diff;
+typedef struct {
+    double loss, params, grads0;
+    int b_xn_lo_only;   // side B's norms wrote only their bf16 copies where all readers take those (step 0)
+} train_diff;
 
 static train_diff model_pair(const char *label, lm_config c, train_setup su, const lm_ops *oa, const lm_ops *ob,
                              double eps_b, int verbose) {
@@ -2055,7 +2059,15 @@ static train_diff model_pair(const char *label, lm_config c, train_setup su, con
     lm_optim_init(&opa, ma, &oc);
     lm_optim_init(&opb, mb, &oc);
     int *tok = lm_malloc((size_t)su.B * su.T * sizeof(int)), *tgt = lm_malloc((size_t)su.B * su.T * sizeof(int));
-    train_diff d = {0, 0, 0};
+    train_diff d = {0, 0, 0, 0};
+    if (su.poison_b) {
+        lm_model_reserve(mb, su.B, su.T);
+        const size_t na = mb->alayout.numel;
+        real *nan = lm_malloc(na * sizeof(real));
+        for (size_t i = 0; i < na; i++) nan[i] = NAN;
+        ob->to_device(mb->acts_mem, nan, na * sizeof(real));
+        free(nan);
+    }
     if (verbose) {
         printf("    step  lr        loss(cpu)     loss(%s)%*s rel diff   gnorm(cpu)  gnorm(%s)\n", ob->name,
                (int)(4 - strlen(ob->name)), "", ob->name);
@@ -2075,6 +2087,7 @@ static train_diff model_pair(const char *label, lm_config c, train_setup su, con
             lm_fwd_opts fo = {.training = 1, .capacity = su.capacity, .aux_weight = 1};
             loss[s] = lm_model_forward(m, tok, tgt, su.B, su.T, fo) + m->ctx.aux_loss;
             lm_model_backward(m, (real)(1.0 / count));
+            if (step == 0 && s == 1) d.b_xn_lo_only = m->ctx.xn_lo_only;
             if (step == 0) {
                 real *g = lm_malloc(np * sizeof(real));
                 lm_model_get_grads(m, g);
@@ -2133,6 +2146,8 @@ static void model_train(const char *label, lm_config c, train_setup su, int enfo
 // for bit: 10 AdamW steps' losses, the first step's gradients and the final parameters. The
 // config reaches every form: bf16 GEMMs (2 × 64 rows), a KDA xn list 4-aligned (4 heads of 64:
 // 64 + 4 + 64 + 3 × 256 columns), MLA dims with flash kernels (48 + 16 / 64), block AttnRes.
+// The side with copies starts from NaN activations: its norms leave xn unwritten where every
+// reader takes the copy (lm_step_ctx.xn_lo_only), so a reader of xn itself would show.
 static void model_handoffs(void) {
     if (!GPU->linears_lo_bytes) return;   // (the harness's CPU table)
     lm_config c = small_hybrid("KMKKM");
@@ -2144,9 +2159,10 @@ static void model_handoffs(void) {
     plain.name = "cuda-nolo";
     const int mode = lm_cuda_gemm_mode();
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
-    train_setup su = {.B = 2, .T = 64, .optimizer = LM_OPT_ADAMW, .capacity = -1};
+    train_setup su = {.B = 2, .T = 64, .optimizer = LM_OPT_ADAMW, .capacity = -1, .poison_b = 1};
     printf("  bf16 handoffs: B=2 T=64, adamw, the CUDA table against one keeping no copies\n");
     const train_diff d = model_pair("bf16 handoffs", c, su, &plain, GPU, 0, 1);
+    record("model bf16 handoffs", "norms writing only the bf16 copy (xn_lo_only), 1 - on", 1 - d.b_xn_lo_only, 0);
     record("model bf16 handoffs", "step-0 gradients (all), bitwise", d.grads0, 0);
     record("model bf16 handoffs", "10-step loss, max rel diff", d.loss, 0);
     record("model bf16 handoffs", "params after 10 steps", d.params, 0);
