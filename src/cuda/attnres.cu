@@ -414,7 +414,7 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     if (N <= 0 || C <= 0 || (!any_dsrc && !want_dq)) return;
     const int th = lm_reg_row_threads(C);
     if (ar_reg_ok(n, C) && lm_cuda_fits(AR_KERNEL(n, attnres_bwd_reg_k), th)) {
-        const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb;
+        const int rpb = lm_reg_rows_per_block_fit(N, AR_KERNEL(n, attnres_bwd_reg_k), th, 0), nb = (N + rpb - 1) / rpb;
         float *part = want_dq ? (float *)lm_cuda_scratch(((size_t)nb + 1) * C * sizeof(float)) : NULL;
         AR_LAUNCH(n, attnres_bwd_reg_k, nb, th, dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
         cudaLaunchCheck();
@@ -495,11 +495,14 @@ void cuda_attnres_norm_bwd(lm_source_grads dsrc, real *dw, real *dgamma, real *d
     for (int j = 0; j < dsrc.n; j++) any_dsrc |= dsrc.p[j] != NULL;
     const int want_dq = dw != NULL || dgamma != NULL;
     if (!any_dsrc && !want_dq && !dgain) return;
-    const int rpb = lm_reg_rows_per_block(N), nb = (N + rpb - 1) / rpb, th = lm_reg_row_threads(C);
+    const int th = lm_reg_row_threads(C);
+    const size_t pfb = ar_norm_pf_bytes(th);
+    const void *kern = pfb ? (const void *)attnres_norm_bwd_reg_k<AR_NORM_NS, true>
+                           : (const void *)attnres_norm_bwd_reg_k<AR_NORM_NS, false>;
+    const int rpb = lm_reg_rows_per_block_fit(N, kern, th, pfb), nb = (N + rpb - 1) / rpb;
     // [nb, C] partials of ∂q and of the gain's gradient, then ∂q's sum [C]
     float *ws = (float *)lm_cuda_scratch((2 * (size_t)nb + 1) * C * sizeof(float));
     float *qpart = want_dq ? ws : NULL, *gpart = dgain ? ws + (size_t)nb * C : NULL, *dq = ws + 2 * (size_t)nb * C;
-    const size_t pfb = ar_norm_pf_bytes(th);
     if (pfb)
         attnres_norm_bwd_reg_k<AR_NORM_NS, true><<<nb, th, pfb, lm_cuda_stream()>>>(
             dsrc, qpart, gpart, dxn, src, alpha, rstd, w, gamma, gain, N, C, eps, rpb);

@@ -228,6 +228,32 @@ void lm_cuda_to_bf16(__nv_bfloat16 *y, const float *x, size_t n) {
     cudaLaunchCheck();
 }
 
+int lm_reg_rows_per_block_fit(int N, const void *kernel, int threads, size_t smem) {
+    const int r0 = lm_reg_rows_per_block(N);
+    static int fit = -1;
+    if (fit < 0) fit = !(getenv("LM_ROWS_FIT") && strcmp(getenv("LM_ROWS_FIT"), "0") == 0);
+    if (!fit) return r0;
+    static struct { const void *k; int threads; size_t smem; int per_sm; } seen[16];
+    static int n_seen;
+    int per_sm = 0;
+    for (int i = 0; i < n_seen && !per_sm; i++)
+        if (seen[i].k == kernel && seen[i].threads == threads && seen[i].smem == smem) per_sm = seen[i].per_sm;
+    if (!per_sm) {
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+        if (per_sm < 1) per_sm = 1;
+        if (n_seen < 16) seen[n_seen++] = {kernel, threads, smem, per_sm};
+    }
+    const long slots = (long)per_sm * lm_cuda_num_sms();
+    int best = r0;
+    double best_fill = -1;
+    for (int r = r0; r >= 1 && 2 * r >= r0; r--) {
+        const long nb = (N + r - 1) / r, waves = (nb + slots - 1) / slots;
+        const double fill = (double)nb / (double)(waves * slots);   // busy share of the waves' slots
+        if (fill > best_fill + 1e-9) { best = r; best_fill = fill; }
+    }
+    return best;
+}
+
 int lm_cuda_fits(const void *kernel, int threads) {
     static struct { const void *k; int max; } seen[64];
     static int n_seen;
