@@ -129,6 +129,7 @@ const char *lm_cuda_device_name(double *total_bytes) {
 
 void lm_cuda_backend_shutdown(void) {
     if (g_cublas) { cublasDestroy(g_cublas); g_cublas = NULL; }
+    lm_cuda_lt_plans_free();
     if (g_cublaslt) { cublasLtDestroy(g_cublaslt); g_cublaslt = NULL; }
     if (g_cublas_ws) { cudaFree(g_cublas_ws); g_cublas_ws = NULL; }
     if (g_scratch) { cudaFree(g_scratch); g_scratch = NULL; g_scratch_cap = 0; }

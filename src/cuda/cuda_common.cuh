@@ -35,6 +35,7 @@ cublasHandle_t lm_cublas(void);
 // cuBLASLt (GEMMs with an epilogue cublasGemmEx lacks: matmul.cu's residual) and the cuBLAS
 // handle's workspace, which its calls share: both run in order on the op stream
 cublasLtHandle_t lm_cublaslt(void);
+void lm_cuda_lt_plans_free(void);   // matmul.cu's cuBLASLt plans (at the backend's shutdown)
 void *lm_cublas_workspace(size_t *bytes);
 // One device workspace shared by all ops (each op carves what it needs from one call;
 // the previous contents are not kept). Growing it frees the old buffer with cudaFree,

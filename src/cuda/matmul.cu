@@ -27,9 +27,11 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
 
 // column-major D [m,n] = Aᵀ · B + R (A [k,m] ld k, B [k,n] ld k: bf16; R, D fp32, ld m; R ≠ D)
 // through cuBLASLt, whose epilogue reads R (cublasGemmEx's C is also its output). The plan of
-// a shape — descriptors and the heuristic's first algorithm, for the pointers' alignment — is
-// made once. Returns 0 when cuBLASLt offers no algorithm (the caller adds R itself).
-#define LT_PLANS 32
+// a shape — descriptors and the chosen algorithm, for the pointers' alignment — is made once
+// and kept among the last LT_PLANS shapes (prefill chunks and eval batches bring new row
+// counts; the oldest plan gives way). Returns 0 when cuBLASLt offers no algorithm (the caller
+// adds R itself).
+#define LT_PLANS 64
 struct LtPlan {
     int m, n, k, align;
     cublasLtMatmulDesc_t op;
@@ -38,18 +40,35 @@ struct LtPlan {
     int ok;
 };
 static LtPlan g_lt[LT_PLANS];
-static int g_nlt;
+static int g_nlt, g_lt_next;   // plans made; the slot the next one takes once all are
 // the largest power of two up to 256 dividing every address (cuBLASLt's alignment preference)
 static int lt_align(const void *const *p, int n) {
     uintptr_t bits = 256;
     for (int i = 0; i < n; i++) bits |= (uintptr_t)p[i];
     return (int)(bits & (~bits + 1));
 }
+static void lt_plan_free(LtPlan *P) {
+    if (P->op) cublasLtMatmulDescDestroy(P->op);
+    if (P->a) cublasLtMatrixLayoutDestroy(P->a);
+    if (P->b) cublasLtMatrixLayoutDestroy(P->b);
+    if (P->cd) cublasLtMatrixLayoutDestroy(P->cd);
+    memset(P, 0, sizeof *P);
+}
+void lm_cuda_lt_plans_free(void) {
+    for (int i = 0; i < g_nlt; i++) lt_plan_free(&g_lt[i]);
+    g_nlt = g_lt_next = 0;
+}
 static const LtPlan *lt_plan(int m, int n, int k, int align) {
     for (int i = 0; i < g_nlt; i++)
         if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].align == align) return &g_lt[i];
-    LM_CHECK(g_nlt < LT_PLANS, "cuBLASLt: more than %d residual GEMM shapes", LT_PLANS);
-    LtPlan *P = &g_lt[g_nlt++];
+    LtPlan *P;
+    if (g_nlt < LT_PLANS) {
+        P = &g_lt[g_nlt++];
+    } else {   // the oldest plan gives way
+        P = &g_lt[g_lt_next];
+        g_lt_next = (g_lt_next + 1) % LT_PLANS;
+        lt_plan_free(P);
+    }
     memset(P, 0, sizeof *P);
     P->m = m, P->n = n, P->k = k, P->align = align;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;

@@ -669,6 +669,37 @@ static void t_linears(int N, int C) {
     DFREE(gx, gdx, gdx1); HFREE(x, dx);
 }
 
+// A linear added onto a residual at more row counts than the backend keeps cuBLASLt plans for
+// (64: prefill chunks and eval batches bring new ones; the oldest gives way): each against the
+// same linear plus the add op, and the first row count again after its plan was evicted
+static void t_linears_res_shapes(void) {
+    if (!GPU->linears_lo_bytes) return;   // (the harness's CPU table)
+    const int mode = lm_cuda_gemm_mode(), C = 24, OC = 16, shapes = 70;
+    lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    double worst = 0;
+    for (int s = 0; s <= shapes; s++) {
+        const int N = 64 + (s == shapes ? 0 : s);   // the last: row count 64 again
+        const size_t no = (size_t)N * OC;
+        float *x = hrandn((size_t)N * C, 1), *W = hrandn((size_t)OC * C, 0.2), *res = hrandn(no, 1);
+        float *gx = dfl(x, (size_t)N * C), *gW = dfl(W, (size_t)OC * C), *gres = dfl(res, no);
+        float *g1 = dpoison(no), *g2 = dpoison(no);
+        lm_linears A = {.n = 1, .OC = {OC}, .W = {gW}, .out = {g1}, .res = {gres}};
+        lm_linears B = {.n = 1, .OC = {OC}, .W = {gW}, .out = {g2}};
+        GPU->linears_fwd(&A, gx, N, C);
+        GPU->linears_fwd(&B, gx, N, C);
+        GPU->add(g2, gres, g2, no);
+        float *h1 = lm_malloc(no * sizeof(float)), *h2 = lm_malloc(no * sizeof(float));
+        GPU->to_host(h1, g1, no * sizeof(float));
+        GPU->to_host(h2, g2, no * sizeof(float));
+        const double e = tu_rel_rms(h1, h2, no);
+        if (!(e <= worst)) worst = e;   // NaN stays
+        DFREE(gx, gW, gres, g1, g2);
+        HFREE(x, W, res, h1, h2);
+    }
+    record("linears + res", "71 row counts (64 plans kept), max rel RMS vs linear + add op", worst, 1e-6);
+    lm_cuda_set_gemm_mode(mode);
+}
+
 // The norms' lo (their output's bf16 copy for the linears that read it, lm_linears.lo_filled):
 // a linear reading it gives the bits of the same linear rounding the output itself — for the
 // register and general kernels of both norms, with the fp32 outputs unchanged by writing lo
@@ -2680,6 +2711,7 @@ int main(int argc, char **argv) {
         t_matmul(77, 130, 99, 1);
         t_matmul(300, 64, 17, 0);
         t_linears(200, 72);
+        t_linears_res_shapes();
         t_linears(1, 1024);   // ≤ 8 rows: the list in one launch (float4 steps)
         t_linears(8, 72);
         t_linears(3, 130);    // C not a multiple of 4: the scalar loop
