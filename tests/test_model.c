@@ -503,6 +503,21 @@ static void test_written_gradients(void **state) {
     repeat_over_nan(c, "MLA ungated, low-rank queries, no shared extra dims");
 }
 
+// For two plans of one model: perturbs m's special parameters from `seed`, runs a training
+// step of the 2 × 30 batch and returns its loss; *g: the gradients (tu_alloc'd)
+static double plan_step(lm_model *m, const int *tok, const int *tgt, uint64_t seed, real **g) {
+    lm_rng pr;
+    lm_rng_seed(&pr, seed);
+    perturb_special(m, &pr);
+    lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
+    lm_model_zero_grads(m);
+    const double loss = lm_model_forward(m, tok, tgt, 2, 30, o);
+    lm_model_backward(m, (real)(1.0 / m->last_count));
+    *g = tu_alloc(m->playout.numel);
+    lm_model_get_grads(m, *g);
+    return loss;
+}
+
 // The mixers run the RMSNorm that reads their output (ops attnres_norm_*; LM_MIX_NORM=0: the
 // sublayers run it): on the CPU the fused op is the two ops in turn, so a step gives the same
 // loss and gradients bit for bit either way — and every mixer of these plans does run it
@@ -534,15 +549,7 @@ static void test_mix_norm_plan(void **state) {
                      v ? "full" : "block", k ? "unset" : "0", m->n_mix);
             tu_check(what, k ? m->n_mix - fused : fused, 0);
             if (k) assert_true(m->n_mix > 0 && lm_final_normed(m));
-            lm_rng pr;   // the same perturbation for both plans
-            lm_rng_seed(&pr, 22);
-            perturb_special(m, &pr);
-            lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
-            lm_model_zero_grads(m);
-            loss[k] = lm_model_forward(m, tok, tgt, 2, 30, o);
-            lm_model_backward(m, (real)(1.0 / m->last_count));
-            g[k] = tu_alloc(m->playout.numel);
-            lm_model_get_grads(m, g[k]);
+            loss[k] = plan_step(m, tok, tgt, 22, &g[k]);   // the same perturbation for both plans
             if (k) {
                 snprintf(what, sizeof what, "%s: fused vs unfused mixer norms, |loss diff| and max |grad diff|",
                          v ? "full" : "block");
@@ -594,15 +601,7 @@ static void test_fused_add_plan(void **state) {
                 snprintf(what, sizeof what, "variant %d: activation bytes saved / 2 slots per fused ADD, - 1", v);
                 tu_check(what, fabs((bytes[0] - bytes[1]) / (slot * adds) - 1), 0.02);
             }
-            lm_rng pr;
-            lm_rng_seed(&pr, 32);
-            perturb_special(m, &pr);
-            lm_fwd_opts o = {.training = 1, .capacity = -1, .aux_weight = 1};
-            lm_model_zero_grads(m);
-            loss[k] = lm_model_forward(m, tok, tgt, 2, 30, o);
-            lm_model_backward(m, (real)(1.0 / m->last_count));
-            g[k] = tu_alloc(m->playout.numel);
-            lm_model_get_grads(m, g[k]);
+            loss[k] = plan_step(m, tok, tgt, 32, &g[k]);
             if (k) {
                 double gmax = 0;
                 for (size_t i = 0; i < m->playout.numel; i++) gmax = fmax(gmax, fabs((double)g[0][i]));
