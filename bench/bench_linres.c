@@ -4,7 +4,7 @@
 // shared expert), the input's bf16 copy given (lm_linears.lo_filled). Medians of 30 samples of 10 calls back to back (the host clock around
 // device waits).
 //
-// Usage: bench_linres   (needs a CUDA GPU; LM_LT_ALGO=i picks cuBLASLt's i-th algorithm)
+// Usage: bench_linres   (needs a CUDA GPU)
 #include "core/rng.h"
 #include "cuda/cuda_backend.h"
 #include <stdio.h>

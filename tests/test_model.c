@@ -565,13 +565,16 @@ static void test_mix_norm_plan(void **state) {
 // LM_FUSE_ADD=0 keeps them apart): every ADD of the block and prenorm plans is fused, and a step
 // gives the same loss and gradients up to fp32 rounding — the MoE sublayer now adds the partial
 // sum before its routed experts, not after (the attention and dense sublayers form the same sum
-// the ADD did). Variants: MLA and KDA layers, a dense FFN, MoE with and without a shared expert.
+// the ADD did). Variants: MLA and KDA layers, a dense FFN, MoE with and without a shared expert,
+// the latent MoE. (A bug is of the order of the loss; the rounding differences, up to ~1.2e-5
+// with every FFN a MoE, grow with the MoE layers.)
 static void test_fused_add_plan(void **state) {
     (void)state;
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
         lm_config c = small_hybrid("KMKM");
         if (v == 1) c.residual = LM_RES_PRENORM;
         if (v == 2) { c.n_shared = 0; c.first_dense = 2; }
+        if (v == 3) c.moe_latent_dim = 12;
         assert_int_equal(lm_config_finalize(&c), LM_OK);
         lm_rng r;
         lm_rng_seed(&r, 31);
@@ -607,7 +610,7 @@ static void test_fused_add_plan(void **state) {
                 for (size_t i = 0; i < m->playout.numel; i++) gmax = fmax(gmax, fabs((double)g[0][i]));
                 snprintf(what, sizeof what, "variant %d: fused vs separate ADDs, relative |loss diff| + max |grad diff|", v);
                 tu_check(what, fabs(loss[1] - loss[0]) / fabs(loss[0]) + tu_max_abs_diff(g[0], g[1], m->playout.numel) / gmax,
-                         2e-5);
+                         1e-4);
             }
             lm_model_free(m);
         }

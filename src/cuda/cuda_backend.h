@@ -57,6 +57,8 @@ const char *lm_cuda_device_name(double *total_bytes);   // the current device
 enum { LM_GEMM_FP32 = 0, LM_GEMM_TF32 = 1, LM_GEMM_BF16 = 2 };
 int lm_cuda_gemm_mode(void);
 void lm_cuda_set_gemm_mode(int mode);
+// how many linears' residuals (lm_linears.res) cuBLASLt's epilogue has added so far (tests)
+long lm_cuda_linears_res_fused(void);
 const char *lm_cuda_gemm_name(int mode);
 int lm_cuda_gemm_from_name(const char *s);   // -1 when unknown
 // Kernel of the bf16 grouped expert GEMM: 0 auto (5 for the forward, 3 for the gradients),

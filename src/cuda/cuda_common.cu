@@ -234,7 +234,7 @@ int lm_reg_rows_per_block_fit(int N, const void *kernel, int threads, size_t sme
     static int fit = -1;
     if (fit < 0) fit = !(getenv("LM_ROWS_FIT") && strcmp(getenv("LM_ROWS_FIT"), "0") == 0);
     if (!fit) return r0;
-    static struct { const void *k; int threads; size_t smem; int per_sm; } seen[16];
+    static struct { const void *k; int threads; size_t smem; int per_sm; } seen[32];
     static int n_seen;
     int per_sm = 0;
     for (int i = 0; i < n_seen && !per_sm; i++)
@@ -242,7 +242,7 @@ int lm_reg_rows_per_block_fit(int N, const void *kernel, int threads, size_t sme
     if (!per_sm) {
         cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
         if (per_sm < 1) per_sm = 1;
-        if (n_seen < 16) seen[n_seen++] = {kernel, threads, smem, per_sm};
+        if (n_seen < 32) seen[n_seen++] = {kernel, threads, smem, per_sm};
     }
     const long slots = (long)per_sm * lm_cuda_num_sms();
     int best = r0;

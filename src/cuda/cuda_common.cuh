@@ -151,7 +151,9 @@ static inline int lm_reg_rows_per_block(int N) { int r = N / 512; return r < 1 ?
 // lm_reg_rows_per_block(N) down to half of it, the count whose grid fills its last wave of
 // resident blocks best (the larger count on a tie). At the small preset's 16,384 rows, 16 rows
 // a block made 1,024 blocks = 2.59 waves of 396 for the mixers' backward (ncu: the third wave
-// 59% full); 14 make 1,171 = 2.96. LM_ROWS_FIT=0: lm_reg_rows_per_block's (A/B).
+// 59% full); 14 make 1,171 = 2.96. LM_ROWS_FIT=0: lm_reg_rows_per_block's (A/B). The count
+// groups the rows of the per-block partial sums (the gains' and mixers' parameter gradients),
+// so their rounding now depends on the GPU's SM count and occupancy as well as on N.
 int lm_reg_rows_per_block_fit(int N, const void *kernel, int threads, size_t smem);
 // The warp's sums of P values per lane (P a power of two ≤ 32), scattered: at lane offset O a
 // lane keeps the half of its values whose index bit is its lane bit O and adds its partner's

@@ -28,19 +28,22 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
 // column-major D [m,n] = Aᵀ · B + R (A [k,m] ld k, B [k,n] ld k: bf16; R, D fp32, ld m; R ≠ D)
 // through cuBLASLt, whose epilogue reads R (cublasGemmEx's C is also its output). The plan of
 // a shape — descriptors and the chosen algorithm, for the pointers' alignment — is made once
-// and kept among the last LT_PLANS shapes (prefill chunks and eval batches bring new row
-// counts; the oldest plan gives way). Returns 0 when cuBLASLt offers no algorithm (the caller
+// and kept among the LT_PLANS most recently used (prefill chunks and eval batches bring new
+// row counts; the least recently used plan gives way). Returns 0 when cuBLASLt offers no algorithm (the caller
 // adds R itself).
 #define LT_PLANS 64
 struct LtPlan {
     int m, n, k, align;
+    unsigned long used;   // the plan clock at its last use (the least recent gives way)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, cd;
     cublasLtMatmulAlgo_t algo;
     int ok;
 };
 static LtPlan g_lt[LT_PLANS];
-static int g_nlt, g_lt_next;   // plans made; the slot the next one takes once all are
+static int g_nlt;
+static unsigned long g_lt_clock;
+static long g_lt_fused;   // residuals added in the epilogue (lm_cuda_linears_res_fused)
 // the largest power of two up to 256 dividing every address (cuBLASLt's alignment preference)
 static int lt_align(const void *const *p, int n) {
     uintptr_t bits = 256;
@@ -56,21 +59,22 @@ static void lt_plan_free(LtPlan *P) {
 }
 void lm_cuda_lt_plans_free(void) {
     for (int i = 0; i < g_nlt; i++) lt_plan_free(&g_lt[i]);
-    g_nlt = g_lt_next = 0;
+    g_nlt = 0;
 }
 static const LtPlan *lt_plan(int m, int n, int k, int align) {
+    g_lt_clock++;
     for (int i = 0; i < g_nlt; i++)
-        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].align == align) return &g_lt[i];
-    LtPlan *P;
-    if (g_nlt < LT_PLANS) {
-        P = &g_lt[g_nlt++];
-    } else {   // the oldest plan gives way
-        P = &g_lt[g_lt_next];
-        g_lt_next = (g_lt_next + 1) % LT_PLANS;
+        if (g_lt[i].m == m && g_lt[i].n == n && g_lt[i].k == k && g_lt[i].align == align) {
+            g_lt[i].used = g_lt_clock;
+            return &g_lt[i];
+        }
+    LtPlan *P = &g_lt[g_nlt < LT_PLANS ? g_nlt++ : 0];
+    if (g_nlt == LT_PLANS && P->op) {   // full: the least recently used plan gives way
+        for (int i = 1; i < LT_PLANS; i++)
+            if (g_lt[i].used < P->used) P = &g_lt[i];
         lt_plan_free(P);
     }
-    memset(P, 0, sizeof *P);
-    P->m = m, P->n = n, P->k = k, P->align = align;
+    P->m = m, P->n = n, P->k = k, P->align = align, P->used = g_lt_clock;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescCreate(&P->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(P->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -94,6 +98,7 @@ static const LtPlan *lt_plan(int m, int n, int k, int align) {
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lm_cublaslt(), P->op, P->a, P->b, P->cd, P->cd, pref, 8, r,
                                                        &found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(st);   // (a descriptor error is ours)
     P->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
     // the first 128 × 128-tile algorithm, else the first: the heuristic ranks 256 × 128 tiles
     // first, whose epilogue's read of R is not hidden (bench_linres, H200, N 16384 → 1024 from
@@ -105,7 +110,8 @@ static const LtPlan *lt_plan(int m, int n, int k, int align) {
     for (int i = 0; P->ok && i < found; i++) {
         int tile = 0;
         size_t w;
-        cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w));
+        cublasCheck(
+            cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w));
         if (tile == CUBLASLT_MATMUL_TILE_128x128) {
             P->algo = r[i].algo;
             break;
@@ -123,8 +129,10 @@ static int gemm_bf16_res(int m, int n, int k, const __nv_bfloat16 *A, const __nv
     const float one = 1.0f;
     cublasCheck(cublasLtMatmul(lm_cublaslt(), P->op, &one, A, P->a, B, P->b, &one, R, P->cd, D, P->cd, &P->algo, ws,
                                ws_bytes, lm_cuda_stream()));
+    g_lt_fused++;
     return 1;
 }
+long lm_cuda_linears_res_fused(void) { return g_lt_fused; }
 
 __global__ static void add_bias_k(float *out, const float *bias, int N, int OC) {
     size_t n = (size_t)N * OC;

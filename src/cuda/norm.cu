@@ -112,8 +112,8 @@ void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp
                       const real *rstd, int N, int C, int assign) {
     if (N <= 0 || C <= 0 || (!dinp && !dgain)) return;
     if (rms_reg_ok(C)) {
-        const int th = lm_reg_row_threads(C), rpb = lm_reg_rows_per_block_fit(N, (const void *)rmsnorm_bwd_reg_k, th, 0);
-        const int nb = (N + rpb - 1) / rpb;
+        const int th = lm_reg_row_threads(C);
+        const int rpb = lm_reg_rows_per_block_fit(N, (const void *)rmsnorm_bwd_reg_k, th, 0), nb = (N + rpb - 1) / rpb;
         float *part = dgain ? (float *)lm_cuda_scratch((size_t)nb * C * sizeof(float)) : NULL;
         rmsnorm_bwd_reg_k<<<nb, th, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
                                                                             rpb, assign);

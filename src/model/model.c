@@ -534,8 +534,9 @@ static void forward_body(lm_model *m) {
             mixer_params(m, p, &w, &g);
             if (op->normed) {
                 const reader_norm rn = mix_reader_norm(m, t);
-                o->attnres_norm_fwd(rn.lo_read ? lm_norm_out(&m->ctx, rn.xn, rn.lo) : rn.xn, rn.rstd, rn.lo, a->alpha[op->mix], a->stream[op->out], src, w, g, rn.gain,
-                                    N, d, c->norm_eps);
+                real *xn = rn.lo_read ? lm_norm_out(&m->ctx, rn.xn, rn.lo) : rn.xn;
+                o->attnres_norm_fwd(xn, rn.rstd, rn.lo, a->alpha[op->mix], a->stream[op->out], src, w, g, rn.gain, N, d,
+                                    c->norm_eps);
             } else {
                 o->attnres_fwd(a->stream[op->out], a->alpha[op->mix], src, w, g, N, d, c->norm_eps);
             }
@@ -675,6 +676,10 @@ void lm_model_backward(lm_model *m, real dloss) {
     const int N = m->ctx.N, d = c->d_model;
     // a forward over a cache (inference) continued earlier tokens: its conv and state inputs get no gradient
     LM_CHECK(!m->ctx.cache, "backward: the forward ran with a cache (inference only)");
+    // the forward left norm outputs in the GEMM precision only (xn_lo_only): the backward's
+    // weight gradients must read those copies, i.e. run in the same precision
+    LM_CHECK(!m->ctx.xn_lo_only || o->linears_lo_bytes(N, d) > 0,
+             "backward: the backend's GEMM precision changed since the forward");
     reserve_grads(m);
     lm_acts *a = &m->acts, *da = &m->dacts;
     zero_dacts(m);

@@ -34,6 +34,7 @@ static int harness_gemm_mode = LM_GEMM_BF16;
 #define lm_cuda_backend_shutdown() ((void)0)
 #define lm_cuda_gemm_mode() (harness_gemm_mode)
 #define lm_cuda_set_gemm_mode(m) ((void)(harness_gemm_mode = (m)))
+#define lm_cuda_linears_res_fused() 0L
 #define lm_cuda_gemm_name(m) ((m) == LM_GEMM_FP32 ? "fp32" : (m) == LM_GEMM_TF32 ? "tf32" : "bf16")
 static int harness_moe_gemm;
 #define lm_cuda_moe_gemm() (harness_moe_gemm)
@@ -670,19 +671,24 @@ static void t_linears(int N, int C) {
 }
 
 // A linear added onto a residual at more row counts than the backend keeps cuBLASLt plans for
-// (64: prefill chunks and eval batches bring new ones; the oldest gives way): each against the
-// same linear plus the add op, and the first row count again after its plan was evicted
+// (64: prefill chunks and eval batches bring new ones; the least recently used gives way): each
+// against the same linear plus the add op, the first row count again after its plan was
+// evicted, every other one with R and D only 64-byte aligned (as the model's activation arena
+// places them) — and every one added in cuBLASLt's epilogue, not by the fallback pass
 static void t_linears_res_shapes(void) {
     if (!GPU->linears_lo_bytes) return;   // (the harness's CPU table)
-    const int mode = lm_cuda_gemm_mode(), C = 24, OC = 16, shapes = 70;
+    const int mode = lm_cuda_gemm_mode(), C = 256, OC = 128, shapes = 70;   // k: the small preset's shared expert's
     lm_cuda_set_gemm_mode(LM_GEMM_BF16);
+    const long fused0 = lm_cuda_linears_res_fused();
     double worst = 0;
     for (int s = 0; s <= shapes; s++) {
-        const int N = 64 + (s == shapes ? 0 : s);   // the last: row count 64 again
+        const int N = 64 + (s == shapes ? 0 : s), off = s % 2 ? 16 : 0;   // the last: row count 64 again
         const size_t no = (size_t)N * OC;
         float *x = hrandn((size_t)N * C, 1), *W = hrandn((size_t)OC * C, 0.2), *res = hrandn(no, 1);
-        float *gx = dfl(x, (size_t)N * C), *gW = dfl(W, (size_t)OC * C), *gres = dfl(res, no);
-        float *g1 = dpoison(no), *g2 = dpoison(no);
+        float *gx = dfl(x, (size_t)N * C), *gW = dfl(W, (size_t)OC * C);
+        float *rbuf = dpoison(no + off), *gres = rbuf + off, *obuf = dpoison(no + off), *g1 = obuf + off;
+        GPU->to_device(gres, res, no * sizeof(float));
+        float *g2 = dpoison(no);
         lm_linears A = {.n = 1, .OC = {OC}, .W = {gW}, .out = {g1}, .res = {gres}};
         lm_linears B = {.n = 1, .OC = {OC}, .W = {gW}, .out = {g2}};
         GPU->linears_fwd(&A, gx, N, C);
@@ -693,10 +699,12 @@ static void t_linears_res_shapes(void) {
         GPU->to_host(h2, g2, no * sizeof(float));
         const double e = tu_rel_rms(h1, h2, no);
         if (!(e <= worst)) worst = e;   // NaN stays
-        DFREE(gx, gW, gres, g1, g2);
+        DFREE(gx, gW, rbuf, obuf, g2);
         HFREE(x, W, res, h1, h2);
     }
     record("linears + res", "71 row counts (64 plans kept), max rel RMS vs linear + add op", worst, 1e-6);
+    record("linears + res", "71 row counts, added by the fallback pass instead of the epilogue",
+           (double)(shapes + 1 - (lm_cuda_linears_res_fused() - fused0)), 0);
     lm_cuda_set_gemm_mode(mode);
 }
 
