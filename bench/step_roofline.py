@@ -9,6 +9,8 @@ dram__bytes_write.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sust
         --no-checkpoints > step.csv
     python3 bench/step_roofline.py step.csv --tflop 17.2   # 1.05 GFLOP/token × 16,384 tokens
 
+(a gzipped CSV, as bench/results keeps them, is read as it is).
+
 For every kernel: its DRAM bytes at the copy rate (--bw, TB/s) and its tensor-pipe busy time
 (the time × the pipe's busy share) are two floors it cannot beat without moving fewer bytes
 or doing fewer tensor instructions; the larger is the kernel's floor. The step's floor is
@@ -17,6 +19,7 @@ decomposition into kernels can reach (the kernels run one after another on one s
 """
 import argparse
 import csv
+import gzip
 import re
 import sys
 
@@ -40,8 +43,12 @@ def num(s):
 
 
 def read(path):
-    with open(path, newline="") as f:
-        lines = [ln for ln in f if ln.startswith('"')]   # ncu's own log lines start with ==
+    opener = gzip.open if path.endswith(".gz") else open   # the logs keep them gzipped
+    try:
+        with opener(path, "rt", newline="") as f:
+            lines = [ln for ln in f if ln.startswith('"')]   # ncu's own log lines start with ==
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"step_roofline: {path}: {e}")
     rows = list(csv.reader(lines))
     if len(rows) < 3:
         sys.exit(f"step_roofline: {path}: no kernels in the CSV")
