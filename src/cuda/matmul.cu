@@ -29,8 +29,8 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
 // through cuBLASLt, whose epilogue reads R (cublasGemmEx's C is also its output). The plan of
 // a shape — descriptors and the chosen algorithm, for the pointers' alignment — is made once
 // and kept among the LT_PLANS most recently used (prefill chunks and eval batches bring new
-// row counts; the least recently used plan gives way). Returns 0 when cuBLASLt offers no algorithm (the caller
-// adds R itself).
+// row counts; the least recently used plan gives way). gemm_bf16_res returns 0 when cuBLASLt
+// offers no algorithm (the caller adds R itself).
 #define LT_PLANS 64
 struct LtPlan {
     int m, n, k, align;
