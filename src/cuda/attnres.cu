@@ -414,7 +414,8 @@ void cuda_attnres_bwd(lm_source_grads dsrc, real *dw, real *dgamma, const real *
     if (N <= 0 || C <= 0 || (!any_dsrc && !want_dq)) return;
     const int th = lm_reg_row_threads(C);
     if (ar_reg_ok(n, C) && lm_cuda_fits(AR_KERNEL(n, attnres_bwd_reg_k), th)) {
-        const int rpb = lm_reg_rows_per_block_fit(N, AR_KERNEL(n, attnres_bwd_reg_k), th, 0), nb = (N + rpb - 1) / rpb;
+        const int rpb = lm_reg_rows_per_block_fit(N, AR_KERNEL(n, attnres_bwd_reg_k), th, 0);
+        const int nb = (N + rpb - 1) / rpb;
         float *part = want_dq ? (float *)lm_cuda_scratch(((size_t)nb + 1) * C * sizeof(float)) : NULL;
         AR_LAUNCH(n, attnres_bwd_reg_k, nb, th, dsrc, part, dout, src, alpha, w, gamma, N, C, eps, rpb);
         cudaLaunchCheck();

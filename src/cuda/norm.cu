@@ -115,8 +115,7 @@ void cuda_rmsnorm_bwd(real *dinp, real *dgain, const real *dout, const real *inp
         const int th = lm_reg_row_threads(C);
         const int rpb = lm_reg_rows_per_block_fit(N, (const void *)rmsnorm_bwd_reg_k, th, 0), nb = (N + rpb - 1) / rpb;
         float *part = dgain ? (float *)lm_cuda_scratch((size_t)nb * C * sizeof(float)) : NULL;
-        rmsnorm_bwd_reg_k<<<nb, th, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C,
-                                                                            rpb, assign);
+        rmsnorm_bwd_reg_k<<<nb, th, 0, lm_cuda_stream()>>>(dinp, part, dout, inp, gain, rstd, N, C, rpb, assign);
         cudaLaunchCheck();
         if (dgain) lm_cuda_colsum_final(dgain, part, nb, C, 1);
         return;

@@ -168,19 +168,19 @@ static inline void lm_linear_bwd_written(const lm_ops *o, real *dinp, real *dW, 
                           .dout_lo = dout_lo};
     o->linears_bwd(&L, dinp, inp, N, C);
 }
-// out [N,OC] = inp [N,C] · W [OC,C]ᵀ, leaving inp's GEMM-precision copy in lo (or NULL) — or,
-// with lo_filled, reading it there (inp's producer wrote it: rmsnorm_fwd's lo and the like)
-static inline void lm_linear_fwd(const lm_ops *o, real *out, const real *inp, const real *W, int N, int C, int OC,
-                                 void *lo, int lo_filled) {
-    const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .lo = lo, .lo_filled = lo_filled};
-    o->linears_fwd(&L, inp, N, C);
-}
-// out [N,OC] = res [N,OC] + inp [N,C] · W [OC,C]ᵀ (res NULL: lm_linear_fwd): a sublayer's
-// output linear writing the residual stream's next tensor (lm_linears.res)
+// out [N,OC] = res [N,OC] + inp [N,C] · W [OC,C]ᵀ (res NULL: no residual; else a sublayer's
+// output linear writing the residual stream's next tensor, lm_linears.res), leaving inp's
+// GEMM-precision copy in lo (or NULL) — or, with lo_filled, reading it there (inp's producer
+// wrote it: rmsnorm_fwd's lo and the like)
 static inline void lm_linear_res_fwd(const lm_ops *o, real *out, const real *res, const real *inp, const real *W,
                                      int N, int C, int OC, void *lo, int lo_filled) {
     const lm_linears L = {.n = 1, .OC = {OC}, .W = {W}, .out = {out}, .res = {res}, .lo = lo, .lo_filled = lo_filled};
     o->linears_fwd(&L, inp, N, C);
+}
+// the same without a residual
+static inline void lm_linear_fwd(const lm_ops *o, real *out, const real *inp, const real *W, int N, int C, int OC,
+                                 void *lo, int lo_filled) {
+    lm_linear_res_fwd(o, out, NULL, inp, W, N, C, OC, lo, lo_filled);
 }
 #define LM_LINEARS_ADD_NAMED(L, p, a, g, da, w, oc, t) \
     lm_linears_add(&(L), (p)->w, (oc), (a) ? (a)->t : NULL, (da) ? (da)->t : NULL, (g) ? (g)->w : NULL)
