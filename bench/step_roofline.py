@@ -9,7 +9,10 @@ dram__bytes_write.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sust
         --no-checkpoints > step.csv
     python3 bench/step_roofline.py step.csv --tflop 17.2   # 1.05 GFLOP/token × 16,384 tokens
 
-(a gzipped CSV, as bench/results keeps them, is read as it is).
+(a gzipped CSV, as bench/results keeps them, is read as it is). With `--base old.csv` it also
+lists what changed from an earlier profile (an A/B of two builds or settings): per family and
+per kernel name, launches, ms and DRAM GB before → after, the largest changes first; a kernel
+found in one profile only shows 0 launches in the other.
 
 For every kernel: its DRAM bytes at the copy rate (--bw, TB/s) and its tensor-pipe busy time
 (the time × the pipe's busy share) are two floors it cannot beat without moving fewer bytes
@@ -81,6 +84,39 @@ def add(sums, k):
         sums[key] = sums.get(key, 0) + val
 
 
+def totals(ks):
+    """Per family and per kernel name (its first 60 characters): launches, ms, DRAM GB."""
+    fams, names = {}, {}
+    for k in ks:
+        for key, d in ((family(k["name"]), fams), (k["name"][:60], names)):
+            t = d.setdefault(key, [0, 0.0, 0.0])
+            t[0] += 1
+            t[1] += k["ns"] * 1e-6
+            t[2] += k["bytes"] * 1e-9
+    return fams, names
+
+
+def diff(base, ks, top):
+    """What changed from profile `base` to `ks`: families, then the kernels whose time moved most."""
+    (fb, nb), (fa, na) = totals(base), totals(ks)
+    zero = [0, 0.0, 0.0]
+    tb, ta = [sum(t[i] for t in fb.values()) for i in range(3)], [sum(t[i] for t in fa.values()) for i in range(3)]
+    print(f"\nagainst the base profile: {tb[0]} → {ta[0]} kernels, {tb[1]:.2f} → {ta[1]:.2f} ms "
+          f"({ta[1] - tb[1]:+.2f}), DRAM {tb[2]:.2f} → {ta[2]:.2f} GB ({ta[2] - tb[2]:+.2f})")
+    print("| family | launches | ms | Δ ms | DRAM GB |")
+    print("|---|---|---|---|---|")
+    for fam, _ in FAMILIES:
+        b, a = fb.get(fam, zero), fa.get(fam, zero)
+        if b[0] or a[0]:
+            print(f"| {fam} | {b[0]} → {a[0]} | {b[1]:.2f} → {a[1]:.2f} | {a[1] - b[1]:+.2f} | {b[2]:.2f} → {a[2]:.2f} |")
+    print(f"\n| kernel (largest changes in time) | launches | ms | Δ ms | DRAM GB |")
+    print("|---|---|---|---|---|")
+    keys = sorted(set(nb) | set(na), key=lambda n: -abs(na.get(n, zero)[1] - nb.get(n, zero)[1]))
+    for n in keys[:top]:
+        b, a = nb.get(n, zero), na.get(n, zero)
+        print(f"| {n} | {b[0]} → {a[0]} | {b[1]:.2f} → {a[1]:.2f} | {a[1] - b[1]:+.2f} | {b[2]:.2f} → {a[2]:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
@@ -88,8 +124,10 @@ def main():
     ap.add_argument("--peak", type=float, default=989.0, help="dense bf16 peak, TFLOP/s (H200 SXM)")
     ap.add_argument("--tflop", type=float, default=0.0, help="the step's model TFLOP (linmoe prints GFLOP/token)")
     ap.add_argument("--top", type=int, default=12, help="kernels listed by their distance from their floor")
+    ap.add_argument("--base", help="an earlier profile's CSV: also list what changed from it")
     a = ap.parse_args()
     ks = read(a.csv)
+    base = read(a.base) if a.base else None
     fams = {}
     for k in ks:
         k["mem_ms"] = k["bytes"] / (a.bw * 1e12) * 1e3
@@ -123,6 +161,8 @@ def main():
     for name, b in sorted(by.items(), key=lambda kv: kv[1]["floor"] - kv[1]["ms"])[:a.top]:
         print(f"| {name} | {b['n']} | {b['ms']:.2f} | {b['floor']:.2f} | {b['ms'] - b['floor']:.2f} | {b['gb']:.2f} | "
               f"{b['gb'] / b['ms']:.2f} | {100 * b['tcm'] / b['ms']:.0f}% |")
+    if base is not None:
+        diff(base, ks, a.top)
 
 
 if __name__ == "__main__":
